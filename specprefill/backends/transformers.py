@@ -1,0 +1,239 @@
+"""The transformers backend: every reach into model internals lives here.
+
+Written against ``transformers==5.19.0`` Llama-family models (``LlamaForCausalLM`` and
+architectures sharing its attention layout). ``tests/test_backend_transformers.py``
+fails when an upgrade changes what this module relies on:
+
+* ``LlamaAttention.forward`` receives ``hidden_states`` (post input-norm) and
+  ``position_embeddings=(cos, sin)`` as keyword arguments, and computes its query as
+  ``q_proj`` -> ``apply_rotary_pos_emb`` (no query norm): we recompute the query of the
+  rows we need from those inputs in a forward hook.
+* The ``DynamicCache`` stores post-RoPE keys at ``cache.layers[i].keys``
+  ``[batch, kv_heads, seq, d]``.
+* ``create_causal_mask`` treats non-contiguous ``position_ids`` *without* a cache and
+  *without* an attention mask as packed sequences (no attention across the gaps). We
+  always pass an explicit 2-D attention mask, so the kept tokens see each other.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from specprefill.plan import Plan, SpeculatorCapture
+
+TESTED_TRANSFORMERS = "5.19.0"
+
+
+def _rope(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    q_rot, _ = apply_rotary_pos_emb(q, q, cos, sin)
+    return q_rot
+
+
+def attention_layers(model: Any) -> list[Any]:
+    """The self-attention modules of a Llama-style ``*ForCausalLM``, in layer order."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise TypeError(f"{type(model).__name__} has no .model.layers; only Llama-style decoders are supported")
+    n = getattr(inner, "config", model.config).num_hidden_layers
+    out = []
+    for layer in list(layers)[:n]:
+        attn = getattr(layer, "self_attn", None)
+        if attn is None or not hasattr(attn, "q_proj") or hasattr(attn, "q_norm"):
+            raise TypeError(
+                f"layer {type(layer).__name__} is not a Llama-style attention layer (q_proj, no q_norm); "
+                f"SpecPrefill's query capture supports Llama-family models with transformers=={TESTED_TRANSFORMERS}"
+            )
+        out.append(attn)
+    return out
+
+
+@contextmanager
+def capture_last_queries(model: Any) -> Iterator[list[list[torch.Tensor]]]:
+    """Record, for every forward of ``model``, each layer's post-RoPE query of the last row.
+
+    Yields ``captured[layer]``: a list with one ``[batch, heads, 1, d]`` tensor per forward.
+    Only the last row is recomputed (``q_proj`` of one token), so the cost is negligible.
+    """
+    layers = attention_layers(model)
+    captured: list[list[torch.Tensor]] = [[] for _ in layers]
+    handles = []
+
+    def make_hook(i: int) -> Any:
+        def hook(module: Any, args: tuple, kwargs: dict, output: object) -> None:
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            cos, sin = kwargs["position_embeddings"]
+            h = hidden[:, -1:, :]
+            b = h.shape[0]
+            q = module.q_proj(h).view(b, 1, -1, module.head_dim).transpose(1, 2)
+            captured[i].append(_rope(q, cos[:, -1:], sin[:, -1:]).detach())
+
+        return hook
+
+    try:
+        for i, attn in enumerate(layers):
+            handles.append(attn.register_forward_hook(make_hook(i), with_kwargs=True))
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def early_exit_view(base: Any, num_layers: int) -> Any:
+    """The base model's first ``num_layers`` layers + final norm + LM head, sharing weights.
+
+    No parameter is copied: the view holds the same modules. Its look-ahead tokens come
+    from early-exit logits (final norm and LM head applied after layer ``num_layers``).
+    """
+    total = base.config.num_hidden_layers
+    if not 1 <= num_layers <= total:
+        raise ValueError(f"self_layers:{num_layers} is invalid for a {total}-layer base; allowed: 1..{total}")
+    cfg = copy.deepcopy(base.config)
+    cfg.num_hidden_layers = num_layers
+    inner = copy.copy(base.model)
+    inner._modules = dict(base.model._modules)
+    inner.layers = nn.ModuleList(list(base.model.layers)[:num_layers])
+    inner.config = cfg
+    view = copy.copy(base)
+    view._modules = dict(base._modules)
+    view.model = inner
+    view.config = cfg
+    return view
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What the base model produced for one plan. Times in seconds."""
+
+    text: str
+    token_ids: list[int]
+    prefill_s: float
+    decode_s: float
+    first_logits: torch.Tensor  # [vocab] float32, logits at the last prefilled token
+
+
+class TransformersBackend:
+    """Owns a base model, its tokenizer and (optionally) a speculator with the same tokenizer."""
+
+    name = "transformers"
+
+    def __init__(self, base: Any, tokenizer: Any, speculator: Any | None = None) -> None:
+        self.base = base.eval()
+        self.tokenizer = tokenizer
+        self.speculator = speculator.eval() if speculator is not None else None
+        self.device = next(base.parameters()).device
+        eos = getattr(base.generation_config, "eos_token_id", None) if hasattr(base, "generation_config") else None
+        ids: set[int] = set()
+        for e in (eos, getattr(tokenizer, "eos_token_id", None)):
+            if isinstance(e, int):
+                ids.add(e)
+            elif isinstance(e, list | tuple):
+                ids.update(int(x) for x in e)
+        self.eos_ids = ids
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def speculate(self, input_ids: torch.Tensor, lookahead: int) -> SpeculatorCapture:
+        """Prefill the speculator on the prompt, decode ``lookahead-1`` greedy tokens, and
+        return post-RoPE queries of the last prompt token and each look-ahead token,
+        with the post-RoPE keys of the prompt tokens only."""
+        if self.speculator is None:
+            raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
+        from transformers import DynamicCache
+
+        model: Any = self.speculator
+        n = int(input_ids.shape[0])
+        ids = input_ids.to(self.device).unsqueeze(0)
+        cache = DynamicCache(config=model.config)
+        generated: list[int] = []
+        with capture_last_queries(model) as captured:
+            out = model(
+                input_ids=ids,
+                position_ids=torch.arange(n, device=self.device).unsqueeze(0),
+                attention_mask=torch.ones(1, n, dtype=torch.long, device=self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            # Keys of the prompt only: later look-ahead steps append to the cache.
+            keys = torch.stack([layer.keys[0, :, :n, :] for layer in cache.layers])  # type: ignore[union-attr,index]
+            for step in range(lookahead - 1):
+                nxt = int(out.logits[0, -1].argmax())
+                generated.append(nxt)
+                pos = n + step
+                out = model(
+                    input_ids=torch.tensor([[nxt]], device=self.device),
+                    position_ids=torch.tensor([[pos]], device=self.device),
+                    attention_mask=torch.ones(1, pos + 1, dtype=torch.long, device=self.device),
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+        queries = torch.stack([torch.cat(per_layer, dim=2)[0] for per_layer in captured])  # [layers, H, L, d]
+        self._sync()
+        return SpeculatorCapture(queries=queries, keys=keys, lookahead_ids=generated)
+
+    @torch.inference_mode()
+    def generate(self, plan: Plan, max_new_tokens: int, stop: Sequence[str] = ()) -> Generation:
+        """Prefill the plan's tokens at its position ids, then decode greedily from
+        ``plan.next_position``; stops at EOS, a stop string or ``max_new_tokens``."""
+        from transformers import DynamicCache
+
+        model: Any = self.base
+        k = plan.k
+        ids = plan.input_ids.to(self.device).unsqueeze(0)
+        pos = plan.position_ids.to(self.device).unsqueeze(0)
+        cache = DynamicCache(config=model.config)
+        self._sync()
+        t0 = time.perf_counter()
+        out = model(
+            input_ids=ids,
+            position_ids=pos,
+            attention_mask=torch.ones(1, k, dtype=torch.long, device=self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        first_logits = out.logits[0, -1].float()
+        nxt = int(first_logits.argmax())
+        self._sync()
+        t1 = time.perf_counter()
+        tokens: list[int] = []
+        text = ""
+        for step in range(max_new_tokens):
+            if nxt in self.eos_ids:
+                break
+            tokens.append(nxt)
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            if stop and any(s in text for s in stop):
+                break
+            if step == max_new_tokens - 1:
+                break
+            out = model(
+                input_ids=torch.tensor([[nxt]], device=self.device),
+                position_ids=torch.tensor([[plan.next_position + step]], device=self.device),
+                attention_mask=torch.ones(1, k + step + 1, dtype=torch.long, device=self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            nxt = int(out.logits[0, -1].argmax())
+        self._sync()
+        t2 = time.perf_counter()
+        for s in stop:
+            if s in text:
+                text = text[: text.index(s)]
+        return Generation(text=text, token_ids=tokens, prefill_s=t1 - t0, decode_s=t2 - t1, first_logits=first_logits)

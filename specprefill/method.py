@@ -1,0 +1,83 @@
+"""Full prefill and SpecPrefill as :class:`~specprefill.plan.Method` siblings."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from specprefill.core import _check_pool_kernel, force_keep, select_tokens, token_importance
+from specprefill.plan import Backend, Method, Plan, Prompt, full_plan, register_method
+
+POSITION_MODES = ("original", "contiguous")
+
+
+@register_method("full")
+@dataclass(frozen=True)
+class FullPrefill(Method):
+    """The baseline: the base model prefills every prompt token."""
+
+    def plan(self, prompt: Prompt, backend: Backend) -> Plan:
+        return full_plan(prompt)
+
+
+@register_method("specprefill")
+@dataclass(frozen=True)
+class SpecPrefill(Method):
+    """REFERENCE.md §1. Defaults are the reference code's (L=8, no pooling, token mode).
+
+    ``position_mode='contiguous'`` (re-number kept tokens 0..K-1) and ``force_keep_*``
+    are named deviations from the reference, off by default.
+    """
+
+    needs_speculator: ClassVar[bool] = True
+
+    keep_rate: float = 0.3
+    lookahead: int = 8
+    pool_kernel: int | None = None
+    chunk_size: int | None = None
+    position_mode: str = "original"
+    force_keep_first: int = 0
+    force_keep_last: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.keep_rate, bool) or not isinstance(self.keep_rate, int | float):
+            raise ValueError(f"keep_rate={self.keep_rate!r} must be a number in (0, 1]")
+        if not (0.0 < float(self.keep_rate) <= 1.0):
+            raise ValueError(f"keep_rate={self.keep_rate} is outside (0, 1]; e.g. keep=0.3 keeps 30% of prompt tokens")
+        if isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int) or self.lookahead < 1:
+            raise ValueError(f"lookahead={self.lookahead!r} is invalid; allowed: int >= 1 (1 = last prompt token only)")
+        _check_pool_kernel(self.pool_kernel)
+        if self.chunk_size is not None and (
+            isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 1
+        ):
+            raise ValueError(f"chunk_size={self.chunk_size!r} is invalid; allowed: null (token mode) or int >= 1")
+        if self.position_mode not in POSITION_MODES:
+            raise ValueError(f"position_mode={self.position_mode!r} is invalid; allowed: {list(POSITION_MODES)}")
+        for name in ("force_keep_first", "force_keep_last"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}={v!r} is invalid; allowed: int >= 0")
+
+    def plan(self, prompt: Prompt, backend: Backend) -> Plan:
+        t0 = time.perf_counter()
+        cap = backend.speculate(prompt.input_ids, self.lookahead)
+        t1 = time.perf_counter()
+        importance = token_importance(cap.queries, cap.keys, self.pool_kernel)
+        kept = select_tokens(importance, float(self.keep_rate), self.chunk_size)
+        if self.force_keep_first or self.force_keep_last:
+            kept = force_keep(kept, prompt.n, self.force_keep_first, self.force_keep_last)
+        t2 = time.perf_counter()
+        if self.position_mode == "original":
+            positions, next_pos = kept, prompt.n
+        else:
+            positions, next_pos = torch.arange(kept.shape[0], dtype=torch.int64), int(kept.shape[0])
+        return Plan(
+            input_ids=prompt.input_ids[kept],
+            position_ids=positions,
+            next_position=next_pos,
+            kept_indices=kept,
+            timings={"speculator_s": t1 - t0, "selection_s": t2 - t1},
+        )

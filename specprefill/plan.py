@@ -1,0 +1,143 @@
+"""The one interface every prefill method implements, and the records it exchanges.
+
+A :class:`Method` turns a tokenized prompt into a :class:`Plan`: which token ids the base
+model prefills, at which position ids, and what choosing them cost. Full prefill,
+SpecPrefill and every baseline are siblings behind it; the runner never asks which one
+it holds. Methods that need something from the backend (a speculator's attention) ask
+for it through the :class:`Backend` protocol, so the algorithm never touches model code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, TypeVar
+
+import torch
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A tokenized prompt plus its text parts (methods that rewrite text need them).
+
+    ``input_ids``: int64 ``[N]``. The text parts concatenate (inside the model's chat
+    template) to the prompt; ``context`` is the part compression methods may shorten.
+    """
+
+    input_ids: torch.Tensor
+    instruction: str = ""
+    context: str = ""
+    question: str = ""
+    answer_prefix: str = ""
+
+    @property
+    def n(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the base model prefills.
+
+    ``input_ids`` and ``position_ids``: int64 ``[K]``. ``next_position``: position id of
+    the first generated token (N for original positions, K for contiguous ones).
+    ``kept_indices``: int64 ``[K]`` indices into the prompt, or None when the method
+    rewrote the text. ``timings``: the method's own cost in seconds, by part
+    (``speculator_s``, ``selection_s``, ...); their sum counts inside TTFT.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    next_position: int
+    kept_indices: torch.Tensor | None
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def k(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def method_s(self) -> float:
+        return float(sum(self.timings.values()))
+
+
+@dataclass(frozen=True)
+class SpeculatorCapture:
+    """Post-RoPE attention inputs of the speculator (REFERENCE.md §1 step 2).
+
+    ``queries``: ``[layers, heads, L, d]`` for the last prompt token and the L-1
+    look-ahead tokens; ``keys``: ``[layers, kv_heads, N, d]`` of the prompt tokens only;
+    ``lookahead_ids``: the L-1 tokens the speculator generated.
+    """
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    lookahead_ids: list[int]
+
+
+class Backend(Protocol):
+    """What a method may ask of the backend that owns the models."""
+
+    def speculate(self, input_ids: torch.Tensor, lookahead: int) -> SpeculatorCapture: ...
+
+
+class Method(ABC):
+    """One prefill strategy. Subclasses are frozen dataclasses of their options."""
+
+    name: ClassVar[str]
+    #: Whether the method needs the backend's speculator model.
+    needs_speculator: ClassVar[bool] = False
+
+    def options(self) -> dict[str, Any]:
+        """The options recorded in every result row."""
+        return dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
+
+    @abstractmethod
+    def plan(self, prompt: Prompt, backend: Backend) -> Plan:
+        """Choose what the base model prefills for ``prompt``."""
+
+
+_REGISTRY: dict[str, type[Method]] = {}
+M = TypeVar("M", bound=type[Method])
+
+
+def register_method(name: str) -> Callable[[M], M]:
+    """Class decorator: make a method buildable by name from config."""
+
+    def wrap(cls: M) -> M:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"method name {name!r} is already registered by {_REGISTRY[name].__qualname__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def registered_methods() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def build_method(name: str, options: Mapping[str, Any]) -> Method:
+    """Instantiate a registered method; unknown names and options get a clear error."""
+    import difflib
+
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown method {name!r}; allowed: {registered_methods()}{hint}")
+    cls = _REGISTRY[name]
+    allowed: set[str] = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValueError(f"method {name!r} has no option(s) {unknown}; allowed: {sorted(allowed)}")
+    return cls(**options)
+
+
+def full_plan(prompt: Prompt) -> Plan:
+    """Every prompt token at its own position."""
+    n = prompt.n
+    idx = torch.arange(n, dtype=torch.int64)
+    return Plan(input_ids=prompt.input_ids, position_ids=idx, next_position=n, kept_indices=idx)

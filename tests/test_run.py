@@ -1,0 +1,178 @@
+"""The Hydra runner: validation before work, rows, resume, failures, summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from harness import run as run_mod
+from harness.models import ModelConfig, check_runnable
+from harness.run import RunConfig, execute, prepare
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def _cfg(*overrides: str):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def _job(*overrides: str):
+    return prepare(RunConfig.from_hydra(_cfg(*overrides)))
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["keep=1.5"], r"keep_rate=1.5 is outside \(0, 1\]"),
+        (["keep=0"], r"keep_rate=0 is outside \(0, 1\]"),
+        (
+            ["tasks=[niah_single_1,nia_multikey_1]"],
+            r"unknown ruler task 'nia_multikey_1'.*did you mean 'niah_multikey_1'",
+        ),
+        (["length=16384"], r"length=16384 is beyond the model's context window \(8192 tokens\)"),
+        (["limit=0"], r"limit=0 is invalid"),
+        (["lookahead=0"], r"lookahead=0 is invalid"),
+        (
+            ["method.position_mode=shifted"],
+            r"position_mode='shifted' is invalid; allowed: \['original', 'contiguous'\]",
+        ),
+        (["+method.keep=0.3"], r"method 'specprefill' has no option\(s\) \['keep'\]"),
+        (["method.name=specprefil"], r"unknown method 'specprefil'.*did you mean 'specprefill'"),
+        (["model.speculator=null"], r"needs a speculator"),
+    ],
+)
+def test_bad_config_is_rejected_before_any_work(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        _job(*overrides)
+
+
+def test_models_that_cannot_run_here_fail_at_once(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name, match in (("llama405b", r"needs 8 GPUs"), ("llama8b", r"needs about \d+ GiB|from the model hub")):
+        cfg = RunConfig.from_hydra(_cfg(f"model={name}")).model
+        with pytest.raises(RuntimeError, match=match) as e:
+            check_runnable(cfg)
+        assert "smollm2-135m" in str(e.value)
+    # A hub model given as a local folder is accepted.
+    check_runnable(ModelConfig(name="local", source="hub", path=str(Path(__file__).parent), params_b=0.001))
+
+
+def test_full_prefill_at_several_keeps_shares_one_run():
+    a = _job("method=full", "keep=0.1")
+    b = _job("method=full", "keep=0.5")
+    c = _job("method=specprefill", "keep=0.1")
+    d = _job("method=specprefill", "keep=0.5")
+    assert a.folder == b.folder and c.folder != d.folder
+
+
+@pytest.fixture
+def tiny_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # plots/ go under the test's folder
+    out = tmp_path / "res"
+    common = ["model=tiny-random", "length=1024", "tasks=[niah_single_1,vt]", "limit=2", f"out={out}"]
+    return out, common
+
+
+def test_end_to_end_rows_resume_and_failures(tiny_run, monkeypatch):
+    out, common = tiny_run
+    execute(_job("method=full", *common))
+    folder = execute(_job("method=specprefill", "keep=0.3", *common))
+    import pandas as pd
+
+    df = pd.read_parquet(folder / "rows.parquet")
+    assert len(df) == 4 and set(df["status"]) == {"ok"}
+    row = df.iloc[0]
+    assert (
+        row["method"] == "specprefill"
+        and row["keep_rate"] == 0.3
+        and row["chunk_size"] == 32
+        and row["pool_kernel"] == 13
+    )
+    assert row["model_weights"] == "random" and row["benchmark_version"] == "ruler-1" and row["length"] == 1024
+    assert json.loads(row["method_options"])["position_mode"] == "original"
+    assert 0.3 <= row["kept_fraction"] <= 0.45  # chunk mode rounds up to whole chunks
+    assert row["ttft_s"] == pytest.approx(row["speculator_s"] + row["selection_s"] + row["base_prefill_s"])
+    assert 0.0 <= row["needle_kept"] <= 1.0 and row["git_sha"] and row["hardware"]
+    assert "torch" in json.loads(row["versions"])
+    summary = (out / "summary.md").read_text()
+    assert "| tiny-random | ruler | 1024 | niah_single_1 | specprefill | 0.3 |" in summary
+    assert (Path("plots") / "res" / "score_vs_keep.png").exists()
+
+    # Resume: nothing is redone, nothing duplicated.
+    calls = []
+    real = run_mod.run_sample
+    monkeypatch.setattr(run_mod, "run_sample", lambda *a, **k: calls.append(1) or real(*a, **k))
+    execute(_job("method=specprefill", "keep=0.3", *common))
+    assert calls == [] and len(pd.read_parquet(folder / "rows.parquet")) == 4
+
+    # A sample that raises is a failed row; the run goes on; a later run retries it.
+    monkeypatch.setattr(run_mod, "run_sample", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    f2 = execute(_job("method=specprefill", "keep=0.5", *common))
+    df2 = pd.read_parquet(f2 / "rows.parquet")
+    assert len(df2) == 4 and set(df2["status"]) == {"failed"} and "RuntimeError: boom" in df2.iloc[0]["error"]
+    monkeypatch.setattr(run_mod, "run_sample", real)
+    execute(_job("method=specprefill", "keep=0.5", *common))
+    df3 = pd.read_parquet(f2 / "rows.parquet")
+    assert len(df3) == 4 and set(df3["status"]) == {"ok"}
+
+
+def test_needle_helpers():
+    import torch
+
+    from harness.run import needle_kept, needle_tokens
+
+    offsets = [(0, 3), (3, 5), (5, 9), (9, 12), (0, 0)]
+    toks = needle_tokens(offsets, ((4, 10),))
+    assert toks.tolist() == [1, 2, 3]
+    assert needle_kept(torch.tensor([0, 2, 3]), toks) == pytest.approx(2 / 3)
+    assert needle_kept(torch.tensor([0]), torch.tensor([], dtype=torch.int64)) is None
+
+
+def test_hub_loading_code_runs_on_a_local_folder(tmp_path, smollm2_tokenizer):
+    """The `source: hub` path (from_pretrained) exercised on local files, speculator included."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from harness.models import load
+
+    cfg = LlamaConfig(
+        vocab_size=len(smollm2_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=2048,
+    )
+    for name in ("base", "spec"):
+        LlamaForCausalLM(cfg).save_pretrained(tmp_path / name)
+        smollm2_tokenizer.save_pretrained(tmp_path / name)
+    mc = ModelConfig(
+        name="local-pair",
+        source="hub",
+        path=str(tmp_path / "base"),
+        dtype="float32",
+        max_context=2048,
+        speculator=f"hub:{tmp_path / 'spec'}",
+        params_b=0.001,
+        weights="random",
+    )
+    lm = load(mc)
+    assert lm.base.config.num_hidden_layers == 2 and lm.speculator is not None and lm.speculator is not lm.base
+    assert lm.tokenizer("hello").input_ids == smollm2_tokenizer("hello").input_ids
+
+
+@pytest.mark.parametrize("model", sorted(p.stem for p in (Path(CONF) / "model").glob("*.yaml")))
+def test_every_model_config_is_valid(model):
+    cfg = RunConfig.from_hydra(_cfg(f"model={model}")).model
+    assert cfg.name == model and cfg.max_context >= 4096
+
+
+@pytest.mark.parametrize("method", sorted(p.stem for p in (Path(CONF) / "method").glob("*.yaml")))
+def test_every_method_config_builds(method):
+    job = _job(f"method={method}")
+    assert job.method.name in ("full", "specprefill")
