@@ -289,7 +289,14 @@ def main(cfg: DictConfig) -> None:
             f"limit={job.cfg.benchmark.limit} -> {job.folder}"
         )
         return
-    execute(job)
+    try:
+        execute(job)
+    except Exception:
+        # A sweep point that fails as a whole (e.g. its model cannot load) is recorded
+        # beside its results; Hydra runs the remaining sweep points, then reports it.
+        job.folder.mkdir(parents=True, exist_ok=True)
+        (job.folder / "job_error.txt").write_text(traceback.format_exc())
+        raise
 
 
 if __name__ == "__main__":

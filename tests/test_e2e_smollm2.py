@@ -30,3 +30,61 @@ def test_smollm2_ruler_full_and_specprefill(tmp_path, monkeypatch):
     assert s["prompt_tokens"] == f["prompt_tokens"] and 0 <= s["needle_kept"] <= 1
     assert s["speculator_s"] > 0 and s["base_prefill_s"] > 0
     assert (out / "summary.csv").exists() and (Path("plots") / "res" / "score_vs_keep.png").exists()
+
+
+@pytest.mark.slow
+def test_smollm2_keep_one_equals_full_prefill(smollm2_tokenizer):
+    import torch
+
+    from harness.models import load
+    from specprefill import FullPrefill, Prompt, SpecPrefill
+    from specprefill.backends.transformers import TransformersBackend
+
+    cfg = RunConfig.from_hydra(_cfg("model=smollm2-135m")).model
+    lm = load(cfg)
+    be = TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
+    text = "The capital of France is Paris. The capital of Italy is Rome. " * 20 + "What is the capital of Italy?"
+    prompt = Prompt(torch.tensor(smollm2_tokenizer(text).input_ids))
+    full = be.generate(FullPrefill().plan(prompt, be), max_new_tokens=8)
+    spec = be.generate(SpecPrefill(keep_rate=1.0, chunk_size=32, pool_kernel=13, lookahead=1).plan(prompt, be), 8)
+    assert spec.token_ids == full.token_ids
+    torch.testing.assert_close(spec.first_logits, full.first_logits, rtol=0, atol=0)  # same ops, same order
+
+
+def test_make_eval_passes_overrides_through():
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [
+            "make",
+            "-n",
+            "-o",
+            ".venv/.installed",
+            "eval",
+            "keep=0.1,0.3",
+            "method=full,specprefill",
+            "tasks=vt,qa_1",
+            "limit=3",
+            "length=2048",
+            "lookahead=8",
+            "out=results/x",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    line = next(ln for ln in out.splitlines() if "harness.run" in ln and "dry_run" not in ln)
+    for part in (
+        "--multirun",
+        "method=full,specprefill",
+        "keep=0.1,0.3",
+        "'tasks=[vt,qa_1]'",
+        "limit=3",
+        "length=2048",
+        "lookahead=8",
+        "out=results/x",
+    ):
+        assert part in line, (part, line)
+    assert any("dry_run=true" in ln for ln in out.splitlines())  # everything is validated first

@@ -3,8 +3,9 @@
 Scoring uses only the L look-ahead query rows against the N prompt keys, one layer at a
 time: its extra memory is O(heads * L * N), never N x N. Each N runs in a fresh process
 (peak RSS is monotone, so process isolation gives clean numbers): load the tiny random
-model, prefill the speculator with query capture (peak 1), then score and select
-(peak 2). The scoring's own cost is peak 2 - peak 1. For contrast we print what the
+model, prefill the speculator with query capture and save the capture; then,
+in a second fresh process, load the capture and score and select: the peak RSS
+above the loaded inputs is the scoring's own memory. For contrast we print what the
 N x N attention matrices would take (what ``output_attentions=True`` materialises).
 
     python -m harness.bench.scoring_memory  [--lengths 4096 16384 65536] [--out results/reference/scoring_memory.json]
@@ -17,22 +18,20 @@ import json
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def child(n: int, lookahead: int) -> dict[str, float]:
-    import torch
+def _tiny(n: int) -> Any:
+    from harness.models import ModelConfig
 
-    from harness.models import ModelConfig, load
-    from specprefill.backends.transformers import TransformersBackend
-    from specprefill.core import select_tokens, token_importance
-
-    cfg = ModelConfig(
+    return ModelConfig(
         name="tiny-random",
         source="random_llama",
         dtype="float32",
@@ -49,30 +48,48 @@ def child(n: int, lookahead: int) -> dict[str, float]:
             head_dim=16,
         ),
     )
-    lm = load(cfg)
+
+
+def child_speculate(n: int, lookahead: int, path: Path) -> dict[str, float]:
+    """Speculator prefill + look-ahead with query capture; saves the capture for scoring."""
+    import torch
+
+    from harness.models import load
+    from specprefill.backends.transformers import TransformersBackend
+
+    lm = load(_tiny(n))
     be = TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
     ids = torch.randint(0, 49152, (n,), generator=torch.Generator().manual_seed(0))
     before = _rss_mib()
     t0 = time.perf_counter()
     cap = be.speculate(ids, lookahead)
-    t1 = time.perf_counter()
-    after_prefill = _rss_mib()
-    imp = token_importance(cap.queries, cap.keys, 13)
+    dt = time.perf_counter() - t0
+    torch.save({"queries": cap.queries, "keys": cap.keys}, path)
+    return {"speculator_extra_peak_mib": _rss_mib() - before, "speculator_s": dt}
+
+
+def child_score(path: Path) -> dict[str, float]:
+    """Scoring and selection alone, in a fresh process: its peak RSS above the loaded inputs."""
+    import torch
+
+    from specprefill.core import select_tokens, token_importance
+
+    cap = torch.load(path, mmap=True)
+    q, k = cap["queries"].clone(), cap["keys"].clone()
+    before = _rss_mib()
+    t0 = time.perf_counter()
+    imp = token_importance(q, k, 13)
     kept = select_tokens(imp, 0.1, 32)
-    t2 = time.perf_counter()
-    after_scoring = _rss_mib()
-    layers, heads = cap.queries.shape[:2]
+    dt = time.perf_counter() - t0
+    layers, heads, lookahead, _ = q.shape
+    n = k.shape[2]
     return {
         "n": n,
         "lookahead": lookahead,
-        "rss_before_mib": before,
-        "rss_peak_after_speculator_mib": after_prefill,
-        "rss_peak_after_scoring_mib": after_scoring,
-        "scoring_extra_mib": after_scoring - after_prefill,
-        "scoring_tensor_mib": heads * lookahead * n * 4 * 3 / 2**20,  # attn, pooled, running max
+        "scoring_extra_peak_mib": _rss_mib() - before,
+        "scoring_inputs_mib": (q.numel() + k.numel()) * 4 / 2**20,
         "nxn_attention_would_need_mib": layers * heads * n * n * 4 / 2**20,
-        "speculator_s": t1 - t0,
-        "scoring_s": t2 - t1,
+        "scoring_s": dt,
         "kept": int(kept.numel()),
     }
 
@@ -82,27 +99,37 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536])
     ap.add_argument("--lookahead", type=int, default=8)
     ap.add_argument("--out", type=Path, default=Path("results/reference/scoring_memory.json"))
-    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--child-speculate", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--child-score", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--capture", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.child:
-        print(json.dumps(child(a.child, a.lookahead)))
+    if a.child_speculate:
+        print(json.dumps(child_speculate(a.child_speculate, a.lookahead, a.capture)))
         return
-    rows = []
-    for n in a.lengths:
+    if a.child_score:
+        print(json.dumps(child_score(a.capture)))
+        return
+
+    def sub(*args: str) -> dict[str, float]:
         out = subprocess.run(
-            [sys.executable, "-m", "harness.bench.scoring_memory", "--child", str(n), "--lookahead", str(a.lookahead)],
-            capture_output=True,
-            text=True,
-            check=True,
+            [sys.executable, "-m", "harness.bench.scoring_memory", *args], capture_output=True, text=True, check=True
         )
-        row = json.loads(out.stdout.strip().splitlines()[-1])
-        rows.append(row)
-        print(
-            f"N={n:>6}: scoring extra peak {row['scoring_extra_mib']:7.1f} MiB (tensors {row['scoring_tensor_mib']:6.1f} MiB), "
-            f"N x N would need {row['nxn_attention_would_need_mib']:9.0f} MiB; speculator {row['speculator_s']:.2f}s, "
-            f"scoring {row['scoring_s']:.3f}s",
-            flush=True,
-        )
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in a.lengths:
+            cap = str(Path(tmp) / f"cap{n}.pt")
+            row = sub("--child-speculate", str(n), "--lookahead", str(a.lookahead), "--capture", cap)
+            row.update(sub("--child-score", "--capture", cap))
+            rows.append(row)
+            print(
+                f"N={n:>6}: scoring peak +{row['scoring_extra_peak_mib']:6.1f} MiB over its inputs "
+                f"({row['scoring_inputs_mib']:5.1f} MiB); N x N attention would need "
+                f"{row['nxn_attention_would_need_mib']:9.0f} MiB; speculator {row['speculator_s']:.2f}s "
+                f"(+{row['speculator_extra_peak_mib']:.0f} MiB), scoring {row['scoring_s']:.3f}s",
+                flush=True,
+            )
     a.out.parent.mkdir(parents=True, exist_ok=True)
     from harness.run import hardware, versions
 

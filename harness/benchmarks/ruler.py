@@ -334,8 +334,9 @@ class TaskGen:
         raise NotImplementedError
 
     def probe_text(self, parts: Parts) -> str:
-        """The text whose length the official size search measures (prompt + answer)."""
-        return " " + " ".join(parts.references)
+        """What the official size search appends to the prompt before counting tokens
+        (vt and qa format the answer list with ``f' {answer}'``, i.e. its repr)."""
+        return f" {list(parts.references)}"
 
 
 class Niah(TaskGen):
@@ -422,6 +423,9 @@ class Niah(TaskGen):
         return Parts(
             head.format(**fmt), context, tail.format(**fmt), prefix.format(**fmt), tuple(answers), tuple(spans)
         )
+
+    def probe_text(self, parts: Parts) -> str:
+        return " ".join(parts.references)  # the official counts input_text + ' '.join(answer)
 
 
 class VariableTracking(TaskGen):
@@ -737,6 +741,8 @@ def cache_key(task: str, length: int, fmt: PromptFormat, tokenizer_id: str) -> s
             "tokenizer": tokenizer_id,
             "splitter": sentence_splitter_name() if TASKS[task][1].get("type_haystack") == "essay" else None,
             "notes": GENERATOR_NOTES,
+            # Any edit to this generator invalidates cached sets (results carry VERSION).
+            "source": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
         },
         sort_keys=True,
     )
