@@ -41,6 +41,8 @@ class ModelConfig:
     revision: str | None = None
     dtype: str = "bfloat16"
     max_context: int = 8192
+    #: LongBench-style max input length (prompt tokens before truncation); None = max_context.
+    max_input_length: int | None = None
     speculator: str | None = None
     chat_template: bool = True
     tensor_parallel: int = 1

@@ -16,50 +16,81 @@ from harness.store import read_results
 GROUP = ["model", "benchmark", "length", "task", "method", "keep_rate"]
 
 
+CONFIG = ["model", "benchmark", "length", "method", "keep_rate"]
+MEASURES = ["score", "kept_fraction", "needle_kept", "ttft_s", "ttft_ratio"]
+
+
+def _macro(rows: pd.DataFrame, by: list[str], label: pd.Series | str) -> pd.DataFrame:
+    """Macro means of task-level rows within ``by`` (counts are summed)."""
+    rows = rows.assign(_label=label)
+    out = (
+        rows.groupby([*by, "_label"], dropna=False)
+        .agg(n=("n", "sum"), failed=("failed", "sum"), **{m: (m, "mean") for m in MEASURES})
+        .reset_index()
+        .rename(columns={"_label": "task"})
+    )
+    return out
+
+
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """task x method x keep: score, kept fraction, TTFT and its ratio to full prefill.
 
     ``ttft_ratio`` = mean TTFT of the method / mean TTFT of full prefill on the same
     model, benchmark, length and task (< 1 is faster); ``speedup`` is its inverse.
-    An ``ALL`` task row per method averages the per-task scores (macro mean)."""
+    Aggregate rows, all macro means of the per-task rows: ``[category] <name>`` per
+    benchmark category (LongBench), ``ALL`` (the mean over categories where the
+    benchmark has them, as LongBench's "Avg", else over tasks), and for LongBench-E
+    ``<task> @<bucket>`` and ``ALL @<bucket>`` per length bucket."""
     cols = [*GROUP, "n", "failed", "score", "kept_fraction", "needle_kept", "ttft_s", "ttft_ratio", "speedup"]
     if df.empty:
         return pd.DataFrame(columns=cols)
     df = df.copy()
     df["keep_rate"] = df["keep_rate"].astype(float).fillna(1.0)
-    failed = df[df["status"] != "ok"].groupby(GROUP, dropna=False).size().rename("failed")
-    ok = df[df["status"] == "ok"]
-    if ok.empty:
-        return pd.DataFrame(columns=cols)
-    agg = ok.groupby(GROUP, dropna=False).agg(
-        n=("score", "size"),
-        score=("score", "mean"),
-        kept_fraction=("kept_fraction", "mean"),
-        needle_kept=("needle_kept", "mean"),
-        ttft_s=("ttft_s", "mean"),
-    )
-    agg = agg.join(failed, how="left").fillna({"failed": 0}).reset_index()
-    full = agg[agg["method"] == "full"].set_index(["model", "benchmark", "length", "task"])["ttft_s"]
-    key = pd.MultiIndex.from_frame(agg[["model", "benchmark", "length", "task"]])
-    agg["ttft_ratio"] = agg["ttft_s"].to_numpy() / full.reindex(key).to_numpy()
-    agg["speedup"] = 1.0 / agg["ttft_ratio"]
-    overall = (
-        agg.groupby(["model", "benchmark", "length", "method", "keep_rate"], dropna=False)
-        .agg(
-            n=("n", "sum"),
-            failed=("failed", "sum"),
+    for c in ("category", "bucket"):
+        if c not in df:
+            df[c] = None
+    df["category"] = df["category"].fillna("")
+    df["bucket"] = df["bucket"].fillna("")
+
+    def per(keys: list[str]) -> pd.DataFrame:
+        failed = df[df["status"] != "ok"].groupby(keys, dropna=False).size().rename("failed")
+        ok = df[df["status"] == "ok"]
+        agg = ok.groupby(keys, dropna=False).agg(
+            n=("score", "size"),
             score=("score", "mean"),
             kept_fraction=("kept_fraction", "mean"),
             needle_kept=("needle_kept", "mean"),
             ttft_s=("ttft_s", "mean"),
-            ttft_ratio=("ttft_ratio", "mean"),
         )
-        .reset_index()
-    )
-    overall["task"] = "ALL"
-    overall["speedup"] = 1.0 / overall["ttft_ratio"]
-    out = pd.concat([agg, overall], ignore_index=True)[cols]
+        agg = agg.join(failed, how="left").fillna({"failed": 0}).reset_index()
+        base = ["model", "benchmark", "length", *[k for k in keys if k in ("task", "bucket")]]
+        full = agg[agg["method"] == "full"].set_index(base)["ttft_s"]
+        agg["ttft_ratio"] = agg["ttft_s"].to_numpy() / full.reindex(pd.MultiIndex.from_frame(agg[base])).to_numpy()
+        return agg
+
+    if (df["status"] == "ok").sum() == 0:
+        return pd.DataFrame(columns=cols)
+    tasks = per([*GROUP, "category"])
+    parts = [tasks]
+    has_cat = tasks["category"] != ""
+    if has_cat.any():
+        cats = _macro(tasks[has_cat], CONFIG, "[category] " + tasks.loc[has_cat, "category"])
+        parts.append(cats)
+        overall = _macro(cats, CONFIG, "ALL")
+        if (~has_cat).any():  # benchmarks without categories in the same folder
+            parts.append(_macro(tasks[~has_cat], CONFIG, "ALL"))
+    else:
+        overall = _macro(tasks, CONFIG, "ALL")
+    parts.append(overall)
+    if (df["bucket"] != "").any():
+        b = per([*GROUP, "bucket"])
+        b = b[b["bucket"] != ""]
+        parts.append(b.assign(task=b["task"] + " @" + b["bucket"]))
+        parts.append(_macro(b, [*CONFIG, "bucket"], "ALL @" + b["bucket"]).drop(columns="bucket"))
+    out = pd.concat(parts, ignore_index=True)
+    out["speedup"] = 1.0 / out["ttft_ratio"]
     out["failed"] = out["failed"].astype(int)
+    out = out[cols]
     return out.sort_values(["model", "benchmark", "length", "task", "method", "keep_rate"]).reset_index(drop=True)
 
 
@@ -92,7 +123,8 @@ def plot_score_vs_keep(summary: pd.DataFrame, path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    s = summary[summary["task"] != "ALL"]
+    s = summary[~summary["task"].str.startswith(("ALL", "["))]
+    s = s[~s["task"].str.contains(" @", regex=False)]
     groups = list(s.groupby(["model", "benchmark", "length"]))
     fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.5), squeeze=False)
     for ax, ((model, bench, length), g) in zip(axes[0], groups, strict=True):

@@ -24,11 +24,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-import harness.benchmarks.ruler  # noqa: F401  (registers the benchmark)
 from harness import report
 from harness.benchmarks.base import Benchmark, BenchmarkConfig, TokenizerInfo, build_benchmark
 from harness.metrics import VERSION as METRICS_VERSION
-from harness.models import ModelConfig, check_runnable, load, tokenizer_id
+from harness.models import ModelConfig, check_runnable, load, load_tokenizer, tokenizer_id
 from harness.store import RunRecord, RunStore
 from harness.types import PromptFormat, Sample
 from specprefill.backends.transformers import TransformersBackend
@@ -73,7 +72,8 @@ class RunConfig:
         method = dict(c["method"])
         name = str(method.pop("name"))
         bench = dict(c["benchmark"])
-        tasks = bench.get("tasks")
+        default_tasks = bench.pop("default_tasks", None)
+        tasks = bench.get("tasks") if bench.get("tasks") is not None else default_tasks
         if isinstance(tasks, str):
             tasks = [t for t in tasks.split(",") if t] if tasks != "all" else []
         bench["tasks"] = tuple(tasks or ())
@@ -175,15 +175,13 @@ def needle_kept(kept: torch.Tensor | None, needles: torch.Tensor) -> float | Non
     return float(torch.isin(needles, kept).float().mean())
 
 
-def run_sample(
-    job: Job, backend: TransformersBackend, tokenizer: Any, fmt: PromptFormat, sample: Sample
-) -> dict[str, Any]:
+def run_sample(job: Job, backend: TransformersBackend, tokenizer: Any, sample: Sample) -> dict[str, Any]:
     """Plan, prefill, decode and score one sample; returns the measured fields of its row."""
-    enc = tokenizer(sample.prompt, add_special_tokens=fmt.add_special_tokens, return_offsets_mapping=True)
+    enc = tokenizer(sample.prompt, add_special_tokens=sample.add_special_tokens, return_offsets_mapping=True)
     ids = torch.tensor(enc["input_ids"], dtype=torch.int64)
     prompt = Prompt(ids, sample.instruction, sample.context, sample.question, sample.answer_prefix)
     plan = job.method.plan(prompt, backend)
-    gen = backend.generate(plan, sample.max_new_tokens)
+    gen = backend.generate(plan, sample.max_new_tokens, stop=sample.stop)
     needles = needle_tokens([tuple(o) for o in enc["offset_mapping"]], sample.spans)
     t = dict(plan.timings)
     return {
@@ -209,15 +207,18 @@ def execute(job: Job) -> Path:
     store = RunStore(job.folder)
     job.folder.mkdir(parents=True, exist_ok=True)
     check_runnable(cfg.model)
-    lm = load(cfg.model)
-    tok = lm.tokenizer
+    # Tokenizer and data first: a missing dataset fails before any model loads.
+    tok = load_tokenizer(cfg.model)
     fmt = PromptFormat.from_tokenizer(tok, cfg.model.chat_template)
     info = TokenizerInfo(
         id=tokenizer_id(cfg.model),
         count=lambda s: len(tok(s, add_special_tokens=fmt.add_special_tokens).input_ids),
         fmt=fmt,
+        tokenizer=tok,
+        max_input_length=cfg.model.max_input_length or cfg.model.max_context,
     )
     samples = job.benchmark.samples(info)
+    lm = load(cfg.model)
     (job.folder / "config.yaml").write_text(
         OmegaConf.to_yaml(
             {
@@ -264,11 +265,13 @@ def execute(job: Job) -> Path:
             **empty,
             **common,
             "task": sample.task,
+            "category": sample.category or None,
+            "bucket": sample.bucket or None,
             "sample_id": sample.sample_id,
             "references": list(sample.references),
         }
         try:
-            row.update(run_sample(job, backend, tok, fmt, sample))
+            row.update(run_sample(job, backend, tok, sample))
             row["status"] = "ok"
         except Exception as e:  # one bad sample must not end the run: record it and go on
             row.update(status="failed", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")

@@ -49,6 +49,8 @@ class RunRecord:
     benchmark_options: str  # JSON
     metrics_version: str
     task: str
+    category: str | None
+    bucket: str | None
     length: int
     sample_id: int
     status: str  # "ok" | "failed"

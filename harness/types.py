@@ -13,6 +13,7 @@ class Sample:
     ``head + instruction + context + question + tail + answer_prefix``.
     ``spans``: character spans in ``prompt`` of the evidence a diagnostic tracks
     (RULER needles, variable-tracking chain statements, QA gold documents).
+    ``length``: RULER's target length, or the dataset's own length field (LongBench).
     """
 
     benchmark: str
@@ -28,6 +29,17 @@ class Sample:
     max_new_tokens: int
     metric: str
     spans: tuple[tuple[int, int], ...] = field(default=())
+    #: Whether tokenizing ``prompt`` adds the tokenizer's special tokens (BOS): False when
+    #: a chat template already wrote them.
+    add_special_tokens: bool = False
+    #: Stop strings for decoding (LongBench samsum stops at a newline).
+    stop: tuple[str, ...] = ()
+    #: Class names for classification metrics (LongBench trec, lsht).
+    all_classes: tuple[str, ...] = ()
+    #: Grouping used in aggregation: the benchmark's category and, for LongBench-E, the
+    #: length bucket ("0-4k", "4-8k", "8k+").
+    category: str = ""
+    bucket: str = ""
 
 
 @dataclass(frozen=True)

@@ -88,3 +88,30 @@ def test_make_eval_passes_overrides_through():
     ):
         assert part in line, (part, line)
     assert any("dry_run=true" in ln for ln in out.splitlines())  # everything is validated first
+
+
+@pytest.mark.slow
+def test_smollm2_longbench_fixture_full_and_specprefill(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "res"
+    fixtures = Path(__file__).parent / "fixtures" / "longbench"
+    common = [
+        "model=smollm2-135m",
+        "benchmark=longbench",
+        "tasks=[passage_retrieval_en,multifieldqa_zh,lcc]",
+        "limit=1",
+        f"out={out}",
+        f"benchmark.options.data_dir={fixtures}",
+    ]
+    folders = [
+        execute(prepare(RunConfig.from_hydra(_cfg(f"method={m}", "keep=0.5", *common))))
+        for m in ("full", "specprefill")
+    ]
+    rows = pd.concat([pd.read_parquet(f / "rows.parquet") for f in folders])
+    assert len(rows) == 6 and set(rows["status"]) == {"ok"}, rows["error"].tolist()
+    assert set(rows["task"]) == {"passage_retrieval_en", "multifieldqa_zh", "lcc"}
+    assert rows["score"].between(0, 100).all() and rows["benchmark_version"].str.startswith("longbench-").all()
+    assert set(rows["category"]) == {"synthetic", "single-doc QA", "code"}
+    assert '"truncation": "middle"' in rows.iloc[0]["benchmark_options"]
+    summary = (out / "summary.md").read_text()
+    assert "[category] code" in summary and "| ALL |" in summary

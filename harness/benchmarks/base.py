@@ -14,11 +14,17 @@ from harness.types import PromptFormat, Sample
 
 @dataclass(frozen=True)
 class TokenizerInfo:
-    """What a benchmark needs of the target tokenizer: its id (for caching) and a counter."""
+    """What a benchmark needs of the target model's tokenizer.
+
+    ``id`` keys caches; ``count`` counts tokens of a prompt in ``fmt`` (the model's chat
+    format); ``tokenizer`` (encode/decode, chat template) and ``max_input_length``
+    (LongBench-style truncation budget) are there for benchmarks that truncate."""
 
     id: str
     count: Callable[[str], int]
     fmt: PromptFormat
+    tokenizer: Any = None
+    max_input_length: int = 0
 
 
 @dataclass(frozen=True)

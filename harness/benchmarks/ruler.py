@@ -714,6 +714,7 @@ def generate(
                 max_new_tokens=gen.tokens_to_generate,
                 metric=gen.metric,
                 spans=tuple((ctx_start + a, ctx_start + b) for a, b in p.context_spans),
+                add_special_tokens=fmt.add_special_tokens,
             )
         )
     return samples
@@ -805,6 +806,7 @@ def _sample_to_row(s: Sample) -> dict[str, Any]:
     d = dataclasses.asdict(s)
     d["references"] = list(s.references)
     d["spans"] = [list(x) for x in s.spans]
+    d["stop"], d["all_classes"] = list(s.stop), list(s.all_classes)
     return d
 
 
@@ -812,6 +814,9 @@ def _row_to_sample(r: dict[str, Any]) -> Sample:
     r = dict(r)
     r["references"] = tuple(str(x) for x in r["references"])
     r["spans"] = tuple((int(a), int(b)) for a, b in r["spans"])
+    r["stop"] = tuple(str(x) for x in r["stop"])
+    r["all_classes"] = tuple(str(x) for x in r["all_classes"])
+    r["add_special_tokens"] = bool(r["add_special_tokens"])
     r["sample_id"] = int(r["sample_id"])
     r["length"] = int(r["length"])
     r["max_new_tokens"] = int(r["max_new_tokens"])
