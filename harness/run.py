@@ -26,7 +26,6 @@ from tqdm.auto import tqdm
 
 from harness import report
 from harness.benchmarks.base import Benchmark, BenchmarkConfig, TokenizerInfo, build_benchmark
-from harness.metrics import VERSION as METRICS_VERSION
 from harness.models import ModelConfig, check_runnable, load, load_tokenizer, tokenizer_id
 from harness.store import RunRecord, RunStore
 from harness.types import PromptFormat, Sample
@@ -181,7 +180,9 @@ def run_sample(job: Job, backend: TransformersBackend, tokenizer: Any, sample: S
     ids = torch.tensor(enc["input_ids"], dtype=torch.int64)
     prompt = Prompt(ids, sample.instruction, sample.context, sample.question, sample.answer_prefix)
     plan = job.method.plan(prompt, backend)
-    gen = backend.generate(plan, sample.max_new_tokens, stop=sample.stop)
+    # Never decode past the model's window (InfiniteBench's math_calc asks for 30000 tokens).
+    max_new = max(1, min(sample.max_new_tokens, job.cfg.model.max_context - plan.next_position))
+    gen = backend.generate(plan, max_new, stop=sample.stop)
     needles = needle_tokens([tuple(o) for o in enc["offset_mapping"]], sample.spans)
     t = dict(plan.timings)
     return {
@@ -253,7 +254,7 @@ def execute(job: Job) -> Path:
         "benchmark": job.benchmark.name,
         "benchmark_version": job.benchmark.version,
         "benchmark_options": json.dumps(job.benchmark.options(), sort_keys=True),
-        "metrics_version": METRICS_VERSION,
+        "metrics_version": job.benchmark.metrics_version,
         "length": cfg.benchmark.length,
         "versions": json.dumps(versions(), sort_keys=True),
         "hardware": hardware(),

@@ -40,6 +40,9 @@ class Sample:
     #: length bucket ("0-4k", "4-8k", "8k+").
     category: str = ""
     bucket: str = ""
+    #: The ground truth in its official type, as JSON, where it is not a list of strings
+    #: (InfiniteBench: ints for math, [text, letter] for choices).
+    label_json: str = ""
 
 
 @dataclass(frozen=True)

@@ -115,3 +115,28 @@ def test_smollm2_longbench_fixture_full_and_specprefill(tmp_path, monkeypatch):
     assert '"truncation": "middle"' in rows.iloc[0]["benchmark_options"]
     summary = (out / "summary.md").read_text()
     assert "[category] code" in summary and "| ALL |" in summary
+
+
+@pytest.mark.slow
+def test_smollm2_infinitebench_fixture_full_and_specprefill(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "res"
+    fixtures = Path(__file__).parent / "fixtures" / "infinitebench"
+    common = [
+        "model=smollm2-135m",
+        "benchmark=infinitebench",
+        "tasks=[passkey,code_debug,longbook_qa_chn]",
+        "limit=1",
+        f"out={out}",
+        f"benchmark.options.data_dir={fixtures}",
+    ]
+    folders = [
+        execute(prepare(RunConfig.from_hydra(_cfg(f"method={m}", "keep=0.5", *common))))
+        for m in ("full", "specprefill")
+    ]
+    rows = pd.concat([pd.read_parquet(f / "rows.parquet") for f in folders])
+    assert len(rows) == 6 and set(rows["status"]) == {"ok"}, rows["error"].tolist()
+    assert set(rows["task"]) == {"passkey", "code_debug", "longbook_qa_chn"}
+    assert rows["benchmark_version"].str.startswith("infinitebench-").all() and rows["score"].between(0, 100).all()
+    assert set(rows["method"]) == {"full", "specprefill"}
+    assert (rows[rows["method"] == "specprefill"]["kept_fraction"] < 1).all()

@@ -47,6 +47,8 @@ class BenchmarkConfig:
 class Benchmark(ABC):
     name: ClassVar[str]
     version: ClassVar[str]
+    #: Version of the metric code this benchmark scores with (stored in every row).
+    metrics_version: ClassVar[str]
     all_tasks: ClassVar[tuple[str, ...]]
 
     def __init__(self, cfg: BenchmarkConfig) -> None:

@@ -234,6 +234,7 @@ class LongBench(Benchmark):
 
     name = "longbench"
     version = VERSION
+    metrics_version = LONGBENCH_METRICS_VERSION
     all_tasks = DATASETS
     e: ClassVar[bool] = False
     default_hub: ClassVar[tuple[str, str | None]] = ("Xnhyacinth/LongBench", "2e9ade51ebf45d98942056c0716234f9d5d257d5")

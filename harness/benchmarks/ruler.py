@@ -42,6 +42,7 @@ import numpy as np
 
 from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
 from harness.benchmarks.text import PrefixSentences, sentence_splitter_name
+from harness.metrics import VERSION as METRICS_VERSION
 from harness.types import PromptFormat, Sample
 
 VERSION = "ruler-1"
@@ -759,6 +760,7 @@ class Ruler(Benchmark):
 
     name = "ruler"
     version = VERSION
+    metrics_version = METRICS_VERSION
     all_tasks = tuple(TASKS)
 
     def check_model(self, max_context: int) -> None:
@@ -817,6 +819,7 @@ def _row_to_sample(r: dict[str, Any]) -> Sample:
     r["stop"] = tuple(str(x) for x in r["stop"])
     r["all_classes"] = tuple(str(x) for x in r["all_classes"])
     r["add_special_tokens"] = bool(r["add_special_tokens"])
+    r["label_json"] = str(r.get("label_json") or "")
     r["sample_id"] = int(r["sample_id"])
     r["length"] = int(r["length"])
     r["max_new_tokens"] = int(r["max_new_tokens"])
