@@ -16,11 +16,13 @@ tasks ?=
 limit ?=
 out ?=
 data_dir ?=
+max_new ?=
 
 OVR := $(if $(model),model=$(model)) $(if $(method),method=$(method)) $(if $(keep),keep=$(keep)) \
        $(if $(lookahead),lookahead=$(lookahead)) $(if $(benchmark),benchmark=$(benchmark)) \
        $(if $(length),length=$(length)) $(if $(tasks),'tasks=[$(tasks)]') $(if $(limit),limit=$(limit)) \
-       $(if $(out),out=$(out)) $(if $(data_dir),benchmark.options.data_dir=$(abspath $(data_dir)))
+       $(if $(out),out=$(out)) $(if $(data_dir),benchmark.options.data_dir=$(abspath $(data_dir))) \
+       $(if $(max_new),max_new=$(max_new))
 SWEEP := $(if $(findstring $(comma),$(model)$(method)$(keep)$(lookahead)$(benchmark)$(length)$(limit)),--multirun)
 
 .PHONY: setup eval report test test-fast check clean bench-scoring-memory bench-ruler-generation

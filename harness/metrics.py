@@ -287,25 +287,45 @@ def ib_code_run(pred: str, label: Any) -> float:
         return 0.0
 
 
-def ib_code_debug(pred: str, label: Any) -> float:
-    """code_debug: starts with the option letter, or names it/the function after an answer prefix."""
-    pred = pred.strip()
-    fn_name, letter = label[0], label[1]
-    if pred[:2] in (f"{letter}.", f"{letter}:"):
-        return 1.0
-    for c in ["\n", "`", "'", '"', "-", "*", "Option", "option"]:
+def _squeeze(pred: str, chars: list[str]) -> str:
+    for c in chars:
         pred = pred.replace(c, " ")
     while "  " in pred:
         pred = pred.replace("  ", " ")
-    for prefix in ("answer is:", "is:", "answer:", "correct option is:"):
+    return pred
+
+
+def _after_answer_prefix(
+    pred: str, chars: list[str], prefixes: tuple[str, ...], accepted: tuple[str, ...]
+) -> float | None:
+    """The official answer-prefix rule: after blanking ``chars``, find the first prefix
+    present; score 1 if the text after it starts with an accepted answer, else 0.
+    None when no prefix occurs (the caller's fallback applies)."""
+    pred = _squeeze(pred, chars)
+    for prefix in prefixes:
         idx = pred.find(prefix)
         if idx == -1:
             continue
         if len(pred) < idx + len(prefix) + 1:
             return 0.0
         rest = pred[idx + len(prefix) + 1 :]
-        return float(any(rest.startswith(s) for s in (letter, fn_name)))
-    return 0.0
+        return float(any(rest.startswith(a) for a in accepted))
+    return None
+
+
+def ib_code_debug(pred: str, label: Any) -> float:
+    """code_debug: starts with the option letter, or names it/the function after an answer prefix."""
+    pred = pred.strip()
+    fn_name, letter = label[0], label[1]
+    if pred[:2] in (f"{letter}.", f"{letter}:"):
+        return 1.0
+    found = _after_answer_prefix(
+        pred,
+        ["\n", "`", "'", '"', "-", "*", "Option", "option"],
+        ("answer is:", "is:", "answer:", "correct option is:"),
+        (letter, fn_name),
+    )
+    return 0.0 if found is None else found
 
 
 def ib_math_find(pred: str, label: Any) -> float:
@@ -338,18 +358,11 @@ def ib_choice(pred: str, label: Any) -> float:
         return float(pred[0] in label)
     if pred in label:
         return 1.0
-    for c in ["\n", '"', "'", ".", ",", "?", "!", "{", "}"]:
-        pred = pred.replace(c, " ")
-    while "  " in pred:
-        pred = pred.replace("  ", " ")
-    for prefix in ("answer is:", "answer:", "answer is", "option is"):
-        idx = pred.find(prefix)
-        if idx == -1:
-            continue
-        if len(pred) < idx + len(prefix) + 1:
-            return 0.0
-        after = pred[idx + len(prefix) + 1 :]
-        return float(any(after.startswith(s) for s in label))
+    chars = ["\n", '"', "'", ".", ",", "?", "!", "{", "}"]
+    found = _after_answer_prefix(pred, chars, ("answer is:", "answer:", "answer is", "option is"), tuple(label))
+    if found is not None:
+        return found
+    pred = _squeeze(pred, chars)
     for word in pred.split():
         if word in "ABCD":
             return float(word in label)

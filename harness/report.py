@@ -7,6 +7,7 @@ in that folder and ``plots/<folder name>/score_vs_keep.png``.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -16,7 +17,30 @@ from harness.store import read_results
 GROUP = ["model", "benchmark", "length", "task", "method", "keep_rate"]
 
 
-CONFIG = ["model", "benchmark", "length", "method", "keep_rate"]
+CONFIG = ["model", "benchmark", "length", "method", "keep_rate", "_bopts", "_base"]
+
+
+def label_variants(df: pd.DataFrame) -> pd.Series:
+    """The method column of the summary: the method name, plus the options that tell
+    apart runs which would otherwise share a row (same method and keep rate, different
+    look-ahead, pooling, truncation, output cap, ...)."""
+    labels = df["method"].astype(str).copy()
+    keys = ["model", "benchmark", "length", "method", "keep_rate"]
+    for _, g in df.groupby(keys, dropna=False):
+        runs = g.drop_duplicates("config_hash")
+        if len(runs) < 2:
+            continue
+        opts = {
+            h: {**json.loads(m or "{}"), **json.loads(b or "{}")}
+            for h, m, b in zip(runs["config_hash"], runs["method_options"], runs["benchmark_options"], strict=True)
+        }
+        differ = sorted({k for o in opts.values() for k in o if len({json.dumps(x.get(k)) for x in opts.values()}) > 1})
+        for h, o in opts.items():
+            desc = ", ".join(f"{k}={o.get(k)}" for k in differ if k != "keep_rate")
+            labels[g.index[g["config_hash"] == h]] = f"{g['method'].iloc[0]} ({desc})"
+    return labels
+
+
 MEASURES = ["score", "kept_fraction", "needle_kept", "ttft_s", "ttft_ratio"]
 
 
@@ -51,6 +75,9 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             df[c] = None
     df["category"] = df["category"].fillna("")
     df["bucket"] = df["bucket"].fillna("")
+    df["_base"] = df["method"]
+    df["_bopts"] = df["benchmark_options"].fillna("")
+    df["method"] = label_variants(df)
 
     def per(keys: list[str]) -> pd.DataFrame:
         failed = df[df["status"] != "ok"].groupby(keys, dropna=False).size().rename("failed")
@@ -63,14 +90,14 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             ttft_s=("ttft_s", "mean"),
         )
         agg = agg.join(failed, how="left").fillna({"failed": 0}).reset_index()
-        base = ["model", "benchmark", "length", *[k for k in keys if k in ("task", "bucket")]]
-        full = agg[agg["method"] == "full"].set_index(base)["ttft_s"]
+        base = ["model", "benchmark", "length", "_bopts", *[k for k in keys if k in ("task", "bucket")]]
+        full = agg[agg["_base"] == "full"].set_index(base)["ttft_s"]
         agg["ttft_ratio"] = agg["ttft_s"].to_numpy() / full.reindex(pd.MultiIndex.from_frame(agg[base])).to_numpy()
         return agg
 
     if (df["status"] == "ok").sum() == 0:
         return pd.DataFrame(columns=cols)
-    tasks = per([*GROUP, "category"])
+    tasks = per([*GROUP, "_bopts", "_base", "category"])
     parts = [tasks]
     has_cat = tasks["category"] != ""
     if has_cat.any():
@@ -83,7 +110,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         overall = _macro(tasks, CONFIG, "ALL")
     parts.append(overall)
     if (df["bucket"] != "").any():
-        b = per([*GROUP, "bucket"])
+        b = per([*GROUP, "_bopts", "_base", "bucket"])
         b = b[b["bucket"] != ""]
         parts.append(b.assign(task=b["task"] + " @" + b["bucket"]))
         parts.append(_macro(b, [*CONFIG, "bucket"], "ALL @" + b["bucket"]).drop(columns="bucket"))

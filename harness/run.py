@@ -182,6 +182,8 @@ def run_sample(job: Job, backend: TransformersBackend, tokenizer: Any, sample: S
     plan = job.method.plan(prompt, backend)
     # Never decode past the model's window (InfiniteBench's math_calc asks for 30000 tokens).
     max_new = max(1, min(sample.max_new_tokens, job.cfg.model.max_context - plan.next_position))
+    if job.cfg.benchmark.max_new_tokens_cap is not None:
+        max_new = min(max_new, job.cfg.benchmark.max_new_tokens_cap)
     gen = backend.generate(plan, max_new, stop=sample.stop)
     needles = needle_tokens([tuple(o) for o in enc["offset_mapping"]], sample.spans)
     t = dict(plan.timings)

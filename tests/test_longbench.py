@@ -105,7 +105,7 @@ def test_scoring_is_x100_with_first_line(tok):
 
 
 def test_missing_data_fails_with_dataset_revision_and_how_to_fix(tmp_path, monkeypatch, tok):
-    with pytest.raises(FileNotFoundError, match=r"no narrativeqa.jsonl / .parquet in data_dir"):
+    with pytest.raises(FileNotFoundError, match=r"no narrativeqa\.jsonl / \.parquet in data_dir"):
         lb.LongBench(
             BenchmarkConfig(name="longbench", tasks=("narrativeqa",), options={"data_dir": str(tmp_path)})
         ).samples(tok)
@@ -122,7 +122,9 @@ def test_missing_data_fails_with_dataset_revision_and_how_to_fix(tmp_path, monke
 def test_parquet_folders_load_too(tmp_path, tok):
     import pandas as pd
 
-    rows = lb._read_local(FIXTURES / "qasper.jsonl", 10)
+    from harness.benchmarks.data import read_local
+
+    rows = read_local(FIXTURES / "qasper.jsonl", 10)
     pd.DataFrame(rows).to_parquet(tmp_path / "qasper.parquet")
     b = lb.LongBench(BenchmarkConfig(name="longbench", tasks=("qasper",), limit=1, options={"data_dir": str(tmp_path)}))
     assert len(b.samples(tok)) == 1

@@ -176,3 +176,14 @@ def test_every_model_config_is_valid(model):
 def test_every_method_config_builds(method):
     job = _job(f"method={method}")
     assert job.method.name in ("full", "specprefill")
+
+
+def test_max_new_tokens_cap_is_a_named_recorded_deviation():
+    capped, official = _job("max_new=8"), _job()
+    assert (
+        capped.benchmark.options()["max_new_tokens_cap"] == 8
+        and "max_new_tokens_cap" not in official.benchmark.options()
+    )
+    assert capped.folder != official.folder
+    with pytest.raises(ValueError, match="max_new_tokens_cap=0 is invalid"):
+        _job("max_new=0")

@@ -36,8 +36,18 @@ class BenchmarkConfig:
     tasks: tuple[str, ...] = ()
     limit: int = 10
     options: dict[str, Any] = field(default_factory=dict)
+    #: Cap on tokens to generate (None = the benchmark's official lengths). A named
+    #: deviation for quick CPU runs (InfiniteBench math_calc asks for 30000 tokens);
+    #: recorded in every row and part of the run identity.
+    max_new_tokens_cap: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_new_tokens_cap is not None and (
+            isinstance(self.max_new_tokens_cap, bool)
+            or not isinstance(self.max_new_tokens_cap, int)
+            or self.max_new_tokens_cap < 1
+        ):
+            raise ValueError(f"max_new_tokens_cap={self.max_new_tokens_cap!r} is invalid; allowed: null or int >= 1")
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
             raise ValueError(f"limit={self.limit!r} is invalid; allowed: int >= 1 (samples per task)")
         if isinstance(self.length, bool) or not isinstance(self.length, int) or self.length < 1:
@@ -78,7 +88,10 @@ class Benchmark(ABC):
 
     def options(self) -> dict[str, Any]:
         """What shapes the samples, recorded with results and hashed into the run id."""
-        return {"name": self.name, "version": self.version, "length": self.cfg.length, **self.cfg.options}
+        opts = {"name": self.name, "version": self.version, "length": self.cfg.length, **self.cfg.options}
+        if self.cfg.max_new_tokens_cap is not None:
+            opts["max_new_tokens_cap"] = self.cfg.max_new_tokens_cap
+        return opts
 
 
 _BENCHMARKS: dict[str, type[Benchmark]] = {}

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
+from harness.benchmarks.data import Source, load_rows, split_parts
 from harness.metrics import INFINITEBENCH_METRICS_VERSION, infinitebench_score
 from harness.types import PromptFormat, Sample
 
@@ -110,21 +110,6 @@ def truncate_by_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
     return str(tokenizer.decode(tokens[:split] + tokens[-split:], skip_special_tokens=True))
 
 
-def _read(path: Path, limit: int) -> list[dict[str, Any]]:
-    if path.suffix == ".parquet":
-        import pandas as pd
-
-        return [dict(r) for r in pd.read_parquet(path).head(limit).to_dict("records")]
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                rows.append(json.loads(line))
-                if len(rows) >= limit:
-                    break
-    return rows
-
-
 @register_benchmark
 class InfiniteBench(Benchmark):
     """Options: ``truncate_len``, ``chat``, ``data_dir``, ``hub_id``, ``revision``."""
@@ -156,30 +141,8 @@ class InfiniteBench(Benchmark):
         return {**super().options(), "truncate_len": self.truncate_len, "chat": self.chat, "hub_id": self.hub_id,
                 "revision": self.revision}  # fmt: skip
 
-    def _describe(self, task: str) -> str:
-        return f"{self.hub_id} (split {task!r}, revision {self.revision or 'unpinned'})"
-
-    def load(self, task: str) -> list[dict[str, Any]]:
-        limit = self.cfg.limit
-        if self.data_dir:
-            for ext in ("jsonl", "parquet"):
-                path = Path(self.data_dir) / f"{task}.{ext}"
-                if path.exists():
-                    return _read(path, limit)
-            raise FileNotFoundError(
-                f"no {task}.jsonl / .parquet in data_dir={self.data_dir} (for {self._describe(task)}); "
-                f"put the official InfiniteBench files there, or drop benchmark.data_dir to load from the hub"
-            )
-        try:
-            from datasets import load_dataset
-
-            ds = load_dataset(self.hub_id, split=task, revision=self.revision)
-        except Exception as e:
-            raise RuntimeError(
-                f"cannot load {self._describe(task)} from the hub ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                f"point benchmark.data_dir=<folder> at a local copy holding {task}.jsonl (the official files)"
-            ) from e
-        return [dict(r) for r in ds.select(range(min(limit, len(ds))))]
+    def source(self, task: str) -> Source:
+        return Source(self.hub_id, None, task, self.revision, self.data_dir, task)
 
     def samples(self, tok: TokenizerInfo) -> list[Sample]:
         from tqdm.auto import tqdm
@@ -187,7 +150,7 @@ class InfiniteBench(Benchmark):
         if tok.tokenizer is None or tok.max_input_length < 1:
             raise ValueError(f"{self.name} needs the target tokenizer and the model's max_input_length to truncate")
         budget = min(self.truncate_len, tok.max_input_length)
-        rows = {t: self.load(t) for t in self.tasks}  # all data before any work
+        rows = {t: load_rows(self.source(t), self.cfg.limit) for t in self.tasks}  # all data before any work
         fmt = tok.fmt if self.chat else PromptFormat("base")
         out = []
         for task in tqdm(self.tasks, desc=f"{self.name} prompts", unit="task", leave=False):
@@ -202,11 +165,7 @@ class InfiniteBench(Benchmark):
         head_t, tail_t = TEMPLATES[task].split("{context}")
         head, tail = head_t.format(**fields), tail_t.format(**fields)
         context = str(eg["context"])
-        text = truncate_by_tokens(head + context + tail, tok.tokenizer, budget)
-        if text.startswith(head) and text.endswith(tail) and len(text) >= len(head) + len(tail):
-            context = text[len(head) : len(text) - len(tail)]
-        else:
-            head, tail, context = "", "", text
+        head, context, tail = split_parts(truncate_by_tokens(head + context + tail, tok.tokenizer, budget), head, tail)
         lab = label(task, eg)
         refs = [str(x) for x in lab] if isinstance(lab, list) else [str(lab)]
         return Sample(

@@ -19,12 +19,10 @@ pinned revision through ``datasets``.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
+from harness.benchmarks.data import Source, load_rows, split_parts
 from harness.metrics import LONGBENCH_METRICS_VERSION, longbench_score
 from harness.types import PromptFormat, Sample
 
@@ -96,61 +94,6 @@ def bucket(length: int) -> str:
     return "0-4k" if length < 4000 else ("4-8k" if length < 8000 else "8k+")
 
 
-@dataclass(frozen=True)
-class Source:
-    """Where a dataset comes from: a local folder, or the hub at a pinned revision."""
-
-    hub_id: str
-    config: str
-    revision: str | None
-    data_dir: str | None
-    local_name: str
-
-    def describe(self) -> str:
-        rev = self.revision or "unpinned"
-        return f"{self.hub_id} (config {self.config!r}, revision {rev})"
-
-
-def load_rows(src: Source, limit: int) -> list[dict[str, Any]]:
-    """The first ``limit`` rows of one dataset, local folder first, then the hub."""
-    if src.data_dir:
-        folder = Path(src.data_dir)
-        for ext in ("jsonl", "json", "parquet"):
-            path = folder / f"{src.local_name}.{ext}"
-            if path.exists():
-                return _read_local(path, limit)
-        raise FileNotFoundError(
-            f"no {src.local_name}.jsonl / .parquet in data_dir={folder} (for {src.describe()}); "
-            f"put the official data.zip files there, or drop benchmark.data_dir to load from the hub"
-        )
-    try:
-        from datasets import load_dataset
-
-        ds = load_dataset(src.hub_id, src.config, split="test", revision=src.revision)
-    except Exception as e:
-        raise RuntimeError(
-            f"cannot load {src.describe()} from the hub ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-            f"point benchmark.data_dir=<folder> at a local copy holding {src.local_name}.jsonl "
-            f"(the official data.zip layout) or {src.local_name}.parquet"
-        ) from e
-    return [dict(r) for r in ds.select(range(min(limit, len(ds))))]
-
-
-def _read_local(path: Path, limit: int) -> list[dict[str, Any]]:
-    if path.suffix == ".parquet":
-        import pandas as pd
-
-        return [dict(r) for r in pd.read_parquet(path).head(limit).to_dict("records")]
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                rows.append(json.loads(line))
-                if len(rows) >= limit:
-                    break
-    return rows
-
-
 def truncate(prompt: str, tokenizer: Any, max_len: int, policy: str) -> str:
     """Truncate the (un-templated) prompt to ``max_len`` tokens of the target tokenizer.
 
@@ -195,13 +138,8 @@ def build_sample(
             context = str(tok.tokenizer.decode(cids[:half], skip_special_tokens=True)) + str(
                 tok.tokenizer.decode(cids[len(cids) - (budget - half) :], skip_special_tokens=True)
             )
-        text = head + context + tail
     else:
-        text = truncate(head + context + tail, tok.tokenizer, max_len, policy)
-        if text.startswith(head) and text.endswith(tail) and len(text) >= len(head) + len(tail):
-            context = text[len(head) : len(text) - len(tail)]
-        else:  # the cut reached the instruction or the question: keep the text whole as context
-            head, tail, context = "", "", text
+        head, context, tail = split_parts(truncate(head + context + tail, tok.tokenizer, max_len, policy), head, tail)
     chat = task not in NO_CHAT
     fmt = tok.fmt if chat else PromptFormat("base")
     answers = row["answers"]
@@ -263,7 +201,7 @@ class LongBench(Benchmark):
     def source(self, task: str) -> Source:
         local = f"{task}_e" if self.e else task
         config = f"{task}_e" if self.e else task
-        return Source(self.hub_id, config, self.revision, self.data_dir, local)
+        return Source(self.hub_id, config, "test", self.revision, self.data_dir, local)
 
     def samples(self, tok: TokenizerInfo) -> list[Sample]:
         from tqdm.auto import tqdm

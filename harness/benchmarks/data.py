@@ -1,0 +1,78 @@
+"""Loading benchmark rows from a local folder or the hub, and splitting truncated prompts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one task's rows come from: ``data_dir`` if set, else the hub.
+
+    ``config`` names a hub configuration (LongBench: one per dataset) and ``split`` the
+    split (InfiniteBench: one per task); ``local_name`` is the file stem in ``data_dir``."""
+
+    hub_id: str
+    config: str | None
+    split: str
+    revision: str | None
+    data_dir: str | None
+    local_name: str
+
+    def describe(self) -> str:
+        where = f"config {self.config!r}" if self.config else f"split {self.split!r}"
+        return f"{self.hub_id} ({where}, revision {self.revision or 'unpinned'})"
+
+
+def read_local(path: Path, limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` rows of a ``.jsonl`` or ``.parquet`` file."""
+    if path.suffix == ".parquet":
+        import pandas as pd
+
+        return [dict(r) for r in pd.read_parquet(path).head(limit).to_dict("records")]
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                rows.append(json.loads(line))
+                if len(rows) >= limit:
+                    break
+    return rows
+
+
+def load_rows(src: Source, limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` rows, from the local folder if one is set, else from the hub;
+    either failure names the dataset, its revision and how to point at a local copy."""
+    if src.data_dir:
+        for ext in ("jsonl", "parquet"):
+            path = Path(src.data_dir) / f"{src.local_name}.{ext}"
+            if path.exists():
+                return read_local(path, limit)
+        raise FileNotFoundError(
+            f"no {src.local_name}.jsonl / .parquet in data_dir={src.data_dir} (for {src.describe()}); "
+            f"put the official files there, or drop benchmark.data_dir to load from the hub"
+        )
+    try:
+        from datasets import load_dataset
+
+        ds = load_dataset(src.hub_id, src.config, split=src.split, revision=src.revision)
+    except Exception as e:
+        raise RuntimeError(
+            f"cannot load {src.describe()} from the hub ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+            f"point benchmark.data_dir=<folder> at a local copy holding {src.local_name}.jsonl "
+            f"(the official files) or {src.local_name}.parquet"
+        ) from e
+    return [dict(r) for r in ds.select(range(min(limit, len(ds))))]
+
+
+def split_parts(text: str, head: str, tail: str) -> tuple[str, str, str]:
+    """(instruction, context, question) of a possibly truncated ``head + context + tail``.
+
+    When truncation reached into the instruction or the question, the whole text is
+    returned as context (methods that compress only the context then see all of it)."""
+    if text.startswith(head) and text.endswith(tail) and len(text) >= len(head) + len(tail):
+        return head, text[len(head) : len(text) - len(tail)], tail
+    return "", text, ""

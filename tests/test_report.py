@@ -1,0 +1,55 @@
+"""Summary table: ratios to full prefill, variants kept apart, category and bucket means."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from harness.report import summarize
+
+
+def _rows(method, keep, h, score, ttft, tasks, *, mopts=None, bopts=None, category="", bucket=""):
+    return [
+        {
+            "model": "m", "benchmark": "b", "length": 100, "task": t, "method": method, "keep_rate": keep,
+            "config_hash": h, "method_options": json.dumps(mopts or {}), "benchmark_options": json.dumps(bopts or {}),
+            "status": "ok", "score": score, "kept_fraction": keep or 1.0, "needle_kept": None, "ttft_s": ttft,
+            "category": category or None, "bucket": bucket or None,
+        }
+        for t in tasks
+    ]  # fmt: skip
+
+
+def test_ratio_to_full_and_variants_are_not_merged():
+    df = pd.DataFrame(
+        _rows("full", None, "f", 80.0, 4.0, ["t1", "t2"])
+        + _rows("specprefill", 0.3, "a", 60.0, 1.0, ["t1", "t2"], mopts={"keep_rate": 0.3, "lookahead": 1})
+        + _rows("specprefill", 0.3, "b", 70.0, 2.0, ["t1", "t2"], mopts={"keep_rate": 0.3, "lookahead": 8})
+    )
+    s = summarize(df).set_index(["task", "method"])
+    assert s.loc[("t1", "specprefill (lookahead=1)"), "ttft_ratio"] == pytest.approx(0.25)
+    assert s.loc[("t1", "specprefill (lookahead=8)"), "speedup"] == pytest.approx(2.0)
+    assert s.loc[("ALL", "specprefill (lookahead=8)"), "score"] == pytest.approx(70.0)
+    assert s.loc[("ALL", "full"), "n"] == 2
+
+
+def test_categories_macro_mean_and_all_is_mean_over_categories():
+    df = pd.DataFrame(
+        _rows("full", None, "f", 90.0, 1.0, ["a1"], category="A")
+        + _rows("full", None, "f", 70.0, 1.0, ["a2"], category="A")
+        + _rows("full", None, "f", 20.0, 1.0, ["b1"], category="B")
+    )
+    s = summarize(df).set_index("task")["score"]
+    assert s["[category] A"] == pytest.approx(80.0) and s["[category] B"] == pytest.approx(20.0)
+    assert s["ALL"] == pytest.approx(50.0)  # (80 + 20) / 2, not (90 + 70 + 20) / 3
+
+
+def test_buckets():
+    df = pd.DataFrame(
+        _rows("full", None, "f", 100.0, 1.0, ["t"], bucket="0-4k")
+        + _rows("full", None, "f", 0.0, 1.0, ["t"], bucket="8k+")
+    )
+    s = summarize(df).set_index("task")["score"]
+    assert s["t @0-4k"] == 100.0 and s["t @8k+"] == 0.0 and s["ALL @0-4k"] == 100.0 and s["t"] == 50.0
