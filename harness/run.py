@@ -24,13 +24,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+import baselines  # noqa: F401  (registers the baseline methods)
 from harness import report
 from harness.benchmarks.base import Benchmark, BenchmarkConfig, TokenizerInfo, build_benchmark
 from harness.models import ModelConfig, check_runnable, load, load_tokenizer, tokenizer_id
 from harness.store import RunRecord, RunStore
 from harness.types import PromptFormat, Sample
 from specprefill.backends.transformers import TransformersBackend
-from specprefill.plan import Method, Prompt, build_method
+from specprefill.plan import Method, Prompt, Unsupported, build_method
 
 BACKENDS = ("transformers",)
 SPEC_OPTIONS = (
@@ -178,7 +179,21 @@ def run_sample(job: Job, backend: TransformersBackend, tokenizer: Any, sample: S
     """Plan, prefill, decode and score one sample; returns the measured fields of its row."""
     enc = tokenizer(sample.prompt, add_special_tokens=sample.add_special_tokens, return_offsets_mapping=True)
     ids = torch.tensor(enc["input_ids"], dtype=torch.int64)
-    prompt = Prompt(ids, sample.instruction, sample.context, sample.question, sample.answer_prefix)
+    body = sample.instruction + sample.context + sample.question
+    start = sample.prompt.find(body)
+    if start < 0:
+        raise ValueError(f"sample {sample.task}/{sample.sample_id}: the prompt does not contain its parts in order")
+    end = len(sample.prompt) - len(sample.answer_prefix)
+    prompt = Prompt(
+        ids,
+        sample.instruction,
+        sample.context,
+        sample.question,
+        sample.answer_prefix,
+        head=sample.prompt[:start],
+        tail=sample.prompt[start + len(body) : end],
+        add_special_tokens=sample.add_special_tokens,
+    )
     plan = job.method.plan(prompt, backend)
     # Never decode past the model's window (InfiniteBench's math_calc asks for 30000 tokens).
     max_new = max(1, min(sample.max_new_tokens, job.cfg.model.max_context - plan.next_position))
@@ -198,6 +213,7 @@ def run_sample(job: Job, backend: TransformersBackend, tokenizer: Any, sample: S
         "method_s": plan.method_s,
         "speculator_s": t.get("speculator_s"),
         "selection_s": t.get("selection_s"),
+        "method_timings": json.dumps(t, sort_keys=True),
         "base_prefill_s": gen.prefill_s,
         "decode_s": gen.decode_s,
         "output_tokens": len(gen.token_ids),
@@ -251,6 +267,7 @@ def execute(job: Job) -> Path:
         "speculator": cfg.model.speculator,
         "backend": cfg.backend,
         "method": job.method.name,
+        "scope": job.method.scope,
         "method_options": json.dumps(opts, sort_keys=True),
         **{k: opts.get(k) for k in SPEC_OPTIONS},
         "benchmark": job.benchmark.name,
@@ -276,6 +293,8 @@ def execute(job: Job) -> Path:
         try:
             row.update(run_sample(job, backend, tok, sample))
             row["status"] = "ok"
+        except Unsupported as e:  # the method cannot run on this hardware: recorded, the sweep goes on
+            row.update(status="unsupported", error=f"{e} (hardware: {common['hardware']})")
         except Exception as e:  # one bad sample must not end the run: record it and go on
             row.update(status="failed", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
         row["timestamp"] = time.time()

@@ -36,6 +36,7 @@ class RunRecord:
     speculator: str | None
     backend: str
     method: str
+    scope: str | None  # prompt | context | query_aware_context
     method_options: str  # JSON of every option of the method
     keep_rate: float | None
     lookahead: int | None
@@ -53,7 +54,7 @@ class RunRecord:
     bucket: str | None
     length: int
     sample_id: int
-    status: str  # "ok" | "failed"
+    status: str  # "ok" | "failed" | "unsupported"
     error: str | None
     prompt_tokens: int | None
     kept_tokens: int | None
@@ -66,6 +67,7 @@ class RunRecord:
     method_s: float | None
     speculator_s: float | None
     selection_s: float | None
+    method_timings: str | None  # JSON: every part of the method's own cost (retriever_s, filter_s, ...)
     base_prefill_s: float | None
     decode_s: float | None
     output_tokens: int | None

@@ -6,10 +6,8 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
 from specprefill.core import _check_pool_kernel, force_keep, select_tokens, token_importance
-from specprefill.plan import Backend, Method, Plan, Prompt, full_plan, register_method
+from specprefill.plan import Backend, Method, Plan, Prompt, full_plan, kept_plan, register_method
 
 POSITION_MODES = ("original", "contiguous")
 
@@ -70,14 +68,4 @@ class SpecPrefill(Method):
         if self.force_keep_first or self.force_keep_last:
             kept = force_keep(kept, prompt.n, self.force_keep_first, self.force_keep_last)
         t2 = time.perf_counter()
-        if self.position_mode == "original":
-            positions, next_pos = kept, prompt.n
-        else:
-            positions, next_pos = torch.arange(kept.shape[0], dtype=torch.int64), int(kept.shape[0])
-        return Plan(
-            input_ids=prompt.input_ids[kept],
-            position_ids=positions,
-            next_position=next_pos,
-            kept_indices=kept,
-            timings={"speculator_s": t1 - t0, "selection_s": t2 - t1},
-        )
+        return kept_plan(prompt, kept, self.position_mode, {"speculator_s": t1 - t0, "selection_s": t2 - t1})

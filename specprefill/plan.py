@@ -31,10 +31,21 @@ class Prompt:
     context: str = ""
     question: str = ""
     answer_prefix: str = ""
+    #: Chat-template text around the user turn: the prompt text is
+    #: ``head + instruction + context + question + tail + answer_prefix``.
+    head: str = ""
+    tail: str = ""
+    #: Whether tokenizing the prompt text adds special tokens (for methods that re-tokenize).
+    add_special_tokens: bool = False
 
     @property
     def n(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def text(self, context: str | None = None) -> str:
+        """The prompt text, with ``context`` in place of the original context if given."""
+        ctx = self.context if context is None else context
+        return self.head + self.instruction + ctx + self.question + self.tail + self.answer_prefix
 
 
 @dataclass(frozen=True)
@@ -77,10 +88,23 @@ class SpeculatorCapture:
     lookahead_ids: list[int]
 
 
+class Unsupported(RuntimeError):
+    """Raised by a method that cannot run on this hardware or setup; the runner records
+    the sample as ``unsupported`` with the reason and goes on."""
+
+
+#: What part of the prompt a method reduces, recorded with every row.
+SCOPES = ("prompt", "context", "query_aware_context")
+
+
 class Backend(Protocol):
     """What a method may ask of the backend that owns the models."""
 
+    tokenizer: Any
+
     def speculate(self, input_ids: torch.Tensor, lookahead: int) -> SpeculatorCapture: ...
+
+    def base_capture(self, input_ids: torch.Tensor, num_layers: int) -> SpeculatorCapture: ...
 
 
 class Method(ABC):
@@ -89,6 +113,10 @@ class Method(ABC):
     name: ClassVar[str]
     #: Whether the method needs the backend's speculator model.
     needs_speculator: ClassVar[bool] = False
+    #: ``prompt``: chooses among all prompt tokens; ``context``: shortens the context only,
+    #: without the question; ``query_aware_context``: shortens the context using the
+    #: question. Instruction, question and answer prefix stay whole for the latter two.
+    scope: ClassVar[str] = "prompt"
 
     def options(self) -> dict[str, Any]:
         """The options recorded in every result row."""
@@ -134,6 +162,29 @@ def build_method(name: str, options: Mapping[str, Any]) -> Method:
     if unknown:
         raise ValueError(f"method {name!r} has no option(s) {unknown}; allowed: {sorted(allowed)}")
     return cls(**options)
+
+
+def text_plan(prompt: Prompt, backend: Backend, context: str, timings: Mapping[str, float]) -> Plan:
+    """A plan for a method that rewrote the context: the new prompt text, re-tokenized,
+    at contiguous positions (no token maps back to the original prompt)."""
+    ids = backend.tokenizer(prompt.text(context), add_special_tokens=prompt.add_special_tokens).input_ids
+    t = torch.tensor(ids, dtype=torch.int64)
+    k = int(t.shape[0])
+    return Plan(input_ids=t, position_ids=torch.arange(k, dtype=torch.int64), next_position=k, kept_indices=None,
+                timings=dict(timings))  # fmt: skip
+
+
+def kept_plan(prompt: Prompt, kept: torch.Tensor, position_mode: str, timings: Mapping[str, float]) -> Plan:
+    """A plan that keeps prompt tokens ``kept`` (sorted), at their original positions
+    (decoding from N) or re-numbered 0..K-1 (decoding from K)."""
+    if position_mode == "original":
+        positions, next_pos = kept, prompt.n
+    elif position_mode == "contiguous":
+        positions, next_pos = torch.arange(kept.shape[0], dtype=torch.int64), int(kept.shape[0])
+    else:
+        raise ValueError(f"position_mode={position_mode!r} is invalid; allowed: ['original', 'contiguous']")
+    return Plan(input_ids=prompt.input_ids[kept], position_ids=positions, next_position=next_pos, kept_indices=kept,
+                timings=dict(timings))  # fmt: skip
 
 
 def full_plan(prompt: Prompt) -> Plan:

@@ -140,21 +140,31 @@ class TransformersBackend:
             elif isinstance(e, list | tuple):
                 ids.update(int(x) for x in e)
         self.eos_ids = ids
+        self._views: dict[int, Any] = {}
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    @torch.inference_mode()
     def speculate(self, input_ids: torch.Tensor, lookahead: int) -> SpeculatorCapture:
         """Prefill the speculator on the prompt, decode ``lookahead-1`` greedy tokens, and
         return post-RoPE queries of the last prompt token and each look-ahead token,
         with the post-RoPE keys of the prompt tokens only."""
         if self.speculator is None:
             raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
+        return self._capture(self.speculator, input_ids, lookahead)
+
+    def base_capture(self, input_ids: torch.Tensor, num_layers: int) -> SpeculatorCapture:
+        """The same capture from the base model's own first ``num_layers`` layers (L=1):
+        what GemFilter-style methods select with, no draft model involved."""
+        if num_layers not in self._views:
+            self._views[num_layers] = early_exit_view(self.base, num_layers)
+        return self._capture(self._views[num_layers], input_ids, 1)
+
+    @torch.inference_mode()
+    def _capture(self, model: Any, input_ids: torch.Tensor, lookahead: int) -> SpeculatorCapture:
         from transformers import DynamicCache
 
-        model: Any = self.speculator
         n = int(input_ids.shape[0])
         ids = input_ids.to(self.device).unsqueeze(0)
         cache = DynamicCache(config=model.config)

@@ -1,0 +1,53 @@
+"""``gemfilter``: the base model's own early layer selects the tokens (GemFilter, Shi et al. 2024).
+
+No draft model: the base runs its first ``filter_layer`` layers on the whole prompt;
+the last prompt token's attention at that layer (softmax per head, summed over heads)
+ranks the tokens; the base then prefills the top ``ceil(N * keep)``. Positions are
+re-numbered 0..K-1 as in the GemFilter paper (``position_mode=original`` as an option).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from baselines.common import check_keep, check_position_mode
+from specprefill.core import num_kept
+from specprefill.plan import Backend, Method, Plan, Prompt, kept_plan, register_method
+
+
+def gemfilter_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """``query`` ``[heads, d]`` (post-RoPE, last prompt token), ``keys`` ``[kv_heads, N, d]``
+    -> ``[N]``: per-head softmax attention summed over heads (float32)."""
+    heads, d = query.shape
+    k = keys.float().repeat_interleave(heads // keys.shape[0], dim=0)  # [H, N, d]
+    attn = torch.softmax(torch.einsum("hd,hnd->hn", query.float(), k) / math.sqrt(d), dim=-1)
+    return attn.sum(dim=0)
+
+
+@register_method("gemfilter")
+@dataclass(frozen=True)
+class GemFilter(Method):
+    keep_rate: float = 0.3
+    filter_layer: int = 13
+    position_mode: str = "contiguous"
+
+    def __post_init__(self) -> None:
+        check_keep(self.keep_rate)
+        check_position_mode(self.position_mode)
+        if isinstance(self.filter_layer, bool) or not isinstance(self.filter_layer, int) or self.filter_layer < 1:
+            raise ValueError(f"filter_layer={self.filter_layer!r} is invalid; allowed: int >= 1 (1-based layer)")
+
+    def plan(self, prompt: Prompt, backend: Backend) -> Plan:
+        t0 = time.perf_counter()
+        cap = backend.base_capture(prompt.input_ids, self.filter_layer)
+        t1 = time.perf_counter()
+        scores = gemfilter_scores(cap.queries[-1, :, 0], cap.keys[-1])
+        kept = torch.sort(torch.topk(scores, num_kept(prompt.n, float(self.keep_rate))).indices).values
+        t2 = time.perf_counter()
+        return kept_plan(
+            prompt, kept.to(torch.int64), self.position_mode, {"filter_s": t1 - t0, "selection_s": t2 - t1}
+        )

@@ -1,0 +1,32 @@
+"""``random``: uniformly random prompt tokens at the budget, the floor any method must beat."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from baselines.common import check_keep, check_position_mode
+from specprefill.core import num_kept
+from specprefill.plan import Backend, Method, Plan, Prompt, kept_plan, register_method
+
+
+@register_method("random")
+@dataclass(frozen=True)
+class RandomKeep(Method):
+    """``ceil(N * keep)`` tokens drawn uniformly without replacement (seeded, so a sample
+    always gets the same set), at their original positions like SpecPrefill's."""
+
+    keep_rate: float = 0.3
+    seed: int = 0
+    position_mode: str = "original"
+
+    def __post_init__(self) -> None:
+        check_keep(self.keep_rate)
+        check_position_mode(self.position_mode)
+
+    def plan(self, prompt: Prompt, backend: Backend) -> Plan:
+        n = prompt.n
+        g = torch.Generator().manual_seed(int(self.seed))
+        kept = torch.sort(torch.randperm(n, generator=g)[: num_kept(n, float(self.keep_rate))]).values
+        return kept_plan(prompt, kept.to(torch.int64), self.position_mode, {})

@@ -1,0 +1,32 @@
+"""``truncate``: keep the head and the tail of the prompt, cut the middle (LongBench-style)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from baselines.common import check_keep, check_position_mode
+from specprefill.core import num_kept
+from specprefill.plan import Backend, Method, Plan, Prompt, kept_plan, register_method
+
+
+@register_method("truncate")
+@dataclass(frozen=True)
+class Truncate(Method):
+    """Keep the first ``K // 2`` and last ``K - K // 2`` prompt tokens, ``K = ceil(N * keep)``.
+
+    Positions are re-numbered by default: the result is a shorter, ordinary prompt."""
+
+    keep_rate: float = 0.3
+    position_mode: str = "contiguous"
+
+    def __post_init__(self) -> None:
+        check_keep(self.keep_rate)
+        check_position_mode(self.position_mode)
+
+    def plan(self, prompt: Prompt, backend: Backend) -> Plan:
+        n = prompt.n
+        k = num_kept(n, float(self.keep_rate))
+        kept = torch.cat([torch.arange(k // 2), torch.arange(n - (k - k // 2), n)]).to(torch.int64)
+        return kept_plan(prompt, torch.unique(kept, sorted=True), self.position_mode, {})
