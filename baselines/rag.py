@@ -68,16 +68,17 @@ def _encoder(model_path: str) -> Any:
         ) from e
 
 
+@dataclass(frozen=True)
 class _Rag(Method):
-    """Shared budget, selection and rebuild; subclasses score the chunks."""
+    """Shared options, budget, selection and rebuild; subclasses score the chunks."""
 
     scope: ClassVar[str] = "query_aware_context"
-    keep_rate: float
-    chunking: str
-    chunk_words: int
-    order: str
+    keep_rate: float = 0.3
+    chunking: str = "sentences"
+    chunk_words: int = 100
+    order: str = "document"
 
-    def _check(self) -> None:
+    def __post_init__(self) -> None:
         check_keep(self.keep_rate)
         if self.chunking not in CHUNKINGS:
             raise ValueError(f"chunking={self.chunking!r}; allowed: {list(CHUNKINGS)}")
@@ -113,14 +114,6 @@ class _Rag(Method):
 @register_method("rag_bm25")
 @dataclass(frozen=True)
 class RagBM25(_Rag):
-    keep_rate: float = 0.3
-    chunking: str = "sentences"
-    chunk_words: int = 100
-    order: str = "document"
-
-    def __post_init__(self) -> None:
-        self._check()
-
     def score(self, query: str, chunks: list[str]) -> list[float]:
         from rank_bm25 import BM25Okapi
 
@@ -130,14 +123,7 @@ class RagBM25(_Rag):
 @register_method("rag_dense")
 @dataclass(frozen=True)
 class RagDense(_Rag):
-    keep_rate: float = 0.3
-    chunking: str = "sentences"
-    chunk_words: int = 100
-    order: str = "document"
     model_path: str | None = None  # default: the packaged all-MiniLM-L6-v2, else the hub id
-
-    def __post_init__(self) -> None:
-        self._check()
 
     def score(self, query: str, chunks: list[str]) -> list[float]:
         enc = _encoder(self.model_path or default_dense_model())

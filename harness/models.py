@@ -68,6 +68,18 @@ class ModelConfig:
         parse_speculator(self.speculator)
 
 
+def model_config(name: str, **overrides: Any) -> ModelConfig:
+    """A ``conf/model/<name>.yaml`` entry as a validated :class:`ModelConfig` (Python use,
+    benchmarks and tests), with fields overridden by keyword."""
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ValueError(f"unknown model {name!r}; allowed: {known}")
+    return ModelConfig(**{**yaml.safe_load(path.read_text()), **overrides})
+
+
 def parse_speculator(spec: str | None) -> tuple[str, str | int] | None:
     """``self_layers:M`` -> ("self_layers", M); ``hub:<id or path>`` -> ("hub", id); None -> None."""
     if spec is None:

@@ -14,7 +14,7 @@ from baselines.truncate import Truncate
 from harness.benchmarks import longbench as lb
 from harness.benchmarks import ruler
 from harness.benchmarks.base import TokenizerInfo
-from harness.models import ModelConfig, load
+from harness.models import load, model_config
 from harness.types import PromptFormat, Sample
 from specprefill import Prompt, SpecPrefill
 from specprefill.backends.transformers import TransformersBackend
@@ -33,12 +33,7 @@ QUERY_AWARE = {"rag_bm25", "rag_dense"}
 
 @pytest.fixture(scope="module")
 def backend(smollm2_tokenizer):
-    cfg = ModelConfig(
-        name="tiny-random", source="random_llama", dtype="float32", max_context=8192, speculator="self_layers:1",
-        params_b=0.004, weights="random",
-        shape=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=16),
-    )  # fmt: skip
+    cfg = model_config("tiny-random", max_context=8192)
     lm = load(cfg)
     return TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
 

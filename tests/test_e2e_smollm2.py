@@ -90,15 +90,13 @@ def test_make_eval_passes_overrides_through():
     assert any("dry_run=true" in ln for ln in out.splitlines())  # everything is validated first
 
 
-@pytest.mark.slow
-def test_smollm2_longbench_fixture_full_and_specprefill(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    out = tmp_path / "res"
-    fixtures = Path(__file__).parent / "fixtures" / "longbench"
+def _fixture_rows(benchmark: str, tasks: list[str], out: Path) -> pd.DataFrame:
+    """Full prefill and SpecPrefill (keep 0.5) on one sample per task of a fixture folder."""
+    fixtures = Path(__file__).parent / "fixtures" / benchmark
     common = [
         "model=smollm2-135m",
-        "benchmark=longbench",
-        "tasks=[passage_retrieval_en,multifieldqa_zh,lcc]",
+        f"benchmark={benchmark}",
+        f"tasks=[{','.join(tasks)}]",
         "limit=1",
         f"out={out}",
         f"benchmark.options.data_dir={fixtures}",
@@ -108,35 +106,24 @@ def test_smollm2_longbench_fixture_full_and_specprefill(tmp_path, monkeypatch):
         for m in ("full", "specprefill")
     ]
     rows = pd.concat([pd.read_parquet(f / "rows.parquet") for f in folders])
-    assert len(rows) == 6 and set(rows["status"]) == {"ok"}, rows["error"].tolist()
-    assert set(rows["task"]) == {"passage_retrieval_en", "multifieldqa_zh", "lcc"}
-    assert rows["score"].between(0, 100).all() and rows["benchmark_version"].str.startswith("longbench-").all()
+    assert len(rows) == 2 * len(tasks) and set(rows["status"]) == {"ok"}, rows["error"].tolist()
+    assert set(rows["task"]) == set(tasks) and set(rows["method"]) == {"full", "specprefill"}
+    assert rows["score"].between(0, 100).all() and rows["benchmark_version"].str.startswith(f"{benchmark}-").all()
+    return rows
+
+
+@pytest.mark.slow
+def test_smollm2_longbench_fixture_full_and_specprefill(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rows = _fixture_rows("longbench", ["passage_retrieval_en", "multifieldqa_zh", "lcc"], tmp_path / "res")
     assert set(rows["category"]) == {"synthetic", "single-doc QA", "code"}
     assert '"truncation": "middle"' in rows.iloc[0]["benchmark_options"]
-    summary = (out / "summary.md").read_text()
+    summary = (tmp_path / "res" / "summary.md").read_text()
     assert "[category] code" in summary and "| ALL |" in summary
 
 
 @pytest.mark.slow
 def test_smollm2_infinitebench_fixture_full_and_specprefill(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    out = tmp_path / "res"
-    fixtures = Path(__file__).parent / "fixtures" / "infinitebench"
-    common = [
-        "model=smollm2-135m",
-        "benchmark=infinitebench",
-        "tasks=[passkey,code_debug,longbook_qa_chn]",
-        "limit=1",
-        f"out={out}",
-        f"benchmark.options.data_dir={fixtures}",
-    ]
-    folders = [
-        execute(prepare(RunConfig.from_hydra(_cfg(f"method={m}", "keep=0.5", *common))))
-        for m in ("full", "specprefill")
-    ]
-    rows = pd.concat([pd.read_parquet(f / "rows.parquet") for f in folders])
-    assert len(rows) == 6 and set(rows["status"]) == {"ok"}, rows["error"].tolist()
-    assert set(rows["task"]) == {"passkey", "code_debug", "longbook_qa_chn"}
-    assert rows["benchmark_version"].str.startswith("infinitebench-").all() and rows["score"].between(0, 100).all()
-    assert set(rows["method"]) == {"full", "specprefill"}
+    rows = _fixture_rows("infinitebench", ["passkey", "code_debug", "longbook_qa_chn"], tmp_path / "res")
     assert (rows[rows["method"] == "specprefill"]["kept_fraction"] < 1).all()

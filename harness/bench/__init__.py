@@ -1,0 +1,17 @@
+"""Benchmarks of the harness itself; their figures go to ``results/reference/*.json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def write_reference(path: Path, benchmark: str, rows: list[dict[str, Any]], **meta: Any) -> None:
+    """Write one benchmark's rows with the hardware and library versions they were measured on."""
+    from harness.run import hardware, versions
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": benchmark, **meta, "hardware": hardware(), "versions": versions(), "rows": rows}
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {path}")

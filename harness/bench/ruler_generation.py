@@ -9,11 +9,12 @@ the generator itself (haystack-size bisection, sample construction, token counti
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
+
+from harness.bench import write_reference
 
 
 def main() -> None:
@@ -28,7 +29,6 @@ def main() -> None:
 
     from harness.benchmarks import ruler
     from harness.models import smollm2_dir
-    from harness.run import hardware, versions
     from harness.types import PromptFormat
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir())
@@ -61,22 +61,9 @@ def main() -> None:
             )
         total = sum(r["seconds"] for r in rows if r["length"] == length)
         print(f"length {length}: {len(tasks)} tasks x {a.samples} samples in {total:.1f}s", flush=True)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "ruler_generation",
-                "tokenizer": "SmolLM2-135M-Instruct (chat)",
-                "one_time_setup_s": round(setup_s, 2),
-                "hardware": hardware(),
-                "versions": versions(),
-                "rows": rows,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_reference(
+        a.out, "ruler_generation", rows, tokenizer="SmolLM2-135M-Instruct (chat)", one_time_setup_s=round(setup_s, 2)
     )
-    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

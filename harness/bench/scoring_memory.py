@@ -23,31 +23,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.bench import write_reference
+
 
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _tiny(n: int) -> Any:
-    from harness.models import ModelConfig
+    from harness.models import model_config
 
-    return ModelConfig(
-        name="tiny-random",
-        source="random_llama",
-        dtype="float32",
-        max_context=n + 64,
-        speculator="self_layers:2",
-        params_b=0.004,
-        weights="random",
-        shape=dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-        ),
-    )
+    return model_config("tiny-random", max_context=n + 64, speculator="self_layers:2")
 
 
 def child_speculate(n: int, lookahead: int, path: Path) -> dict[str, float]:
@@ -130,23 +116,7 @@ def main() -> None:
                 f"(+{row['speculator_extra_peak_mib']:.0f} MiB), scoring {row['scoring_s']:.3f}s",
                 flush=True,
             )
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    from harness.run import hardware, versions
-
-    a.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "scoring_memory",
-                "model": "tiny-random (2 layers, 4 heads, fp32)",
-                "hardware": hardware(),
-                "versions": versions(),
-                "rows": rows,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
-    print(f"wrote {a.out}")
+    write_reference(a.out, "scoring_memory", rows, model="tiny-random (2 layers, 4 heads, fp32)")
 
 
 if __name__ == "__main__":
