@@ -21,9 +21,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from baselines.common import check_keep
 from specprefill.core import num_kept
-from specprefill.plan import Backend, Method, Plan, Prompt, register_method, text_plan
+from specprefill.plan import Backend, Method, Plan, Prompt, check_keep, register_method, text_plan
 
 CHUNKINGS = ("sentences", "words")
 ORDERS = ("document", "relevance")

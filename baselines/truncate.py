@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from baselines.common import check_keep, check_position_mode
 from specprefill.core import num_kept
-from specprefill.plan import Backend, Method, Plan, Prompt, kept_plan, register_method
+from specprefill.plan import Backend, Method, Plan, Prompt, check_keep, check_position_mode, kept_plan, register_method
 
 
 @register_method("truncate")

@@ -7,9 +7,17 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from specprefill.core import _check_pool_kernel, force_keep, select_tokens, token_importance
-from specprefill.plan import Backend, Method, Plan, Prompt, full_plan, kept_plan, register_method
-
-POSITION_MODES = ("original", "contiguous")
+from specprefill.plan import (
+    Backend,
+    Method,
+    Plan,
+    Prompt,
+    check_keep,
+    check_position_mode,
+    full_plan,
+    kept_plan,
+    register_method,
+)
 
 
 @register_method("full")
@@ -41,10 +49,7 @@ class SpecPrefill(Method):
     force_keep_last: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.keep_rate, bool) or not isinstance(self.keep_rate, int | float):
-            raise ValueError(f"keep_rate={self.keep_rate!r} must be a number in (0, 1]")
-        if not (0.0 < float(self.keep_rate) <= 1.0):
-            raise ValueError(f"keep_rate={self.keep_rate} is outside (0, 1]; e.g. keep=0.3 keeps 30% of prompt tokens")
+        check_keep(self.keep_rate)
         if isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int) or self.lookahead < 1:
             raise ValueError(f"lookahead={self.lookahead!r} is invalid; allowed: int >= 1 (1 = last prompt token only)")
         _check_pool_kernel(self.pool_kernel)
@@ -52,8 +57,7 @@ class SpecPrefill(Method):
             isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 1
         ):
             raise ValueError(f"chunk_size={self.chunk_size!r} is invalid; allowed: null (token mode) or int >= 1")
-        if self.position_mode not in POSITION_MODES:
-            raise ValueError(f"position_mode={self.position_mode!r} is invalid; allowed: {list(POSITION_MODES)}")
+        check_position_mode(self.position_mode)
         for name in ("force_keep_first", "force_keep_last"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:

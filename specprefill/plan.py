@@ -95,6 +95,21 @@ class Unsupported(RuntimeError):
 
 #: What part of the prompt a method reduces, recorded with every row.
 SCOPES = ("prompt", "context", "query_aware_context")
+#: Where kept tokens sit: at their original positions (decoding from N), or re-numbered 0..K-1.
+POSITION_MODES = ("original", "contiguous")
+
+
+def check_keep(keep_rate: object) -> None:
+    """Reject a keep rate outside (0, 1], naming the value."""
+    if isinstance(keep_rate, bool) or not isinstance(keep_rate, int | float):
+        raise ValueError(f"keep_rate={keep_rate!r} must be a number in (0, 1]")
+    if not 0.0 < float(keep_rate) <= 1.0:
+        raise ValueError(f"keep_rate={keep_rate} is outside (0, 1]; e.g. keep=0.3 keeps 30% of prompt tokens")
+
+
+def check_position_mode(mode: str) -> None:
+    if mode not in POSITION_MODES:
+        raise ValueError(f"position_mode={mode!r} is invalid; allowed: {list(POSITION_MODES)}")
 
 
 class Backend(Protocol):
@@ -177,12 +192,11 @@ def text_plan(prompt: Prompt, backend: Backend, context: str, timings: Mapping[s
 def kept_plan(prompt: Prompt, kept: torch.Tensor, position_mode: str, timings: Mapping[str, float]) -> Plan:
     """A plan that keeps prompt tokens ``kept`` (sorted), at their original positions
     (decoding from N) or re-numbered 0..K-1 (decoding from K)."""
+    check_position_mode(position_mode)
     if position_mode == "original":
         positions, next_pos = kept, prompt.n
-    elif position_mode == "contiguous":
-        positions, next_pos = torch.arange(kept.shape[0], dtype=torch.int64), int(kept.shape[0])
     else:
-        raise ValueError(f"position_mode={position_mode!r} is invalid; allowed: ['original', 'contiguous']")
+        positions, next_pos = torch.arange(kept.shape[0], dtype=torch.int64), int(kept.shape[0])
     return Plan(input_ids=prompt.input_ids[kept], position_ids=positions, next_position=next_pos, kept_indices=kept,
                 timings=dict(timings))  # fmt: skip
 

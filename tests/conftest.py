@@ -46,3 +46,19 @@ class CharTokenizer:
 
     def decode(self, ids, skip_special_tokens=True):
         return "".join(chr(97 + (i % 26)) for i in ids)
+
+
+@pytest.fixture(scope="session")
+def smollm2_info(smollm2_tokenizer):
+    """What benchmarks need of SmolLM2: chat format, token counter, tokenizer, LongBench budget 7500."""
+    from harness.benchmarks.base import TokenizerInfo
+    from harness.types import PromptFormat
+
+    fmt = PromptFormat.from_tokenizer(smollm2_tokenizer, chat=True)
+    return TokenizerInfo(
+        id="smollm2-test",
+        count=lambda s: len(smollm2_tokenizer(s, add_special_tokens=False).input_ids),
+        fmt=fmt,
+        tokenizer=smollm2_tokenizer,
+        max_input_length=7500,
+    )

@@ -13,9 +13,8 @@ from baselines.random_keep import RandomKeep
 from baselines.truncate import Truncate
 from harness.benchmarks import longbench as lb
 from harness.benchmarks import ruler
-from harness.benchmarks.base import TokenizerInfo
 from harness.models import load, model_config
-from harness.types import PromptFormat, Sample
+from harness.types import Sample
 from specprefill import Prompt, SpecPrefill
 from specprefill.backends.transformers import TransformersBackend
 from specprefill.plan import build_method
@@ -39,11 +38,9 @@ def backend(smollm2_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def samples(smollm2_tokenizer) -> list[Sample]:
-    fmt = PromptFormat.from_tokenizer(smollm2_tokenizer, chat=True)
-    count = lambda s: len(smollm2_tokenizer(s, add_special_tokens=False).input_ids)  # noqa: E731
-    tok = TokenizerInfo(id="t", count=count, fmt=fmt, tokenizer=smollm2_tokenizer, max_input_length=7500)
-    r = ruler.generate("niah_single_2", 2048, 1, fmt, count)[0]
+def samples(smollm2_info) -> list[Sample]:
+    tok = smollm2_info
+    r = ruler.generate("niah_single_2", 2048, 1, tok.fmt, tok.count)[0]
     story = (
         "Mara kept the lighthouse on Gull Island for thirty years. The ship Osprey ran aground one winter. " * 60
     ).strip()

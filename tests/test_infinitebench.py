@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.benchmarks import infinitebench as ib
-from harness.benchmarks.base import BenchmarkConfig, TokenizerInfo
+from harness.benchmarks.base import BenchmarkConfig
 from harness.metrics import infinitebench_score
 from harness.types import PromptFormat
 
@@ -60,9 +60,8 @@ def test_labels_are_converted_to_official_types():
 
 
 @pytest.fixture(scope="module")
-def tok(smollm2_tokenizer):
-    fmt = PromptFormat.from_tokenizer(smollm2_tokenizer, chat=True)
-    return TokenizerInfo(id="t", count=len, fmt=fmt, tokenizer=smollm2_tokenizer, max_input_length=7500)
+def tok(smollm2_info):
+    return smollm2_info
 
 
 def _bench(**options):

@@ -7,22 +7,14 @@ from pathlib import Path
 import pytest
 
 from harness.benchmarks import longbench as lb
-from harness.benchmarks.base import BenchmarkConfig, TokenizerInfo
-from harness.types import PromptFormat
+from harness.benchmarks.base import BenchmarkConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "longbench"
 
 
 @pytest.fixture(scope="module")
-def tok(smollm2_tokenizer):
-    fmt = PromptFormat.from_tokenizer(smollm2_tokenizer, chat=True)
-    return TokenizerInfo(
-        id="smollm2-test",
-        count=lambda s: len(smollm2_tokenizer(s, add_special_tokens=False).input_ids),
-        fmt=fmt,
-        tokenizer=smollm2_tokenizer,
-        max_input_length=7500,
-    )
+def tok(smollm2_info):
+    return smollm2_info
 
 
 def _bench(name: str = "longbench", **options):

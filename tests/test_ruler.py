@@ -14,13 +14,8 @@ from harness.types import PromptFormat
 
 
 @pytest.fixture(scope="module")
-def tok_info(smollm2_tokenizer):
-    fmt = PromptFormat.from_tokenizer(smollm2_tokenizer, chat=True)
-    return TokenizerInfo(
-        id="smollm2-test",
-        count=lambda s: len(smollm2_tokenizer(s, add_special_tokens=False).input_ids),
-        fmt=fmt,
-    )
+def tok_info(smollm2_info):
+    return smollm2_info
 
 
 @pytest.fixture(scope="module")

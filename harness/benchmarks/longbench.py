@@ -226,4 +226,3 @@ class LongBenchE(LongBench):
     name = "longbench_e"
     all_tasks = E_DATASETS
     e = True
-    default_hub = ("Xnhyacinth/LongBench", "2e9ade51ebf45d98942056c0716234f9d5d257d5")
