@@ -47,9 +47,10 @@ MEASURES = ["score", "kept_fraction", "needle_kept", "ttft_s", "ttft_ratio"]
 def _macro(rows: pd.DataFrame, by: list[str], label: pd.Series | str) -> pd.DataFrame:
     """Macro means of task-level rows within ``by`` (counts are summed)."""
     rows = rows.assign(_label=label)
+    means = {m: (m, "mean") for m in MEASURES}
     out = (
         rows.groupby([*by, "_label"], dropna=False)
-        .agg(n=("n", "sum"), failed=("failed", "sum"), **{m: (m, "mean") for m in MEASURES})
+        .agg(n=("n", "sum"), failed=("failed", "sum"), unsupported=("unsupported", "sum"), **means)
         .reset_index()
         .rename(columns={"_label": "task"})
     )
@@ -65,7 +66,18 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     benchmark category (LongBench), ``ALL`` (the mean over categories where the
     benchmark has them, as LongBench's "Avg", else over tasks), and for LongBench-E
     ``<task> @<bucket>`` and ``ALL @<bucket>`` per length bucket."""
-    cols = [*GROUP, "n", "failed", "score", "kept_fraction", "needle_kept", "ttft_s", "ttft_ratio", "speedup"]
+    cols = [
+        *GROUP,
+        "n",
+        "failed",
+        "unsupported",
+        "score",
+        "kept_fraction",
+        "needle_kept",
+        "ttft_s",
+        "ttft_ratio",
+        "speedup",
+    ]
     if df.empty:
         return pd.DataFrame(columns=cols)
     df = df.copy()
@@ -80,7 +92,6 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     df["method"] = label_variants(df)
 
     def per(keys: list[str]) -> pd.DataFrame:
-        failed = df[df["status"] != "ok"].groupby(keys, dropna=False).size().rename("failed")
         ok = df[df["status"] == "ok"]
         agg = ok.groupby(keys, dropna=False).agg(
             n=("score", "size"),
@@ -89,14 +100,18 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             needle_kept=("needle_kept", "mean"),
             ttft_s=("ttft_s", "mean"),
         )
-        agg = agg.join(failed, how="left").fillna({"failed": 0}).reset_index()
+        # Runs with no ok row (a method unsupported on this hardware) still get their row.
+        bad = df[df["status"] != "ok"].assign(
+            failed=lambda d: (d["status"] == "failed").astype(int),
+            unsupported=lambda d: (d["status"] == "unsupported").astype(int),
+        )
+        counts = bad.groupby(keys, dropna=False)[["failed", "unsupported"]].sum()
+        agg = agg.join(counts, how="outer").fillna({"failed": 0, "unsupported": 0, "n": 0}).reset_index()
         base = ["model", "benchmark", "length", "_bopts", *[k for k in keys if k in ("task", "bucket")]]
         full = agg[agg["_base"] == "full"].set_index(base)["ttft_s"]
         agg["ttft_ratio"] = agg["ttft_s"].to_numpy() / full.reindex(pd.MultiIndex.from_frame(agg[base])).to_numpy()
         return agg
 
-    if (df["status"] == "ok").sum() == 0:
-        return pd.DataFrame(columns=cols)
     tasks = per([*GROUP, "_bopts", "_base", "category"])
     parts = [tasks]
     has_cat = tasks["category"] != ""
@@ -116,7 +131,8 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         parts.append(_macro(b, [*CONFIG, "bucket"], "ALL @" + b["bucket"]).drop(columns="bucket"))
     out = pd.concat(parts, ignore_index=True)
     out["speedup"] = 1.0 / out["ttft_ratio"]
-    out["failed"] = out["failed"].astype(int)
+    for c in ("n", "failed", "unsupported"):
+        out[c] = out[c].astype(int)
     out = out[cols]
     return out.sort_values(["model", "benchmark", "length", "task", "method", "keep_rate"]).reset_index(drop=True)
 

@@ -53,3 +53,18 @@ def test_buckets():
     )
     s = summarize(df).set_index("task")["score"]
     assert s["t @0-4k"] == 100.0 and s["t @8k+"] == 0.0 and s["ALL @0-4k"] == 100.0 and s["t"] == 50.0
+
+
+def test_unsupported_and_failed_rows_are_counted_and_a_method_without_ok_rows_still_shows():
+    df = pd.DataFrame(
+        _rows("full", None, "f", 80.0, 4.0, ["t1", "t2"])
+        + [{**r, "status": "unsupported", "score": None, "ttft_s": None}
+           for r in _rows("minference", 1.0, "m", None, None, ["t1", "t2"])]
+        + [{**_rows("random", 0.1, "r", 0.0, 1.0, ["t1"])[0], "status": "failed"}]
+        + _rows("random", 0.1, "r", 10.0, 1.0, ["t2"])
+    )  # fmt: skip
+    s = summarize(df).set_index(["task", "method"])
+    assert s.loc[("ALL", "minference"), "unsupported"] == 2 and s.loc[("ALL", "minference"), "n"] == 0
+    assert pd.isna(s.loc[("t1", "minference"), "score"])
+    assert s.loc[("t1", "random"), "failed"] == 1 and s.loc[("t2", "random"), "n"] == 1
+    assert s.loc[("ALL", "full"), "unsupported"] == 0
