@@ -23,9 +23,17 @@ OVR := $(if $(model),model=$(model)) $(if $(method),method=$(method)) $(if $(kee
        $(if $(length),length=$(length)) $(if $(tasks),'tasks=[$(tasks)]') $(if $(limit),limit=$(limit)) \
        $(if $(out),out=$(out)) $(if $(data_dir),benchmark.options.data_dir=$(abspath $(data_dir))) \
        $(if $(max_new),max_new=$(max_new))
+# `make latency`: the TTFT grid (harness/latency.py); keep=0.1,0.3 gives its keep list.
+grid ?=
+iters ?=
+warmup ?=
+dry_run ?=
+LAT_OVR := $(if $(model),model=$(model)) $(if $(keep),'keeps=[$(keep)]') $(if $(grid),'grid=$(grid)') \
+           $(if $(iters),iters=$(iters)) $(if $(warmup),warmup=$(warmup)) $(if $(lookahead),lookahead=$(lookahead)) \
+           $(if $(out),out=$(out)) $(if $(dry_run),dry_run=$(dry_run))
 SWEEP := $(if $(findstring $(comma),$(model)$(method)$(keep)$(lookahead)$(benchmark)$(length)$(limit)),--multirun)
 
-.PHONY: setup eval report test test-fast check clean bench-scoring-memory bench-ruler-generation
+.PHONY: setup eval latency report test test-fast check clean bench-scoring-memory bench-ruler-generation
 
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements-offline.txt
@@ -42,6 +50,10 @@ $(VENV)/.installed: pyproject.toml requirements-offline.txt
 eval: setup
 	$(PY) -m harness.run $(SWEEP) $(OVR) dry_run=true
 	$(PY) -m harness.run $(SWEEP) $(OVR)
+
+latency: setup
+	$(PY) -m harness.latency $(LAT_OVR) dry_run=true
+	$(if $(filter true,$(dry_run)),,$(PY) -m harness.latency $(LAT_OVR))
 
 report: setup
 	$(PY) -m harness.report $(or $(out),results/default)

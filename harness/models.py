@@ -50,6 +50,8 @@ class ModelConfig:
     speculator_params_b: float = 0.0
     weights: str = "real"
     shape: dict[str, Any] = field(default_factory=dict)
+    #: LlamaConfig fields of a randomly initialised speculator (``speculator: random``).
+    speculator_shape: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -65,7 +67,9 @@ class ModelConfig:
             raise ValueError(f"model {self.name!r}: tensor_parallel={self.tensor_parallel} must be >= 1")
         if self.weights not in ("real", "random"):
             raise ValueError(f"model {self.name!r}: weights={self.weights!r}; allowed: real, random")
-        parse_speculator(self.speculator)
+        spec = parse_speculator(self.speculator)
+        if spec is not None and spec[0] == "random" and not self.speculator_shape:
+            raise ValueError(f"model {self.name!r}: speculator=random needs speculator_shape (LlamaConfig fields)")
 
 
 def model_config(name: str, **overrides: Any) -> ModelConfig:
@@ -81,17 +85,23 @@ def model_config(name: str, **overrides: Any) -> ModelConfig:
 
 
 def parse_speculator(spec: str | None) -> tuple[str, str | int] | None:
-    """``self_layers:M`` -> ("self_layers", M); ``hub:<id or path>`` -> ("hub", id); None -> None."""
+    """``self_layers:M`` -> ("self_layers", M); ``hub:<id or path>`` -> ("hub", id);
+    ``smollm2`` -> the packaged SmolLM2-135M-Instruct; ``random`` -> a random Llama of
+    ``speculator_shape``; None -> None."""
     if spec is None:
         return None
     kind, _, arg = str(spec).partition(":")
+    if kind in ("smollm2", "random") and not arg:
+        return kind, ""
     if kind == "self_layers":
         if not arg.isdigit() or int(arg) < 1:
             raise ValueError(f"speculator={spec!r}: self_layers needs a layer count >= 1, e.g. 'self_layers:8'")
         return kind, int(arg)
     if kind == "hub" and arg:
         return kind, arg
-    raise ValueError(f"speculator={spec!r}; allowed: null, 'self_layers:M' or 'hub:<hub id or folder>'")
+    raise ValueError(
+        f"speculator={spec!r}; allowed: null, 'self_layers:M', 'hub:<hub id or folder>', 'smollm2' or 'random'"
+    )
 
 
 # --------------------------------------------------------------------------- feasibility
@@ -212,26 +222,42 @@ def _device() -> torch.device:
 
 
 def _load_base(cfg: ModelConfig) -> Any:
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     dtype = DTYPES[cfg.dtype]
     model: Any
     if cfg.source == "smollm2_gguf":
         model = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=dtype)
     elif cfg.source == "random_llama":
-        tok = load_tokenizer(cfg)
-        shape = dict(cfg.shape)
-        shape.setdefault("vocab_size", len(tok))
-        shape.setdefault("max_position_embeddings", cfg.max_context)
-        shape.setdefault("eos_token_id", tok.eos_token_id)
-        shape.setdefault("bos_token_id", tok.bos_token_id)
-        torch.manual_seed(cfg.seed)
-        model = LlamaForCausalLM(LlamaConfig(**shape))
-        model = model.to(dtype)
+        model = _random_llama(cfg, cfg.shape, cfg.seed)
     else:
         model = AutoModelForCausalLM.from_pretrained(str(cfg.path), revision=cfg.revision, dtype=dtype)
     model.config._attn_implementation = "sdpa"
     return model.to(_device()).eval()
+
+
+def _random_llama(cfg: ModelConfig, shape_cfg: dict[str, Any], seed: int) -> Any:
+    """A randomly initialised Llama of the given shape, vocabulary sized to the tokenizer
+    unless the shape says otherwise, built directly in the model's dtype."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = load_tokenizer(cfg)
+    shape = dict(shape_cfg)
+    shape.setdefault("vocab_size", len(tok))
+    shape.setdefault("max_position_embeddings", cfg.max_context)
+    shape.setdefault("eos_token_id", tok.eos_token_id)
+    shape.setdefault("bos_token_id", tok.bos_token_id)
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(DTYPES[cfg.dtype] if DTYPES[cfg.dtype].is_floating_point else torch.float32)
+    model: Any
+    try:
+        with torch.device(_device()):  # initialise where it will run (an 8B model on CPU takes minutes)
+            model = LlamaForCausalLM(LlamaConfig(**shape))
+    finally:
+        torch.set_default_dtype(previous)
+    model.config._attn_implementation = "sdpa"
+    return model.to(dtype=DTYPES[cfg.dtype])
 
 
 @dataclass
@@ -248,7 +274,8 @@ _LOADED: dict[str, LoadedModel] = {}
 def load(cfg: ModelConfig) -> LoadedModel:
     """Load base, tokenizer and speculator (cached per process, so a sweep loads once)."""
     key = repr(cfg)
-    if key not in _LOADED:
+    # A model patched in place by a method (MInference) is not handed to the next job.
+    if key not in _LOADED or getattr(_LOADED[key].base, "_minference_patched", False):
         _LOADED.clear()  # one model pair in memory at a time
         _LOADED[key] = _load(cfg)
     return _LOADED[key]
@@ -269,4 +296,10 @@ def _load(cfg: ModelConfig) -> LoadedModel:
 
         speculator = AutoModelForCausalLM.from_pretrained(str(spec[1]), dtype=DTYPES[cfg.dtype])
         speculator = speculator.to(_device()).eval()
+    elif spec is not None and spec[0] == "smollm2":
+        from transformers import AutoModelForCausalLM
+
+        speculator = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=DTYPES[cfg.dtype]).to(_device()).eval()
+    elif spec is not None and spec[0] == "random":
+        speculator = _random_llama(cfg, cfg.speculator_shape, cfg.seed + 1).to(_device()).eval()
     return LoadedModel(config=cfg, base=base, tokenizer=tok, speculator=speculator)

@@ -161,40 +161,74 @@ class TransformersBackend:
             self._views[num_layers] = early_exit_view(self.base, num_layers)
         return self._capture(self._views[num_layers], input_ids, 1)
 
-    @torch.inference_mode()
     def _capture(self, model: Any, input_ids: torch.Tensor, lookahead: int) -> SpeculatorCapture:
+        return self._capture_batch(model, input_ids.unsqueeze(0), lookahead)[0]
+
+    def speculate_batch(self, input_ids: torch.Tensor, lookahead: int) -> list[SpeculatorCapture]:
+        """:meth:`speculate` for a batch of equal-length prompts ``[B, N]`` in one forward
+        (latency measurements); one capture per prompt."""
+        if self.speculator is None:
+            raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
+        return self._capture_batch(self.speculator, input_ids, lookahead)
+
+    @torch.inference_mode()
+    def _capture_batch(self, model: Any, input_ids: torch.Tensor, lookahead: int) -> list[SpeculatorCapture]:
         from transformers import DynamicCache
 
-        n = int(input_ids.shape[0])
-        ids = input_ids.to(self.device).unsqueeze(0)
+        b, n = int(input_ids.shape[0]), int(input_ids.shape[1])
+        ids = input_ids.to(self.device)
         cache = DynamicCache(config=model.config)
-        generated: list[int] = []
+        generated: list[list[int]] = [[] for _ in range(b)]
         with capture_last_queries(model) as captured:
             out = model(
                 input_ids=ids,
-                position_ids=torch.arange(n, device=self.device).unsqueeze(0),
-                attention_mask=torch.ones(1, n, dtype=torch.long, device=self.device),
+                position_ids=torch.arange(n, device=self.device).unsqueeze(0).expand(b, n),
+                attention_mask=torch.ones(b, n, dtype=torch.long, device=self.device),
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
             )
             # Keys of the prompt only: later look-ahead steps append to the cache.
-            keys = torch.stack([layer.keys[0, :, :n, :] for layer in cache.layers])  # type: ignore[union-attr,index]
+            keys = torch.stack([layer.keys[:, :, :n, :] for layer in cache.layers], dim=1)  # type: ignore[union-attr,index]
             for step in range(lookahead - 1):
-                nxt = int(out.logits[0, -1].argmax())
-                generated.append(nxt)
+                nxt = out.logits[:, -1].argmax(-1)  # [B]
+                for row, t in zip(generated, nxt.tolist(), strict=True):
+                    row.append(int(t))
                 pos = n + step
                 out = model(
-                    input_ids=torch.tensor([[nxt]], device=self.device),
-                    position_ids=torch.tensor([[pos]], device=self.device),
-                    attention_mask=torch.ones(1, pos + 1, dtype=torch.long, device=self.device),
+                    input_ids=nxt.unsqueeze(1),
+                    position_ids=torch.full((b, 1), pos, device=self.device),
+                    attention_mask=torch.ones(b, pos + 1, dtype=torch.long, device=self.device),
                     past_key_values=cache,
                     use_cache=True,
                     logits_to_keep=1,
                 )
-        queries = torch.stack([torch.cat(per_layer, dim=2)[0] for per_layer in captured])  # [layers, H, L, d]
+        queries = torch.stack([torch.cat(per_layer, dim=2) for per_layer in captured], dim=1)  # [B, layers, H, L, d]
         self._sync()
-        return SpeculatorCapture(queries=queries, keys=keys, lookahead_ids=generated)
+        return [SpeculatorCapture(queries=queries[i], keys=keys[i], lookahead_ids=generated[i]) for i in range(b)]
+
+    @torch.inference_mode()
+    def prefill_batch(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> float:
+        """Prefill ``[B, K]`` tokens at ``[B, K]`` position ids into a fresh KV cache (no
+        prefix reuse: transformers has no prefix cache) up to the first token's logits;
+        returns the seconds it took (latency measurements)."""
+        from transformers import DynamicCache
+
+        b, k = int(input_ids.shape[0]), int(input_ids.shape[1])
+        ids, pos = input_ids.to(self.device), position_ids.to(self.device)
+        self._sync()
+        t0 = time.perf_counter()
+        out = self.base(
+            input_ids=ids,
+            position_ids=pos,
+            attention_mask=torch.ones(b, k, dtype=torch.long, device=self.device),
+            past_key_values=DynamicCache(config=self.base.config),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        out.logits[:, -1].argmax(-1).tolist()  # the first tokens, as a server would need them
+        self._sync()
+        return time.perf_counter() - t0
 
     @torch.inference_mode()
     def generate(self, plan: Plan, max_new_tokens: int, stop: Sequence[str] = ()) -> Generation:
