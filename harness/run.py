@@ -33,7 +33,7 @@ from harness.types import PromptFormat, Sample
 from specprefill.backends.transformers import TransformersBackend
 from specprefill.plan import Method, Prompt, Unsupported, build_method
 
-BACKENDS = ("transformers",)
+BACKENDS = ("transformers", "vllm")
 SPEC_OPTIONS = (
     "keep_rate",
     "lookahead",
@@ -175,7 +175,23 @@ def needle_kept(kept: torch.Tensor | None, needles: torch.Tensor) -> float | Non
     return float(torch.isin(needles, kept).float().mean())
 
 
-def run_sample(job: Job, backend: TransformersBackend, tokenizer: Any, sample: Sample) -> dict[str, Any]:
+def make_backend(model: ModelConfig, backend: str) -> Any:
+    """The backend a job runs on: transformers (base and speculator in this process), or
+    vLLM (base on a vLLM engine, speculator on transformers)."""
+    if backend == "transformers":
+        lm = load(model)
+        return TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
+    if backend != "vllm":
+        raise ValueError(f"backend={backend!r}; allowed: {list(BACKENDS)}")
+    from harness.models import vllm_engine_args
+    from specprefill.backends.vllm import VLLMBackend
+
+    lm = load(model, with_base=False)
+    spec = TransformersBackend(lm.speculator, lm.tokenizer, lm.speculator) if lm.speculator is not None else None
+    return VLLMBackend(tokenizer=lm.tokenizer, speculator_backend=spec, **vllm_engine_args(model))
+
+
+def run_sample(job: Job, backend: Any, tokenizer: Any, sample: Sample) -> dict[str, Any]:
     """Plan, prefill, decode and score one sample; returns the measured fields of its row."""
     enc = tokenizer(sample.prompt, add_special_tokens=sample.add_special_tokens, return_offsets_mapping=True)
     ids = torch.tensor(enc["input_ids"], dtype=torch.int64)
@@ -237,7 +253,7 @@ def execute(job: Job) -> Path:
         max_input_length=cfg.model.max_input_length or cfg.model.max_context,
     )
     samples = job.benchmark.samples(info)
-    lm = load(cfg.model)
+    backend = make_backend(cfg.model, cfg.backend)
     (job.folder / "config.yaml").write_text(
         OmegaConf.to_yaml(
             {
@@ -255,7 +271,6 @@ def execute(job: Job) -> Path:
     )
     done = store.done_keys()
     todo = [s for s in samples if (s.task, s.sample_id) not in done]
-    backend = TransformersBackend(lm.base, tok, lm.speculator)
     opts = job.method.options()
     common = {
         "run_id": job.folder.name,
