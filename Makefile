@@ -27,13 +27,16 @@ OVR := $(if $(model),model=$(model)) $(if $(method),method=$(method)) $(if $(kee
        $(if $(max_new),max_new=$(max_new))
 # `make latency`: the TTFT grid (harness/latency.py); keep=0.1,0.3 gives its keep list.
 grid ?=
+backend ?=
+lat_backends ?= transformers,vllm
 iters ?=
 warmup ?=
 dry_run ?=
 LAT_OVR := $(if $(model),model=$(model)) $(if $(keep),'keeps=[$(keep)]') $(if $(grid),'grid=$(grid)') \
+           backend=$(or $(backend),$(lat_backends)) $(if $(findstring $(comma),$(or $(backend),$(lat_backends))),--multirun) \
            $(if $(iters),iters=$(iters)) $(if $(warmup),warmup=$(warmup)) $(if $(lookahead),lookahead=$(lookahead)) \
            $(if $(out),out=$(out)) $(if $(dry_run),dry_run=$(dry_run))
-SWEEP := $(if $(findstring $(comma),$(model)$(method)$(keep)$(lookahead)$(benchmark)$(length)$(limit)),--multirun)
+SWEEP := $(if $(findstring $(comma),$(model)$(method)$(keep)$(lookahead)$(benchmark)$(length)$(limit)$(backend)),--multirun)
 
 .PHONY: setup eval latency report test test-fast check clean bench-scoring-memory bench-ruler-generation
 

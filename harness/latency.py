@@ -9,9 +9,11 @@ original positions. The parts are also recorded alone. Warm-up iterations are re
 and flagged, and left out of the statistics (median, p90, p99).
 
 Prefix caching: the transformers backend starts every prefill from an empty
-``DynamicCache`` — there is no prefix cache to disable. (The vLLM backend must disable
-and assert it: with distinct prompts a prefix cache would only add noise, and with
-repeated prompts it would measure the cache, not the prefill.)
+``DynamicCache`` — there is no prefix cache to disable. The vLLM backend disables it and
+asserts so at engine start: with repeated prompts a prefix cache would measure the
+cache, not the prefill (and with SpecPrefill's original positions it would be wrong).
+On vLLM the speculator runs on transformers in this process and the base prefill is
+timed as one ``generate`` call of the whole batch with one output token each.
 
 Ideal speedup (:func:`prefill_flops`): matmul FLOPs of the linear layers (all prompt
 tokens, LM head on the last token only) plus causal attention (QK^T and AV over the
@@ -40,7 +42,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from harness.models import BYTES_PER_PARAM, ModelConfig, check_runnable, load
+from harness.models import BYTES_PER_PARAM, ModelConfig, check_runnable, resources
 from harness.run import _dataclass_from, git_sha, hardware, versions
 from specprefill.core import select_tokens, token_importance
 from specprefill.plan import check_keep
@@ -133,8 +135,8 @@ class LatencyConfig:
             raise ValueError(f"model {self.model.name!r} has no speculator; SpecPrefill latency needs one")
         if self.warmup < 0 or self.iters < 1:
             raise ValueError(f"warmup={self.warmup}, iters={self.iters}; allowed: warmup >= 0, iters >= 1")
-        if self.backend != "transformers":
-            raise ValueError(f"backend={self.backend!r}; allowed: ['transformers'] (vLLM: issue 5, not yet)")
+        if self.backend not in ("transformers", "vllm"):
+            raise ValueError(f"backend={self.backend!r}; allowed: ['transformers', 'vllm']")
 
     @classmethod
     def from_hydra(cls, cfg: DictConfig) -> LatencyConfig:
@@ -165,14 +167,12 @@ class LatencyConfig:
 def plan_text(cfg: LatencyConfig) -> str:
     """What a run would do and need, without loading anything (``dry_run=true``)."""
     m = cfg.model
-    spec_bytes = BYTES_PER_PARAM["bfloat16" if m.dtype == "fp8" else m.dtype]
-    weights_gib = (m.params_b * BYTES_PER_PARAM[m.dtype] + m.speculator_params_b * spec_bytes) * 1e9 / 2**30
     shape = m.shape
     lines = [
         f"latency plan: model {m.name} ({m.weights} weights, {m.dtype}), speculator {m.speculator}, backend {cfg.backend}",
         f"  SpecPrefill: keeps {list(cfg.keeps)}, lookahead {cfg.lookahead}, pool {cfg.pool_kernel}, chunk {cfg.chunk_size}",
         f"  {cfg.warmup} warm-up + {cfg.iters} timed iterations per point; each: full + {len(cfg.keeps)} keep rates",
-        f"  weights: {weights_gib:.2f} GiB; device: {'cuda' if torch.cuda.is_available() else 'cpu'}",
+        f"  {resources(m, cfg.backend)}; this machine: {'cuda' if torch.cuda.is_available() else 'cpu'}",
         f"  results: {cfg.folder()}",
     ]
     for b, n in cfg.grid:
@@ -194,8 +194,9 @@ def _stats(x: pd.Series) -> dict[str, float]:
 
 def measure_point(cfg: LatencyConfig, backend: Any, batch: int, length: int, common: dict[str, Any]) -> list[dict]:
     """All iterations of one grid point; rows for full prefill and every keep rate."""
-    base_shape = Shape.of(backend.base.config)
-    spec_shape = Shape.of(backend.speculator.config)
+    base_shape = Shape.of(backend.base_config)
+    spec = getattr(backend, "speculator_backend", None) or backend  # vLLM: the speculator runs on transformers
+    spec_shape = Shape.of(spec.speculator.config)
     vocab = min(len(backend.tokenizer), base_shape.vocab, spec_shape.vocab)
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + batch * 7919 + length)
     rows: list[dict] = []
@@ -290,15 +291,18 @@ def plot(s: pd.DataFrame, path: Path) -> None:
 
 def run(cfg: LatencyConfig) -> Path:
     """Measure every grid point not already in the folder (a killed run resumes by point)."""
-    from specprefill.backends.transformers import TransformersBackend
+    from harness.run import make_backend
 
     folder = cfg.folder()
     parts = folder / "parts"
     parts.mkdir(parents=True, exist_ok=True)
     (folder / "config.yaml").write_text(OmegaConf.to_yaml(json.loads(json.dumps(dataclasses.asdict(cfg), default=str))))
     check_runnable(cfg.model)
-    lm = load(cfg.model)
-    backend = TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
+    model = cfg.model
+    if cfg.backend == "vllm":  # the engine sizes its KV cache for max_model_len: only what the grid needs
+        need = max(n for _, n in cfg.grid) + cfg.lookahead + 16
+        model = dataclasses.replace(model, max_context=min(model.max_context, need))
+    backend = make_backend(model, cfg.backend)
     common = {
         "run_id": folder.name, "git_sha": git_sha(), "model": cfg.model.name, "model_weights": cfg.model.weights,
         "dtype": cfg.model.dtype, "speculator": cfg.model.speculator, "backend": cfg.backend,

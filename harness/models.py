@@ -133,6 +133,21 @@ def _hub_available(repo: str, revision: str | None) -> bool:
         return False
 
 
+def weights_gib(cfg: ModelConfig) -> float:
+    """Weights of base + speculator in GiB (the speculator is never quantized)."""
+    spec_bytes = BYTES_PER_PARAM["bfloat16" if cfg.dtype == "fp8" else cfg.dtype]
+    return (cfg.params_b * BYTES_PER_PARAM[cfg.dtype] + cfg.speculator_params_b * spec_bytes) * 1e9 / 2**30
+
+
+def resources(cfg: ModelConfig, backend: str = "transformers") -> str:
+    """What a run of ``cfg`` needs, for dry runs: devices and weight memory."""
+    gpus = cfg.tensor_parallel * (cfg.pipeline_parallel if backend == "vllm" else 1)
+    where = f"{gpus} GPU(s) (tensor_parallel={cfg.tensor_parallel}, pipeline_parallel={cfg.pipeline_parallel})"
+    if gpus == 1:
+        where = "1 GPU or CPU"
+    return f"needs {where}, ~{weights_gib(cfg):.1f} GiB of weights ({cfg.params_b:g}B base, {cfg.dtype}; speculator {cfg.speculator})"
+
+
 def check_runnable(cfg: ModelConfig) -> None:
     """Fail at once, before anything loads, if ``cfg`` cannot run on this machine."""
     others = ", ".join(LOCAL_MODELS)
@@ -143,8 +158,7 @@ def check_runnable(cfg: ModelConfig) -> None:
             f"this machine has {n_gpu}. Models that run here: {others}"
         )
     # The speculator is never quantized (REFERENCE.md §1): fp8 bases pair with a bf16 speculator.
-    spec_bytes = BYTES_PER_PARAM["bfloat16" if cfg.dtype == "fp8" else cfg.dtype]
-    need_gib = (cfg.params_b * BYTES_PER_PARAM[cfg.dtype] + cfg.speculator_params_b * spec_bytes) * 1e9 / 2**30 * 1.15
+    need_gib = weights_gib(cfg) * 1.15
     if n_gpu:
         have_gib = sum(torch.cuda.get_device_properties(i).total_memory for i in range(n_gpu)) / 2**30
         where = f"{n_gpu} GPU(s)"

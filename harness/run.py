@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 import baselines  # noqa: F401  (registers the baseline methods)
 from harness import report
 from harness.benchmarks.base import Benchmark, BenchmarkConfig, TokenizerInfo, build_benchmark
-from harness.models import ModelConfig, check_runnable, load, load_tokenizer, tokenizer_id
+from harness.models import ModelConfig, check_runnable, load, load_tokenizer, resources, tokenizer_id
 from harness.store import RunRecord, RunStore
 from harness.types import PromptFormat, Sample
 from specprefill.backends.transformers import TransformersBackend
@@ -326,7 +326,8 @@ def main(cfg: DictConfig) -> None:
         print(
             f"[dry run] {job.cfg.model.name} {job.method.name} {json.dumps(job.method.options())} "
             f"{job.benchmark.name}-{job.cfg.benchmark.length} tasks={list(job.benchmark.tasks)} "
-            f"limit={job.cfg.benchmark.limit} -> {job.folder}"
+            f"limit={job.cfg.benchmark.limit} backend={job.cfg.backend} -> {job.folder}\n"
+            f"          {resources(job.cfg.model, job.cfg.backend)}"
         )
         return
     try:

@@ -112,3 +112,21 @@ def test_greedy_parity_with_transformers(backends, smollm2_tokenizer):
 def test_prefix_caching_is_refused():
     with pytest.raises(ValueError, match="enable_prefix_caching"):
         vb.VLLMBackend("unused", None, enable_prefix_caching=True)
+
+
+@pytest.mark.slow
+def test_latency_grid_on_vllm(tmp_path):
+    """A short TTFT grid on the vLLM backend: SmolLM2 as base (vLLM) and speculator (transformers)."""
+    from harness import latency as lat
+    from harness.models import model_config
+
+    cfg = lat.LatencyConfig(
+        model=model_config("smollm2-135m", speculator="smollm2", max_context=1024),
+        grid=((2, 256),), keeps=(0.5,), warmup=1, iters=1, out=tmp_path, backend="vllm",
+    )  # fmt: skip
+    folder = lat.run(cfg)
+    rows = lat.read_rows(folder)
+    assert len(rows) == 2 * 2 and set(rows["backend"]) == {"vllm"} and (rows["ttft_s"] > 0).all()
+    s = lat.summarize(rows)
+    spec = s[s["method"] == "specprefill"].iloc[0]
+    assert spec["ideal_speedup"] > 0 and spec["speedup"] > 0

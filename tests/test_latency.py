@@ -88,8 +88,8 @@ def test_config_errors_name_the_value(tmp_path):
         _cfg(tmp_path, grid=((1, 10**7),))
     with pytest.raises(ValueError, match="no speculator"):
         _cfg(tmp_path, model=model_config("tiny-random", speculator=None))
-    with pytest.raises(ValueError, match="backend='vllm'"):
-        _cfg(tmp_path, backend="vllm")
+    with pytest.raises(ValueError, match="backend='sglang'"):
+        _cfg(tmp_path, backend="sglang")
 
 
 def test_dry_run_plans_without_loading(monkeypatch, tmp_path):

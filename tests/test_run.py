@@ -229,3 +229,18 @@ def test_baseline_rows_record_scope_and_method_cost(tiny_run):
     # vt's few-shot example sits in the (uncompressed) instruction, so at 1K tokens the
     # achieved keep can exceed the request: it is measured and recorded, not assumed.
     assert (df["ttft_s"] >= df["method_s"]).all() and df["kept_fraction"].between(0.3, 0.65).all()
+
+
+def test_dry_run_prints_the_plan_and_resources_without_loading(monkeypatch, capsys):
+    from harness import models
+    from harness.run import main
+
+    def boom(*a, **k):
+        raise AssertionError("a dry run loaded a model")
+
+    monkeypatch.setattr(models, "_load", boom)
+    monkeypatch.setattr(models, "load_tokenizer", boom)
+    main.__wrapped__(_cfg("model=llama405b", "backend=vllm", "dry_run=true"))  # type: ignore[attr-defined]
+    out = capsys.readouterr().out
+    assert "[dry run] llama405b specprefill" in out and "backend=vllm" in out
+    assert "needs 8 GPU(s) (tensor_parallel=8, pipeline_parallel=1)" in out and "GiB of weights" in out

@@ -142,6 +142,10 @@ class TransformersBackend:
         self.eos_ids = ids
         self._views: dict[int, Any] = {}
 
+    @property
+    def base_config(self) -> Any:
+        return self.base.config
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

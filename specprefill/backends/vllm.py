@@ -112,7 +112,7 @@ class VLLMBackend:
         install_position_hook()
         self.tokenizer = tokenizer
         self.speculator_backend = speculator_backend
-        self.llm = vllm.LLM(model=str(model_path), tokenizer=str(model_path), dtype=dtype, max_model_len=max_model_len,
+        self.llm = vllm.LLM(model=str(model_path), tokenizer=str(model_path), dtype=dtype, max_model_len=max_model_len,  # type: ignore[arg-type]
                             enable_prefix_caching=False, seed=seed, disable_log_stats=False,
                             **engine_kwargs)  # fmt: skip
         cache_cfg = self.llm.llm_engine.vllm_config.cache_config
@@ -122,6 +122,33 @@ class VLLMBackend:
         if self.speculator_backend is None:
             raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
         return self.speculator_backend.speculate(input_ids, lookahead)  # type: ignore[no-any-return]
+
+    def speculate_batch(self, input_ids: torch.Tensor, lookahead: int) -> list[SpeculatorCapture]:
+        if self.speculator_backend is None:
+            raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
+        return self.speculator_backend.speculate_batch(input_ids, lookahead)  # type: ignore[no-any-return]
+
+    @property
+    def base_config(self) -> Any:
+        """The base model's Hugging Face config (as the engine loaded it)."""
+        return self.llm.llm_engine.model_config.hf_config
+
+    def prefill_batch(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> float:
+        """Prefill ``[B, K]`` prompts at ``[B, K]`` positions and sample each first token;
+        returns the wall time of the whole batch (latency measurements). Positions other
+        than ``0..K-1`` go through the position hook, with decoding from ``max + 1``."""
+        from vllm import SamplingParams, TokensPrompt
+
+        prompts, params = [], []
+        for ids, pos in zip(input_ids.tolist(), position_ids.tolist(), strict=True):
+            k = len(ids)
+            remap = pos != list(range(k))
+            extra = {EXTRA_POSITIONS: pos, EXTRA_NEXT: max(pos) + 1} if remap else None
+            prompts.append(TokensPrompt(prompt_token_ids=ids))
+            params.append(SamplingParams(temperature=0.0, max_tokens=1, extra_args=extra))
+        t0 = time.perf_counter()
+        self.llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - t0
 
     def base_capture(self, input_ids: torch.Tensor, num_layers: int) -> SpeculatorCapture:
         raise Unsupported("the vLLM backend does not expose the base model's attention (gemfilter: use transformers)")
