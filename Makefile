@@ -33,9 +33,10 @@ iters ?=
 warmup ?=
 dry_run ?=
 LAT_OVR := $(if $(model),model=$(model)) $(if $(keep),'keeps=[$(keep)]') $(if $(grid),'grid=$(grid)') \
-           backend=$(or $(backend),$(lat_backends)) $(if $(findstring $(comma),$(or $(backend),$(lat_backends))),--multirun) \
+           backend=$(or $(backend),$(lat_backends)) \
            $(if $(iters),iters=$(iters)) $(if $(warmup),warmup=$(warmup)) $(if $(lookahead),lookahead=$(lookahead)) \
            $(if $(out),out=$(out)) $(if $(dry_run),dry_run=$(dry_run))
+LAT_SWEEP := $(if $(findstring $(comma),$(model)$(or $(backend),$(lat_backends))),--multirun)
 SWEEP := $(if $(findstring $(comma),$(model)$(method)$(keep)$(lookahead)$(benchmark)$(length)$(limit)$(backend)),--multirun)
 
 .PHONY: setup eval latency report test test-fast check clean bench-scoring-memory bench-ruler-generation
@@ -60,8 +61,8 @@ eval: setup
 	$(PY) -m harness.run $(SWEEP) $(OVR)
 
 latency: setup
-	$(PY) -m harness.latency $(LAT_OVR) dry_run=true
-	$(if $(filter true,$(dry_run)),,$(PY) -m harness.latency $(LAT_OVR))
+	$(PY) -m harness.latency $(LAT_SWEEP) $(LAT_OVR) dry_run=true
+	$(if $(filter true,$(dry_run)),,$(PY) -m harness.latency $(LAT_SWEEP) $(LAT_OVR))
 
 report: setup
 	$(PY) -m harness.report $(or $(out),results/default)
