@@ -102,6 +102,17 @@ class Job:
     folder: Path
 
 
+#: Model-config fields added after results were first stored, with their defaults. A field
+#: at its default is left out of the run identity, so adding a field does not orphan the
+#: run folders of every earlier sweep (they would no longer resume).
+LATER_MODEL_FIELDS: dict[str, Any] = {"pipeline_parallel": 1, "speculator_shape": {}}
+
+
+def model_identity(model: ModelConfig) -> dict[str, Any]:
+    d = dataclasses.asdict(model)
+    return {k: v for k, v in d.items() if not (k in LATER_MODEL_FIELDS and v == LATER_MODEL_FIELDS[k])}
+
+
 def prepare(cfg: RunConfig) -> Job:
     """Validate everything that can be validated without loading a model."""
     method = build_method(cfg.method_name, cfg.method_options)
@@ -112,7 +123,7 @@ def prepare(cfg: RunConfig) -> Job:
     benchmark = build_benchmark(cfg.benchmark)
     benchmark.check_model(cfg.model.max_context)
     identity = {
-        "model": dataclasses.asdict(cfg.model),
+        "model": model_identity(cfg.model),
         "method": {"name": method.name, **method.options()},
         "benchmark": benchmark.options(),
         "backend": cfg.backend,

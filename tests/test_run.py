@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -244,3 +245,16 @@ def test_dry_run_prints_the_plan_and_resources_without_loading(monkeypatch, caps
     out = capsys.readouterr().out
     assert "[dry run] llama405b specprefill" in out and "backend=vllm" in out
     assert "needs 8 GPU(s) (tensor_parallel=8, pipeline_parallel=1)" in out and "GiB of weights" in out
+
+
+def test_run_identity_is_stable_across_added_model_fields():
+    """Adding a model-config field must not orphan stored runs: fields added later are
+    left out of the identity at their defaults (golden hashes of stored sweeps)."""
+    from harness.run import LATER_MODEL_FIELDS, model_identity
+
+    assert _job("method=full").config_hash == "3d22664f151f"
+    assert _job("method=specprefill", "keep=0.3").config_hash == "c024a3517659"
+    cfg = RunConfig.from_hydra(_cfg()).model
+    assert not set(LATER_MODEL_FIELDS) & set(model_identity(cfg))
+    changed = dataclasses.replace(cfg, pipeline_parallel=2)
+    assert model_identity(changed)["pipeline_parallel"] == 2
