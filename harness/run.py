@@ -116,6 +116,11 @@ def model_identity(model: ModelConfig) -> dict[str, Any]:
 def prepare(cfg: RunConfig) -> Job:
     """Validate everything that can be validated without loading a model."""
     method = build_method(cfg.method_name, cfg.method_options)
+    if cfg.backend == "vllm" and method.needs_speculator and str(cfg.model.speculator or "").startswith("self_layers"):
+        raise ValueError(
+            f"backend=vllm: model {cfg.model.name!r} has speculator={cfg.model.speculator!r}, a view of the "
+            f"transformers base; with vLLM use a separate speculator (model.speculator=smollm2, random or hub:<id>)"
+        )
     if method.needs_speculator and cfg.model.speculator is None:
         raise ValueError(
             f"method {cfg.method_name!r} needs a speculator, but model {cfg.model.name!r} has speculator: null"
@@ -186,9 +191,9 @@ def needle_kept(kept: torch.Tensor | None, needles: torch.Tensor) -> float | Non
     return float(torch.isin(needles, kept).float().mean())
 
 
-def make_backend(model: ModelConfig, backend: str) -> Any:
+def make_backend(model: ModelConfig, backend: str, needs_speculator: bool = True) -> Any:
     """The backend a job runs on: transformers (base and speculator in this process), or
-    vLLM (base on a vLLM engine, speculator on transformers)."""
+    vLLM (base on a vLLM engine, speculator on transformers, loaded only if needed)."""
     if backend == "transformers":
         lm = load(model)
         return TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
@@ -197,6 +202,8 @@ def make_backend(model: ModelConfig, backend: str) -> Any:
     from harness.models import vllm_engine_args
     from specprefill.backends.vllm import VLLMBackend
 
+    if not needs_speculator:
+        model = dataclasses.replace(model, speculator=None)
     lm = load(model, with_base=False)
     spec = TransformersBackend(lm.speculator, lm.tokenizer, lm.speculator) if lm.speculator is not None else None
     return VLLMBackend(tokenizer=lm.tokenizer, speculator_backend=spec, **vllm_engine_args(model))
@@ -264,7 +271,7 @@ def execute(job: Job) -> Path:
         max_input_length=cfg.model.max_input_length or cfg.model.max_context,
     )
     samples = job.benchmark.samples(info)
-    backend = make_backend(cfg.model, cfg.backend)
+    backend = make_backend(cfg.model, cfg.backend, job.method.needs_speculator)
     (job.folder / "config.yaml").write_text(
         OmegaConf.to_yaml(
             {

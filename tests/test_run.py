@@ -258,3 +258,10 @@ def test_run_identity_is_stable_across_added_model_fields():
     assert not set(LATER_MODEL_FIELDS) & set(model_identity(cfg))
     changed = dataclasses.replace(cfg, pipeline_parallel=2)
     assert model_identity(changed)["pipeline_parallel"] == 2
+
+
+def test_vllm_with_an_early_exit_speculator_fails_before_loading():
+    with pytest.raises(ValueError, match=r"backend=vllm.*self_layers:8"):
+        _job("backend=vllm", "method=specprefill")
+    assert _job("backend=vllm", "method=full").cfg.backend == "vllm"  # full prefill needs no speculator
+    assert _job("backend=vllm", "model.speculator=smollm2").method.name == "specprefill"
