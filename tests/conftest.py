@@ -62,3 +62,21 @@ def smollm2_info(smollm2_tokenizer):
         tokenizer=smollm2_tokenizer,
         max_input_length=7500,
     )
+
+
+@pytest.fixture(scope="session")
+def longbench_sample(smollm2_info):
+    """A small LongBench hotpotqa-format sample (question, context, answer) for the baseline tests."""
+    from harness.benchmarks import longbench as lb
+
+    story = (
+        "Mara kept the lighthouse on Gull Island for thirty years. The ship Osprey ran aground one winter. " * 60
+    ).strip()
+    row = {
+        "input": "What was the ship called?",
+        "context": story,
+        "answers": ["Osprey"],
+        "length": 2000,
+        "all_classes": None,
+    }
+    return lb.build_sample("hotpotqa", 0, row, smollm2_info, "middle", 7500, "longbench", False)

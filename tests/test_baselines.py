@@ -11,7 +11,6 @@ from baselines.gemfilter import GemFilter, gemfilter_scores
 from baselines.rag import RagBM25, RagDense, chunk
 from baselines.random_keep import RandomKeep
 from baselines.truncate import Truncate
-from harness.benchmarks import longbench as lb
 from harness.benchmarks import ruler
 from harness.models import load, model_config
 from harness.types import Sample
@@ -38,20 +37,9 @@ def backend(smollm2_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def samples(smollm2_info) -> list[Sample]:
-    tok = smollm2_info
-    r = ruler.generate("niah_single_2", 2048, 1, tok.fmt, tok.count)[0]
-    story = (
-        "Mara kept the lighthouse on Gull Island for thirty years. The ship Osprey ran aground one winter. " * 60
-    ).strip()
-    row = {
-        "input": "What was the ship called?",
-        "context": story,
-        "answers": ["Osprey"],
-        "length": 2000,
-        "all_classes": None,
-    }
-    return [r, lb.build_sample("hotpotqa", 0, row, tok, "middle", 7500, "longbench", False)]
+def samples(smollm2_info, longbench_sample) -> list[Sample]:
+    r = ruler.generate("niah_single_2", 2048, 1, smollm2_info.fmt, smollm2_info.count)[0]
+    return [r, longbench_sample]
 
 
 def _prompt(sample: Sample, tokenizer) -> Prompt:

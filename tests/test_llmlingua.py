@@ -16,7 +16,6 @@ from baselines import llmlingua as ll
 from baselines.llmlingua import LegacyCacheLM, LLMLingua, LLMLingua2, LongLLMLingua
 from baselines.minference import MInference
 from baselines.rag import default_dense_model
-from harness.benchmarks import longbench as lb
 from harness.benchmarks import ruler
 from specprefill.plan import Unsupported, build_method
 from tests.test_baselines import _prompt
@@ -57,19 +56,8 @@ def classifier(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def samples(smollm2_info):
-    r = ruler.generate("qa_1", 2048, 1, smollm2_info.fmt, smollm2_info.count)[0]
-    story = (
-        "Mara kept the lighthouse on Gull Island for thirty years. The ship Osprey ran aground one winter. " * 60
-    ).strip()
-    row = {
-        "input": "What was the ship called?",
-        "context": story,
-        "answers": ["Osprey"],
-        "length": 2000,
-        "all_classes": None,
-    }
-    return [r, lb.build_sample("hotpotqa", 0, row, smollm2_info, "middle", 7500, "longbench", False)]
+def samples(smollm2_info, longbench_sample):
+    return [ruler.generate("qa_1", 2048, 1, smollm2_info.fmt, smollm2_info.count)[0], longbench_sample]
 
 
 def _methods(small_lm: str, classifier: str, keep: float):
