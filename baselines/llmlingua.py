@@ -41,7 +41,17 @@ from typing import Any, ClassVar
 import torch
 
 from specprefill.core import num_kept
-from specprefill.plan import Backend, Method, Plan, Prompt, check_keep, register_method, text_plan
+from specprefill.plan import (
+    Backend,
+    Method,
+    Plan,
+    Prompt,
+    check_choice,
+    check_int,
+    check_keep,
+    register_method,
+    text_plan,
+)
 
 CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -169,15 +179,10 @@ class _Lingua(Method):
 
     def __post_init__(self) -> None:
         check_keep(self.keep_rate)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r}; allowed: {list(DTYPES)}")
-        if self.chunking not in CHUNKINGS:
-            raise ValueError(f"chunking={self.chunking!r}; allowed: {list(CHUNKINGS)}")
-        for name in ("chunk_words", "fit_rounds"):
-            v = getattr(self, name)
-            low = 1 if name == "chunk_words" else 0
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"{name}={v!r}; allowed: int >= {low}")
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("chunking", self.chunking, CHUNKINGS)
+        check_int("chunk_words", self.chunk_words, 1)
+        check_int("fit_rounds", self.fit_rounds, 0)
 
     def default_model(self) -> str:
         return default_small_lm()
@@ -235,8 +240,7 @@ class LongLLMLingua(_Lingua):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.reorder_context not in ("original", "sort", "two_stage"):
-            raise ValueError(f"reorder_context={self.reorder_context!r}; allowed: ['original', 'sort', 'two_stage']")
+        check_choice("reorder_context", self.reorder_context, ("original", "sort", "two_stage"))
 
     def arguments(self, prompt: Prompt) -> dict[str, Any]:
         question = (prompt.question or prompt.instruction).strip()

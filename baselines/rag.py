@@ -22,7 +22,17 @@ from typing import Any, ClassVar
 import torch
 
 from specprefill.core import num_kept
-from specprefill.plan import Backend, Method, Plan, Prompt, check_keep, register_method, text_plan
+from specprefill.plan import (
+    Backend,
+    Method,
+    Plan,
+    Prompt,
+    check_choice,
+    check_int,
+    check_keep,
+    register_method,
+    text_plan,
+)
 
 CHUNKINGS = ("sentences", "words")
 ORDERS = ("document", "relevance")
@@ -79,12 +89,9 @@ class _Rag(Method):
 
     def __post_init__(self) -> None:
         check_keep(self.keep_rate)
-        if self.chunking not in CHUNKINGS:
-            raise ValueError(f"chunking={self.chunking!r}; allowed: {list(CHUNKINGS)}")
-        if self.order not in ORDERS:
-            raise ValueError(f"order={self.order!r}; allowed: {list(ORDERS)}")
-        if isinstance(self.chunk_words, bool) or not isinstance(self.chunk_words, int) or self.chunk_words < 1:
-            raise ValueError(f"chunk_words={self.chunk_words!r}; allowed: int >= 1")
+        check_choice("chunking", self.chunking, CHUNKINGS)
+        check_choice("order", self.order, ORDERS)
+        check_int("chunk_words", self.chunk_words, 1)
 
     def score(self, query: str, chunks: list[str]) -> list[float]:
         raise NotImplementedError

@@ -107,6 +107,18 @@ def check_keep(keep_rate: object) -> None:
         raise ValueError(f"keep_rate={keep_rate} is outside (0, 1]; e.g. keep=0.3 keeps 30% of prompt tokens")
 
 
+def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    """Reject an option value outside ``allowed``, naming both."""
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r}; allowed: {list(allowed)}")
+
+
+def check_int(name: str, value: object, low: int) -> None:
+    """Reject an option that is not an int >= ``low`` (bools included), naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}={value!r}; allowed: int >= {low}")
+
+
 def check_position_mode(mode: str) -> None:
     if mode not in POSITION_MODES:
         raise ValueError(f"position_mode={mode!r} is invalid; allowed: {list(POSITION_MODES)}")
