@@ -256,20 +256,27 @@ def _load_base(cfg: ModelConfig) -> Any:
     return model.to(_device()).eval()
 
 
+def _llama_shape(cfg: ModelConfig, shape_cfg: dict[str, Any], tok: Any) -> dict[str, Any]:
+    """LlamaConfig fields of a random model: the given shape, with vocabulary, window and
+    special tokens from the tokenizer and the model config unless the shape sets them."""
+    shape = dict(shape_cfg)
+    shape.setdefault("vocab_size", len(tok))
+    shape.setdefault("max_position_embeddings", cfg.max_context)
+    shape.setdefault("eos_token_id", tok.eos_token_id)
+    shape.setdefault("bos_token_id", tok.bos_token_id)
+    return shape
+
+
 def _random_llama(cfg: ModelConfig, shape_cfg: dict[str, Any], seed: int) -> Any:
     """A randomly initialised Llama of the given shape, vocabulary sized to the tokenizer
     unless the shape says otherwise, built directly in the model's dtype."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = load_tokenizer(cfg)
-    shape = dict(shape_cfg)
-    shape.setdefault("vocab_size", len(tok))
-    shape.setdefault("max_position_embeddings", cfg.max_context)
-    shape.setdefault("eos_token_id", tok.eos_token_id)
-    shape.setdefault("bos_token_id", tok.bos_token_id)
+    shape = _llama_shape(cfg, shape_cfg, tok)
     torch.manual_seed(seed)
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(DTYPES[cfg.dtype] if DTYPES[cfg.dtype].is_floating_point else torch.float32)
+    torch.set_default_dtype(DTYPES[cfg.dtype])
     model: Any
     try:
         with torch.device(_device()):  # initialise where it will run (an 8B model on CPU takes minutes)
@@ -302,11 +309,7 @@ def vllm_model(cfg: ModelConfig) -> tuple[str, str]:
     from transformers import LlamaConfig
 
     tok = load_tokenizer(cfg)
-    shape = dict(cfg.shape)
-    shape.setdefault("vocab_size", len(tok))
-    shape.setdefault("max_position_embeddings", cfg.max_context)
-    shape.setdefault("eos_token_id", tok.eos_token_id)
-    shape.setdefault("bos_token_id", tok.bos_token_id)
+    shape = _llama_shape(cfg, cfg.shape, tok)
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:12]
     folder = cache_root() / "models" / "random" / f"{cfg.name}-{digest}"
     if not (folder / "config.json").exists():
