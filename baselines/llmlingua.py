@@ -59,7 +59,7 @@ LLMLINGUA2_HUB_ID = "microsoft/llmlingua-2-xlm-roberta-large-meetingbank"
 #: ``--force_tokens "\n,?,!,."`` in the official LLMLingua-2 LongBench compression script.
 LLMLINGUA2_FORCE_TOKENS = ("\n", "?", "!", ".")
 CHUNKINGS = ("none", "lines", "sentences", "words")
-DTYPES = ("bfloat16", "float16", "float32", "auto")
+DTYPES = ("bfloat16", "float16", "float32")
 
 
 def tiktoken_cache_dir() -> Path:
@@ -139,7 +139,7 @@ def compressor(model_path: str, llmlingua2: bool, dtype: str = "bfloat16") -> An
         )
     try:
         pc = PromptCompressor(model_name=model_path, device_map=device, use_llmlingua2=llmlingua2,
-                              model_config={"trust_remote_code": False, "torch_dtype": getattr(torch, dtype) if dtype != "auto" else "auto"})  # fmt: skip
+                              model_config={"trust_remote_code": False, "torch_dtype": getattr(torch, dtype)})  # fmt: skip
     except OSError as e:  # hub id without network, or a folder that is not there
         raise RuntimeError(
             f"{'llmlingua2' if llmlingua2 else 'llmlingua'} needs the model {model_path!r}, which could not be "
@@ -173,13 +173,17 @@ class _Lingua(Method):
     chunking: str = "none"
     chunk_words: int = 100
     fit_rounds: int = 0
-    #: The compressor model's dtype. The package loads float32 on CPU; bfloat16 here runs
-    #: ~2.5x faster on this CPU (AMX) and matches the models the harness runs.
-    dtype: str = "bfloat16"
+    #: The compressor model's dtype. The package loads float32 on CPU; ``auto`` (resolved
+    #: here, so rows record what ran) is bfloat16 where native — ~2.5x faster on AMX CPUs
+    #: and what the harness's models run — and float32 where bf16 is emulated.
+    dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        from harness.models import resolve_dtype
+
         check_keep(self.keep_rate)
-        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("dtype", self.dtype, ("auto", *DTYPES))
+        object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
         check_choice("chunking", self.chunking, CHUNKINGS)
         check_int("chunk_words", self.chunk_words, 1)
         check_int("fit_rounds", self.fit_rounds, 0)
