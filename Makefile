@@ -10,7 +10,7 @@ VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm-cuda || echo vl
 # Hydra overrides passed through by `make eval`; comma lists sweep (multirun).
 model ?=
 method ?= full,specprefill
-keep ?= 0.1,0.3,0.5
+keep ?=
 lookahead ?=
 benchmark ?=
 length ?=
@@ -20,7 +20,7 @@ out ?=
 data_dir ?=
 max_new ?=
 
-OVR := $(if $(model),model=$(model)) $(if $(method),method=$(method)) $(if $(keep),keep=$(keep)) \
+OVR := $(if $(model),model=$(model)) $(if $(method),method=$(method)) keep=$(or $(keep),0.1$(comma)0.3$(comma)0.5) \
        $(if $(lookahead),lookahead=$(lookahead)) $(if $(benchmark),benchmark=$(benchmark)) \
        $(if $(length),length=$(length)) $(if $(tasks),'tasks=[$(tasks)]') $(if $(limit),limit=$(limit)) \
        $(if $(out),out=$(out)) $(if $(data_dir),benchmark.options.data_dir=$(abspath $(data_dir))) \
@@ -37,9 +37,17 @@ LAT_OVR := $(if $(model),model=$(model)) $(if $(keep),'keeps=[$(keep)]') $(if $(
            $(if $(iters),iters=$(iters)) $(if $(warmup),warmup=$(warmup)) $(if $(lookahead),lookahead=$(lookahead)) \
            $(if $(out),out=$(out)) $(if $(dry_run),dry_run=$(dry_run))
 LAT_SWEEP := $(if $(findstring $(comma),$(model)$(or $(backend),$(lat_backends))),--multirun)
-SWEEP := $(if $(findstring $(comma),$(model)$(method)$(keep)$(lookahead)$(benchmark)$(length)$(limit)$(backend)),--multirun)
+SWEEP := $(if $(findstring $(comma),$(model)$(method)$(or $(keep),0.1$(comma)0.3$(comma)0.5)$(lookahead)$(benchmark)$(length)$(limit)$(backend)),--multirun)
 
-.PHONY: setup eval latency report test test-fast check clean bench-scoring-memory bench-ruler-generation
+# `make qps`: max QPS under an SLO on vLLM's server (harness/qps.py), one job per method.
+rates ?=
+arrival ?=
+QPS_OVR := $(if $(model),model=$(model)) method=$(method) $(if $(keep),keep=$(keep)) $(if $(benchmark),benchmark=$(benchmark)) \
+           $(if $(length),length=$(length)) $(if $(limit),limit=$(limit)) $(if $(lookahead),lookahead=$(lookahead)) \
+           $(if $(tasks),'tasks=[$(tasks)]') $(if $(max_new),max_new=$(max_new)) $(if $(out),out=$(out)) \
+           $(if $(rates),'qps.rates=[$(rates)]') $(if $(arrival),qps.arrival=$(arrival))
+
+.PHONY: setup eval latency qps report test test-fast check clean bench-scoring-memory bench-ruler-generation
 
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements-offline.txt
@@ -63,6 +71,10 @@ eval: setup
 latency: setup
 	$(PY) -m harness.latency $(LAT_SWEEP) $(LAT_OVR) dry_run=true
 	$(if $(filter true,$(dry_run)),,$(PY) -m harness.latency $(LAT_SWEEP) $(LAT_OVR))
+
+qps: setup
+	$(PY) -m harness.qps --multirun $(QPS_OVR) dry_run=true
+	$(if $(filter true,$(dry_run)),,$(PY) -m harness.qps --multirun $(QPS_OVR))
 
 report: setup
 	$(PY) -m harness.report $(or $(out),results/default)

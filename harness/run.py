@@ -254,6 +254,20 @@ def run_sample(job: Job, backend: Any, tokenizer: Any, sample: Sample) -> dict[s
     }
 
 
+def benchmark_samples(model: ModelConfig, benchmark: Benchmark) -> tuple[Any, list[Sample]]:
+    """The model's tokenizer and the benchmark's samples, prompts built in its chat format."""
+    tok = load_tokenizer(model)
+    fmt = PromptFormat.from_tokenizer(tok, model.chat_template)
+    info = TokenizerInfo(
+        id=tokenizer_id(model),
+        count=lambda s: len(tok(s, add_special_tokens=fmt.add_special_tokens).input_ids),
+        fmt=fmt,
+        tokenizer=tok,
+        max_input_length=model.max_input_length or model.max_context,
+    )
+    return tok, benchmark.samples(info)
+
+
 def execute(job: Job) -> Path:
     """Run a prepared job to completion (resuming), then refresh the summary and plot."""
     cfg = job.cfg
@@ -261,16 +275,7 @@ def execute(job: Job) -> Path:
     job.folder.mkdir(parents=True, exist_ok=True)
     check_runnable(cfg.model)
     # Tokenizer and data first: a missing dataset fails before any model loads.
-    tok = load_tokenizer(cfg.model)
-    fmt = PromptFormat.from_tokenizer(tok, cfg.model.chat_template)
-    info = TokenizerInfo(
-        id=tokenizer_id(cfg.model),
-        count=lambda s: len(tok(s, add_special_tokens=fmt.add_special_tokens).input_ids),
-        fmt=fmt,
-        tokenizer=tok,
-        max_input_length=cfg.model.max_input_length or cfg.model.max_context,
-    )
-    samples = job.benchmark.samples(info)
+    tok, samples = benchmark_samples(cfg.model, job.benchmark)
     backend = make_backend(cfg.model, cfg.backend, job.method.needs_speculator)
     (job.folder / "config.yaml").write_text(
         OmegaConf.to_yaml(

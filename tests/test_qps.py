@@ -1,0 +1,181 @@
+"""`make qps`: rate search, SLO verdicts, summaries, validation, and a real served smoke run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from harness import qps
+from harness.qps import QPSConfig, next_rate, passes, point_stats, prepare, summarize, truncate_at_stop
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def _cfg(*overrides: str) -> QPSConfig:
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return QPSConfig.from_hydra(compose(config_name="qps", overrides=list(overrides)))
+
+
+def test_rate_search_ramps_then_bisects_once():
+    c = _cfg("qps.start_rate=0.05", "qps.growth=2", "qps.max_points=4", "qps.bisect_steps=1")
+    assert next_rate(c, {}) == 0.05
+    assert next_rate(c, {0.05: True}) == 0.1
+    assert next_rate(c, {0.05: True, 0.1: True, 0.2: False}) == 0.15
+    assert next_rate(c, {0.05: True, 0.1: True, 0.2: False, 0.15: True}) is None
+    assert next_rate(c, {0.05: False}) is None  # nothing passes: max QPS is 0 below start_rate
+    assert next_rate(c, {0.05: True, 0.1: True, 0.2: True, 0.4: True}) is None  # ramp exhausted
+
+
+def test_rate_search_bisects_towards_the_boundary():
+    c = _cfg("qps.start_rate=1", "qps.max_points=3", "qps.bisect_steps=2")
+    assert next_rate(c, {1.0: True, 2.0: False}) == 1.5
+    assert next_rate(c, {1.0: True, 2.0: False, 1.5: False}) == 1.25
+    assert next_rate(c, {1.0: True, 2.0: False, 1.5: True}) == 1.75
+    assert next_rate(c, {1.0: True, 2.0: False, 1.5: True, 1.75: True}) is None
+
+
+def test_explicit_rates_are_measured_in_order():
+    c = _cfg("qps.rates=[0.2,0.1]")
+    assert next_rate(c, {}) == 0.2 and next_rate(c, {0.2: False}) == 0.1 and next_rate(c, {0.2: 1, 0.1: 1}) is None
+
+
+def _rows(ttfts: list[float], e2es: list[float], timeout_s: float = 10.0, failed: int = 0) -> pd.DataFrame:
+    rows = [
+        {"status": "ok", "ttft_s": t, "e2e_s": e, "tpot_s": (e - t) / 9, "timed_out": e > timeout_s,
+         "score": 100.0 if i % 2 else 0.0, "kept_tokens": 30, "prompt_tokens": 100, "speculator_s": 0.1}
+        for i, (t, e) in enumerate(zip(ttfts, e2es, strict=True))
+    ]  # fmt: skip
+    rows += [{"status": "failed", "ttft_s": None, "e2e_s": None, "tpot_s": None, "timed_out": True, "score": None,
+              "kept_tokens": 30, "prompt_tokens": 100, "speculator_s": None}] * failed  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_slo_verdicts_follow_the_timeout_rule_and_the_ttft_p90():
+    c = _cfg("qps.timeout_s=10", "qps.max_timeouts=1", "qps.ttft_p90_slo_s=2")
+    good = point_stats(_rows([1.0] * 10, [5.0] * 10))
+    assert good["timeouts"] == 0 and good["score"] == 50.0 and good["kept_fraction"] == pytest.approx(0.3)
+    assert passes(good, c) == {"pass_timeout_rule": True, "pass_ttft_slo": True, "pass": True}
+    # two requests over the timeout: more than max_timeouts=1
+    slow = point_stats(_rows([1.0] * 10, [5.0] * 8 + [11.0, 12.0]))
+    assert passes(slow, c)["pass_timeout_rule"] is False and passes(slow, c)["pass"] is False
+    # a failed request counts as a timeout; one is allowed
+    assert passes(point_stats(_rows([1.0] * 9, [5.0] * 9, failed=1)), c)["pass_timeout_rule"] is True
+    # TTFT p90 above the SLO
+    late = point_stats(_rows([1.0] * 8 + [3.0, 3.0], [5.0] * 10))
+    assert late["ttft_p90_s"] == pytest.approx(3.0) and passes(late, c)["pass_ttft_slo"] is False
+
+
+def test_summary_takes_the_highest_passing_rate_and_its_score():
+    parts = []
+    for rate, ok, score in [(0.1, True, 80.0), (0.2, True, 60.0), (0.4, False, 40.0)]:
+        r = _rows([1.0] * 4, [2.0] * 4).assign(score=score, rate=rate, pass_timeout_rule=ok, pass_ttft_slo=True,
+                                               request_throughput=rate, model="m", method="specprefill", keep_rate=0.3,
+                                               benchmark="ruler", length=2048, arrival="poisson", hardware="cpu",
+                                               run_id="x")  # fmt: skip
+        parts.append(r.assign(**{"pass": ok}))
+    pts, best = summarize(pd.concat(parts, ignore_index=True))
+    assert list(pts["rate"]) == [0.1, 0.2, 0.4]
+    assert best["max_qps"] == 0.2 and best["score_at_max_qps"] == 60.0 and best["max_qps_ttft_slo"] == 0.4
+
+
+def test_stop_strings_cut_the_served_text_like_vllm():
+    assert truncate_at_stop("Alice: hi\nBob: yo", ("\n",)) == "Alice: hi"
+    assert truncate_at_stop("no stop here", ()) == "no stop here"
+
+
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("qps.arrival=bursty", r"arrival='bursty'; allowed: \['poisson', 'constant'\]"),
+        ("qps.rates=[0.1,-1]", r"rates contains -1.0"),
+        ("qps.growth=1", r"growth=1.0"),
+        ("qps.max_points=0", r"max_points=0"),
+        ("qps.timeout_s=0", r"timeout_s=0.0"),
+    ],
+)
+def test_bad_settings_are_named(override, match):
+    with pytest.raises(ValueError, match=match):
+        _cfg(override)
+
+
+def test_methods_that_need_the_prompt_split_cannot_be_served():
+    with pytest.raises(ValueError, match=r"rag_bm25.*cannot be served"):
+        prepare(_cfg("method=rag_bm25"))
+
+
+def test_the_server_command_disables_prefix_caching(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECPREFILL_CACHE", str(tmp_path))
+    job = prepare(_cfg("model=tiny-random", "method=full", "length=1024"))
+    cmd = qps.serve_command(job.cfg.model, 8123)
+    assert "--no-enable-prefix-caching" in cmd and cmd[cmd.index("--port") + 1] == "8123"
+    assert cmd[cmd.index("--load-format") + 1] == "dummy"
+    log = tmp_path / "serve.log"
+    log.write_text("... with config: model='x', enable_prefix_caching=True, ...")
+    with pytest.raises(RuntimeError, match="prefix"):
+        qps.assert_no_prefix_cache(log)
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(capsys):
+    from harness.qps import plan_text
+
+    job = prepare(_cfg("method=specprefill", "keep=0.1"))
+    text = plan_text(job)
+    assert "SpecPrefill front" in text and "poisson" in text and "qps-specprefill-" in text
+
+
+@pytest.mark.slow
+def test_served_full_and_specprefill_smoke(tmp_path):
+    """Real servers on CPU: vllm serve (+ the front for SpecPrefill), one rate, two RULER
+    prompts each; rows, percentiles, scores and the cross-method summary are written and
+    the servers are gone afterwards."""
+    import psutil
+
+    out = tmp_path / "qps"
+    common = ["length=1024", "limit=2", "tasks=[niah_single_1]", "max_new=16", f"out={out}", "qps.rates=[0.5]",
+              "qps.warmups=0", "qps.server_timeout_s=600"]  # fmt: skip
+
+    def servers() -> set[tuple[int, str]]:
+        out = set()
+        for p in psutil.process_iter():
+            try:
+                cmd = " ".join(p.cmdline())
+            except psutil.Error:  # exited, or a zombie waiting to be reaped
+                continue
+            if "harness.vllm_cli" in cmd or "harness.front" in cmd:
+                out.add((p.pid, cmd[:120]))
+        return out
+
+    before = servers()
+    folders = [qps.run(prepare(_cfg(f"method={m}", "keep=0.3", *common))) for m in ("full", "specprefill")]
+    assert not servers() - before, f"servers left running: {servers() - before}"
+    for folder in folders:
+        rows = qps.read_points(folder)
+        assert len(rows) == 2 and (rows["status"] == "ok").all(), rows[["status", "error"]]
+        assert rows["ttft_s"].gt(0).all() and rows["e2e_s"].ge(rows["ttft_s"]).all()
+        assert rows["prediction"].str.len().gt(0).all() and rows["score"].notna().all()
+    spec = qps.read_points(folders[1])
+    assert (spec["kept_tokens"] < spec["prompt_tokens"]).all() and spec["speculator_s"].gt(0).all()
+    front = [json.loads(x) for x in (folders[1] / "logs" / "front_requests.jsonl").read_text().splitlines()]
+    assert {f["request_id"] for f in front} >= {"r0.5-0", "r0.5-1"}
+    summary = pd.read_csv(out / "qps_summary.csv")
+    assert set(summary["method"]) == {"full", "specprefill"} and summary["max_qps"].notna().all()
+    # What was served equals the offline reference (transformers backend, same plan):
+    # the position hook holds inside `vllm serve` too, and the front plans as the runner does.
+    from harness.run import RunConfig, execute
+    from harness.run import prepare as prepare_run
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        for m, folder in zip(("full", "specprefill"), folders, strict=True):
+            cfg = compose(
+                config_name="config", overrides=[f"method={m}", "keep=0.3", *common[:4], f"out={tmp_path}/ref"]
+            )
+            ref = pd.read_parquet(execute(prepare_run(RunConfig.from_hydra(cfg))) / "rows.parquet")
+            served = qps.read_points(folder).sort_values("sample_id")
+            assert list(served["kept_tokens"]) == list(ref.sort_values("sample_id")["kept_tokens"])
+            assert list(served["prediction"].str.strip()) == list(
+                ref.sort_values("sample_id")["prediction"].str.strip()
+            )
