@@ -19,12 +19,14 @@ limit ?=
 out ?=
 data_dir ?=
 max_new ?=
+# Hydra launcher for sweeps: slurm (cluster, conf/hydra/launcher/slurm.yaml) or local (submitit here).
+LAUNCHER ?=
 
 OVR := $(if $(model),model=$(model)) $(if $(method),method=$(method)) keep=$(or $(keep),0.1$(comma)0.3$(comma)0.5) \
        $(if $(lookahead),lookahead=$(lookahead)) $(if $(benchmark),benchmark=$(benchmark)) \
        $(if $(length),length=$(length)) $(if $(tasks),'tasks=[$(tasks)]') $(if $(limit),limit=$(limit)) \
        $(if $(out),out=$(out)) $(if $(data_dir),benchmark.options.data_dir=$(abspath $(data_dir))) \
-       $(if $(max_new),max_new=$(max_new))
+       $(if $(max_new),max_new=$(max_new)) $(if $(LAUNCHER),hydra/launcher=$(LAUNCHER))
 # `make latency`: the TTFT grid (harness/latency.py); keep=0.1,0.3 gives its keep list.
 grid ?=
 backend ?=
@@ -36,8 +38,8 @@ LAT_OVR := $(if $(model),model=$(model)) $(if $(keep),'keeps=[$(keep)]') $(if $(
            backend=$(or $(backend),$(lat_backends)) \
            $(if $(iters),iters=$(iters)) $(if $(warmup),warmup=$(warmup)) $(if $(lookahead),lookahead=$(lookahead)) \
            $(if $(out),out=$(out)) $(if $(dry_run),dry_run=$(dry_run))
-LAT_SWEEP := $(if $(findstring $(comma),$(model)$(or $(backend),$(lat_backends))),--multirun)
-SWEEP := $(if $(findstring $(comma),$(model)$(method)$(or $(keep),0.1$(comma)0.3$(comma)0.5)$(lookahead)$(benchmark)$(length)$(limit)$(backend)),--multirun)
+LAT_SWEEP := $(if $(LAUNCHER)$(findstring $(comma),$(model)$(or $(backend),$(lat_backends))),--multirun)
+SWEEP := $(if $(LAUNCHER)$(findstring $(comma),$(model)$(method)$(or $(keep),0.1$(comma)0.3$(comma)0.5)$(lookahead)$(benchmark)$(length)$(limit)$(backend)),--multirun)
 
 # `make qps`: max QPS under an SLO on vLLM's server (harness/qps.py), one job per method.
 rates ?=
@@ -45,7 +47,8 @@ arrival ?=
 QPS_OVR := $(if $(model),model=$(model)) method=$(method) $(if $(keep),keep=$(keep)) $(if $(benchmark),benchmark=$(benchmark)) \
            $(if $(length),length=$(length)) $(if $(limit),limit=$(limit)) $(if $(lookahead),lookahead=$(lookahead)) \
            $(if $(tasks),'tasks=[$(tasks)]') $(if $(max_new),max_new=$(max_new)) $(if $(out),out=$(out)) \
-           $(if $(rates),'qps.rates=[$(rates)]') $(if $(arrival),qps.arrival=$(arrival))
+           $(if $(rates),'qps.rates=[$(rates)]') $(if $(arrival),qps.arrival=$(arrival)) \
+           $(if $(LAUNCHER),hydra/launcher=$(LAUNCHER))
 
 .PHONY: setup eval latency qps report test test-fast check clean bench-scoring-memory bench-ruler-generation
 

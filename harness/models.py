@@ -70,6 +70,9 @@ class ModelConfig:
     tensor_parallel: int = 1
     #: vLLM pipeline-parallel size (multi-node through vLLM's Ray executor when > 1 node).
     pipeline_parallel: int = 1
+    #: Nodes the vLLM engine spans (tensor parallel inside a node, pipeline stages across
+    #: nodes). > 1 uses vLLM's Ray executor on a running Ray cluster (``RAY_ADDRESS``).
+    nodes: int = 1
     params_b: float = 0.0
     speculator_params_b: float = 0.0
     weights: str = "real"
@@ -93,6 +96,13 @@ class ModelConfig:
             raise ValueError(f"model {self.name!r}: tensor_parallel={self.tensor_parallel} must be >= 1")
         if self.pipeline_parallel < 1:
             raise ValueError(f"model {self.name!r}: pipeline_parallel={self.pipeline_parallel} must be >= 1")
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ValueError(f"model {self.name!r}: nodes={self.nodes!r}; allowed: int >= 1")
+        if self.pipeline_parallel % self.nodes:
+            raise ValueError(
+                f"model {self.name!r}: nodes={self.nodes} must divide pipeline_parallel={self.pipeline_parallel} "
+                f"(tensor parallel stays inside a node; pipeline stages are spread over nodes)"
+            )
         if self.weights not in ("real", "random"):
             raise ValueError(f"model {self.name!r}: weights={self.weights!r}; allowed: real, random")
         spec = parse_speculator(self.speculator)
@@ -165,14 +175,34 @@ def resources(cfg: ModelConfig, backend: str = "transformers") -> str:
     """What a run of ``cfg`` needs, for dry runs: devices and weight memory."""
     gpus = cfg.tensor_parallel * (cfg.pipeline_parallel if backend == "vllm" else 1)
     where = f"{gpus} GPU(s) (tensor_parallel={cfg.tensor_parallel}, pipeline_parallel={cfg.pipeline_parallel})"
+    if cfg.nodes > 1:
+        where += f" on {cfg.nodes} nodes ({gpus // cfg.nodes} GPUs each, vLLM's Ray executor)"
     if gpus == 1:
         where = "1 GPU or CPU"
     return f"needs {where}, ~{weights_gib(cfg):.1f} GiB of weights ({cfg.params_b:g}B base, {cfg.dtype}; speculator {cfg.speculator})"
 
 
+def check_ray_cluster(cfg: ModelConfig) -> None:
+    """A multi-node model needs ``ray`` and a running Ray cluster to join (``RAY_ADDRESS``)."""
+    how = (
+        "start one (`ray start --head` on the first node, `ray start --address=<head>:6379` on the others, "
+        "with the same environment), then run the harness on the head node with RAY_ADDRESS=<head>:6379"
+    )
+    if importlib.util.find_spec("ray") is None:
+        raise RuntimeError(
+            f"model {cfg.name!r} spans {cfg.nodes} nodes through vLLM's Ray executor, but ray is not installed "
+            f"(pip install -e '.[cluster]'); then {how}"
+        )
+    if not os.environ.get("RAY_ADDRESS"):
+        raise RuntimeError(f"model {cfg.name!r} spans {cfg.nodes} nodes: RAY_ADDRESS is not set; {how}")
+
+
 def check_runnable(cfg: ModelConfig) -> None:
     """Fail at once, before anything loads, if ``cfg`` cannot run on this machine."""
     others = ", ".join(LOCAL_MODELS)
+    if cfg.nodes > 1:
+        check_ray_cluster(cfg)
+        return  # GPUs and memory are the Ray cluster's; vLLM checks them when it places the workers
     n_gpu = torch.cuda.device_count()
     if cfg.tensor_parallel > 1 and n_gpu < cfg.tensor_parallel:
         raise RuntimeError(
@@ -356,6 +386,8 @@ def vllm_engine_args(cfg: ModelConfig) -> dict[str, Any]:
         "tensor_parallel_size": cfg.tensor_parallel,
         "pipeline_parallel_size": cfg.pipeline_parallel,
     }
+    if cfg.nodes > 1:
+        args["distributed_executor_backend"] = "ray"
     if cfg.revision:
         args["revision"] = cfg.revision
     if cfg.dtype == "fp8":

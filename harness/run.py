@@ -105,7 +105,7 @@ class Job:
 #: Model-config fields added after results were first stored, with their defaults. A field
 #: at its default is left out of the run identity, so adding a field does not orphan the
 #: run folders of every earlier sweep (they would no longer resume).
-LATER_MODEL_FIELDS: dict[str, Any] = {"pipeline_parallel": 1, "speculator_shape": {}}
+LATER_MODEL_FIELDS: dict[str, Any] = {"pipeline_parallel": 1, "speculator_shape": {}, "nodes": 1}
 
 
 def model_identity(model: ModelConfig) -> dict[str, Any]:
@@ -116,6 +116,10 @@ def model_identity(model: ModelConfig) -> dict[str, Any]:
 def prepare(cfg: RunConfig) -> Job:
     """Validate everything that can be validated without loading a model."""
     method = build_method(cfg.method_name, cfg.method_options)
+    if cfg.model.nodes > 1 and cfg.backend != "vllm":
+        raise ValueError(
+            f"model {cfg.model.name!r} spans {cfg.model.nodes} nodes: only backend=vllm runs across nodes (Ray)"
+        )
     if cfg.backend == "vllm" and method.needs_speculator and str(cfg.model.speculator or "").startswith("self_layers"):
         raise ValueError(
             f"backend=vllm: model {cfg.model.name!r} has speculator={cfg.model.speculator!r}, a view of the "

@@ -266,3 +266,55 @@ def test_vllm_with_an_early_exit_speculator_fails_before_loading():
         _job("backend=vllm", "method=specprefill")
     assert _job("backend=vllm", "method=full").cfg.backend == "vllm"  # full prefill needs no speculator
     assert _job("backend=vllm", "model.speculator=smollm2").method.name == "specprefill"
+
+
+def test_multi_node_models_plan_ray_and_say_what_they_need(monkeypatch, capsys):
+    from harness import models
+    from harness.models import check_runnable, model_config, vllm_engine_args
+    from harness.run import main
+
+    main.__wrapped__(_cfg("model=llama405b-bf16-2node", "backend=vllm", "dry_run=true"))  # type: ignore[attr-defined]
+    assert "needs 16 GPU(s) (tensor_parallel=8, pipeline_parallel=2) on 2 nodes (8 GPUs each" in capsys.readouterr().out
+    cfg = model_config("llama405b-bf16-2node")
+    args = vllm_engine_args(cfg)
+    assert args["distributed_executor_backend"] == "ray" and args["pipeline_parallel_size"] == 2
+    assert "distributed_executor_backend" not in vllm_engine_args(model_config("llama70b"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: object())  # as if ray were installed
+    with pytest.raises(RuntimeError, match=r"spans 2 nodes: RAY_ADDRESS is not set; start one \(`ray start --head`"):
+        check_runnable(cfg)
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(RuntimeError, match=r"ray is not installed \(pip install -e '\.\[cluster\]'\)"):
+        check_runnable(cfg)
+    with pytest.raises(ValueError, match=r"only backend=vllm runs across nodes"):
+        _job("model=llama405b-bf16-2node", "backend=transformers")
+    with pytest.raises(ValueError, match=r"nodes=3 must divide pipeline_parallel=2"):
+        model_config("llama405b-bf16-2node", nodes=3)
+
+
+def test_slurm_launcher_config_resolves_the_models_gpus():
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(
+            config_name="config", overrides=["hydra/launcher=slurm", "model=llama70b"], return_hydra_config=True
+        )
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert launcher.gpus_per_node == 8 and launcher.nodes == 1 and launcher.timeout_min == 1440
+
+
+@pytest.mark.slow
+def test_submitit_launcher_runs_sweep_points_as_jobs(tmp_path):
+    """The submitit path end to end on this machine (hydra/launcher=local): each sweep
+    point runs as its own submitit job (dry runs: nothing loads)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "r"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.run", "--multirun", "hydra/launcher=local", "method=full,specprefill",
+         "keep=0.3", "dry_run=true", f"out={out}"],
+        capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = "".join(p.read_text() for p in out.rglob("*_log.out"))
+    assert logs.count("[dry run] smollm2-135m") == 2, logs[-2000:]
