@@ -456,6 +456,10 @@ def run(job: QPSJob) -> Path:
             write_dataset(samples, dataset)
             bar = tqdm(desc=f"qps {job.method.name}", unit="rate")
             while rate is not None:
+                if not _alive(url):  # a dead server would fail every request of every later rate
+                    raise RuntimeError(
+                        f"the server at {url} stopped answering before rate {rate}; logs in {folder / 'logs'}"
+                    )
                 bar.set_postfix(rate=rate)
                 prefix = f"r{rate:g}-"
                 result = Path(tmp) / f"rate-{rate:g}.json"
