@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -69,7 +68,6 @@ class Planner:
             raise ValueError(f"method {name!r} needs a speculator, but model {model.name!r} has speculator: null")
         self.tokenizer = lm.tokenizer
         self.backend = TransformersBackend(lm.speculator, lm.tokenizer, lm.speculator)
-        self.lock = threading.Lock()
 
     def plan(self, prompt: str | list[int], add_special_tokens: bool) -> tuple[list[int], dict[str, Any] | None, dict]:
         """(kept token ids, vllm_xargs or None, log fields) for one prompt."""

@@ -28,7 +28,6 @@ compute does not depend on the weights; the rows say ``model_weights=random``.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from harness.models import BYTES_PER_PARAM, ModelConfig, check_runnable, resources
-from harness.run import _dataclass_from, git_sha, hardware, versions
+from harness.run import _dataclass_from, config_hash, git_sha, hardware, versions
 from specprefill.core import select_tokens, token_importance
 from specprefill.plan import check_keep
 
@@ -158,7 +157,7 @@ class LatencyConfig:
     def identity(self) -> str:
         d = dataclasses.asdict(self)
         d.pop("out")
-        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        return config_hash(d)
 
     def folder(self) -> Path:
         return self.out / self.model.name / f"latency-{self.backend}-{self.identity()}"

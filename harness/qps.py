@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -56,7 +55,16 @@ from tqdm import tqdm
 import baselines  # noqa: F401  (registers the methods)
 from harness.benchmarks.base import Benchmark, BenchmarkConfig, build_benchmark
 from harness.models import ModelConfig, check_runnable, resources, vllm_engine_args
-from harness.run import _dataclass_from, benchmark_samples, git_sha, hardware, model_identity, versions
+from harness.run import (
+    _dataclass_from,
+    benchmark_config,
+    benchmark_samples,
+    config_hash,
+    git_sha,
+    hardware,
+    model_identity,
+    versions,
+)
 from harness.types import Sample
 from specprefill.plan import Method, build_method, check_choice
 
@@ -106,12 +114,6 @@ class QPSConfig:
     def from_hydra(cls, cfg: DictConfig) -> QPSConfig:
         d: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
         method = dict(d["method"])
-        bench = dict(d["benchmark"])
-        default_tasks = bench.pop("default_tasks", None)
-        tasks = bench.get("tasks") if bench.get("tasks") is not None else default_tasks
-        if isinstance(tasks, str):
-            tasks = [t for t in tasks.split(",") if t] if tasks != "all" else []
-        bench["tasks"] = tuple(tasks or ())
         q = dict(d["qps"])
         for k in ("start_rate", "growth", "timeout_s", "ttft_p90_slo_s", "server_timeout_s", "point_timeout_s"):
             if isinstance(q.get(k), int) and not isinstance(q[k], bool):
@@ -120,7 +122,7 @@ class QPSConfig:
             model=_dataclass_from(ModelConfig, dict(d["model"]), "model config"),
             method_name=str(method.pop("name")),
             method_options=method,
-            benchmark=_dataclass_from(BenchmarkConfig, bench, "benchmark config"),
+            benchmark=benchmark_config(dict(d["benchmark"])),
             rates=tuple(float(r) for r in (q.pop("rates") or ())),
             out=Path(str(d["out"])),
             **q,
@@ -155,7 +157,7 @@ def prepare(cfg: QPSConfig) -> QPSJob:
                     if k in ("arrival", "timeout_s", "max_timeouts", "ttft_p90_slo_s", "warmups", "seed")},
         "decoding": "greedy",
     }  # fmt: skip
-    h = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    h = config_hash(identity)
     folder = cfg.out / cfg.model.name / f"{cfg.benchmark.name}-{cfg.benchmark.length}" / f"qps-{method.name}-{h}"
     return QPSJob(cfg=cfg, method=method, benchmark=benchmark, folder=folder)
 
@@ -552,12 +554,10 @@ def write_overall(out: Path) -> pd.DataFrame:
     if df.empty:
         return df
     keys = ["model", "benchmark", "length", "arrival"]
-    full = df[df["method"] == "full"].set_index(keys)["max_qps"]
-    df["qps_ratio_to_full"] = [
-        (r.max_qps / full.get(tuple(getattr(r, k) for k in keys), float("nan")))
-        if full.get(tuple(getattr(r, k) for k in keys), 0) else float("nan")
-        for r in df.itertuples()
-    ]  # fmt: skip
+    full = df[df["method"] == "full"][[*keys, "max_qps"]].rename(columns={"max_qps": "_full"})
+    df = df.merge(full, on=keys, how="left")
+    df["qps_ratio_to_full"] = (df["max_qps"] / df["_full"].where(df["_full"] > 0)).astype(float)
+    df = df.drop(columns="_full")
     df = df.sort_values([*keys, "method", "keep_rate"])
     df.to_csv(out / "qps_summary.csv", index=False)
     (out / "qps_summary.md").write_text(_md(df.drop(columns=["run_id"])))

@@ -53,6 +53,23 @@ def _dataclass_from(cls: type, d: dict[str, Any], what: str) -> Any:
     return cls(**d)
 
 
+def benchmark_config(bench: dict[str, Any]) -> BenchmarkConfig:
+    """A ``conf/benchmark`` entry as composed by Hydra: ``tasks`` null -> the benchmark's
+    ``default_tasks``, ``"all"`` -> every task, ``"a,b"`` -> a list."""
+    bench = dict(bench)
+    default_tasks = bench.pop("default_tasks", None)
+    tasks = bench.get("tasks") if bench.get("tasks") is not None else default_tasks
+    if isinstance(tasks, str):
+        tasks = [t for t in tasks.split(",") if t] if tasks != "all" else []
+    bench["tasks"] = tuple(tasks or ())
+    return _dataclass_from(BenchmarkConfig, bench, "benchmark config")
+
+
+def config_hash(identity: Any) -> str:
+    """The 12-hex-digit run id of a JSON-able identity (sorted keys)."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """The validated form of the Hydra config for one job."""
@@ -71,13 +88,7 @@ class RunConfig:
         model = _dataclass_from(ModelConfig, dict(c["model"]), "model config")
         method = dict(c["method"])
         name = str(method.pop("name"))
-        bench = dict(c["benchmark"])
-        default_tasks = bench.pop("default_tasks", None)
-        tasks = bench.get("tasks") if bench.get("tasks") is not None else default_tasks
-        if isinstance(tasks, str):
-            tasks = [t for t in tasks.split(",") if t] if tasks != "all" else []
-        bench["tasks"] = tuple(tasks or ())
-        bcfg = _dataclass_from(BenchmarkConfig, bench, "benchmark config")
+        bcfg = benchmark_config(dict(c["benchmark"]))
         backend = str(c.get("backend", "transformers"))
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r}; allowed: {list(BACKENDS)}")
@@ -138,7 +149,7 @@ def prepare(cfg: RunConfig) -> Job:
         "backend": cfg.backend,
         "decoding": "greedy",
     }
-    h = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    h = config_hash(identity)
     folder = cfg.out / cfg.model.name / f"{cfg.benchmark.name}-{cfg.benchmark.length}" / f"{method.name}-{h}"
     return Job(cfg=cfg, method=method, benchmark=benchmark, config_hash=h, folder=folder)
 
