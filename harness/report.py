@@ -17,7 +17,10 @@ from harness.store import read_results
 GROUP = ["model", "benchmark", "length", "task", "method", "keep_rate"]
 
 
-CONFIG = ["model", "benchmark", "length", "method", "keep_rate", "_bopts", "_base"]
+CONFIG = ["model", "benchmark", "length", "method", "keep_rate", "_bopts", "_run", "_base"]
+# Run-level fields that tell apart runs sharing a method and keep rate; a method is
+# compared with the full prefill run that shares them.
+RUN_KEYS = ("dtype", "backend")
 
 
 def label_variants(df: pd.DataFrame) -> pd.Series:
@@ -31,8 +34,12 @@ def label_variants(df: pd.DataFrame) -> pd.Series:
         if len(runs) < 2:
             continue
         opts = {
-            h: {**json.loads(m or "{}"), **json.loads(b or "{}")}
-            for h, m, b in zip(runs["config_hash"], runs["method_options"], runs["benchmark_options"], strict=True)
+            h: {
+                **json.loads(r["method_options"] or "{}"),
+                **json.loads(r["benchmark_options"] or "{}"),
+                **{k: r[k] for k in RUN_KEYS if k in r and pd.notna(r[k])},
+            }
+            for h, r in zip(runs["config_hash"], runs.to_dict("records"), strict=True)
         }
         differ = sorted({k for o in opts.values() for k in o if len({json.dumps(x.get(k)) for x in opts.values()}) > 1})
         for h, o in opts.items():
@@ -40,6 +47,8 @@ def label_variants(df: pd.DataFrame) -> pd.Series:
             labels[g.index[g["config_hash"] == h]] = f"{g['method'].iloc[0]} ({desc})"
     return labels
 
+
+MIXED = "<more than one machine>"
 
 MEASURES = ["score", "kept_fraction", "needle_kept", "ttft_s", "ttft_ratio"]
 
@@ -61,7 +70,10 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """task x method x keep: score, kept fraction, TTFT and its ratio to full prefill.
 
     ``ttft_ratio`` = mean TTFT of the method / mean TTFT of full prefill on the same
-    model, benchmark, length and task (< 1 is faster); ``speedup`` is its inverse.
+    model, benchmark, length and task (< 1 is faster); ``speedup`` is its inverse. A
+    ratio is only formed side by side: where the rows record their ``hardware`` (a sweep
+    resumed on another machine), a group whose rows ran on more than one machine, or on
+    another machine than full prefill's, gets no ratio (NaN) rather than a cross-machine one.
     Aggregate rows, all macro means of the per-task rows: ``[category] <name>`` per
     benchmark category (LongBench), ``ALL`` (the mean over categories where the
     benchmark has them, as LongBench's "Avg", else over tasks), and for LongBench-E
@@ -80,7 +92,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     ]
     if df.empty:
         return pd.DataFrame(columns=cols)
-    df = df.copy()
+    df = df.reset_index(drop=True)
     df["keep_rate"] = df["keep_rate"].astype(float).fillna(1.0)
     for c in ("category", "bucket"):
         if c not in df:
@@ -89,7 +101,13 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     df["bucket"] = df["bucket"].fillna("")
     df["_base"] = df["method"]
     df["_bopts"] = df["benchmark_options"].fillna("")
+    df["_run"] = (
+        df[[k for k in RUN_KEYS if k in df]].astype(str).agg("|".join, axis=1) if any(k in df for k in RUN_KEYS) else ""
+    )
     df["method"] = label_variants(df)
+    if "hardware" not in df:
+        df["hardware"] = ""
+    df["hardware"] = df["hardware"].fillna("")
 
     def per(keys: list[str]) -> pd.DataFrame:
         ok = df[df["status"] == "ok"]
@@ -99,6 +117,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             kept_fraction=("kept_fraction", "mean"),
             needle_kept=("needle_kept", "mean"),
             ttft_s=("ttft_s", "mean"),
+            hardware=("hardware", lambda h: h.iloc[0] if h.nunique() == 1 else MIXED),
         )
         # Runs with no ok row (a method unsupported on this hardware) still get their row.
         bad = df[df["status"] != "ok"].assign(
@@ -107,12 +126,16 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         )
         counts = bad.groupby(keys, dropna=False)[["failed", "unsupported"]].sum()
         agg = agg.join(counts, how="outer").fillna({"failed": 0, "unsupported": 0, "n": 0}).reset_index()
-        base = ["model", "benchmark", "length", "_bopts", *[k for k in keys if k in ("task", "bucket")]]
-        full = agg[agg["_base"] == "full"].set_index(base)["ttft_s"]
-        agg["ttft_ratio"] = agg["ttft_s"].to_numpy() / full.reindex(pd.MultiIndex.from_frame(agg[base])).to_numpy()
+        base = ["model", "benchmark", "length", "_bopts", "_run", *[k for k in keys if k in ("task", "bucket")]]
+        full_rows = agg[agg["_base"] == "full"].set_index(base)
+        at = pd.MultiIndex.from_frame(agg[base])
+        full_ttft = full_rows["ttft_s"].reindex(at).to_numpy()
+        full_hw = full_rows["hardware"].reindex(at).to_numpy()
+        same = (agg["hardware"].to_numpy() == full_hw) & (agg["hardware"].to_numpy() != MIXED)
+        agg["ttft_ratio"] = pd.Series(agg["ttft_s"].to_numpy() / full_ttft, index=agg.index).where(same)
         return agg
 
-    tasks = per([*GROUP, "_bopts", "_base", "category"])
+    tasks = per([*GROUP, "_bopts", "_run", "_base", "category"])
     parts = [tasks]
     has_cat = tasks["category"] != ""
     if has_cat.any():
@@ -125,7 +148,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         overall = _macro(tasks, CONFIG, "ALL")
     parts.append(overall)
     if (df["bucket"] != "").any():
-        b = per([*GROUP, "_bopts", "_base", "bucket"])
+        b = per([*GROUP, "_bopts", "_run", "_base", "bucket"])
         b = b[b["bucket"] != ""]
         parts.append(b.assign(task=b["task"] + " @" + b["bucket"]))
         parts.append(_macro(b, [*CONFIG, "bucket"], "ALL @" + b["bucket"]).drop(columns="bucket"))
@@ -141,6 +164,7 @@ def to_markdown(summary: pd.DataFrame) -> str:
     if summary.empty:
         return "(no results)\n"
     s = summary.copy()
+    unpaired = summary["ttft_s"].notna() & summary["ttft_ratio"].isna()
     for c, fmt in (
         ("score", "{:.1f}"),
         ("kept_fraction", "{:.3f}"),
@@ -154,6 +178,12 @@ def to_markdown(summary: pd.DataFrame) -> str:
     cols = list(s.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in s.itertuples(index=False)]
+    if unpaired.any():
+        lines += [
+            "",
+            "TTFT ratio `-` with a TTFT: no full-prefill rows for that task ran on the same machine "
+            "(the rows' `hardware`), so no side-by-side ratio exists.",
+        ]
     return "\n".join(lines) + "\n"
 
 

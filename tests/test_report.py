@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from harness.report import summarize
+from harness.report import summarize, to_markdown
 
 
 def _rows(method, keep, h, score, ttft, tasks, *, mopts=None, bopts=None, category="", bucket=""):
@@ -68,3 +68,34 @@ def test_unsupported_and_failed_rows_are_counted_and_a_method_without_ok_rows_st
     assert pd.isna(s.loc[("t1", "minference"), "score"])
     assert s.loc[("t1", "random"), "failed"] == 1 and s.loc[("t2", "random"), "n"] == 1
     assert s.loc[("ALL", "full"), "unsupported"] == 0
+
+
+def test_ttft_ratio_only_side_by_side_on_one_machine():
+    """A sweep resumed on another machine: its rows get no cross-machine TTFT ratio."""
+    a, b = "cpu: A, 2 threads", "cpu: B, 2 threads"
+    df = pd.DataFrame(
+        [{**r, "hardware": a} for r in _rows("full", None, "f", 80.0, 4.0, ["t1", "t2"])]
+        + [{**r, "hardware": a} for r in _rows("random", 0.1, "r", 0.0, 1.0, ["t1"])]
+        + [{**r, "hardware": b} for r in _rows("random", 0.1, "r", 0.0, 1.0, ["t2"])]
+        + [{**r, "hardware": hw} for r, hw in zip(_rows("truncate", 0.1, "t", 0.0, 2.0, ["t1", "t1"]), (a, b))]
+    )  # fmt: skip
+    s = summarize(df).set_index(["task", "method"])
+    assert s.loc[("t1", "random"), "ttft_ratio"] == pytest.approx(0.25)
+    assert pd.isna(s.loc[("t2", "random"), "ttft_ratio"])  # ran on B, full on A
+    assert pd.isna(s.loc[("t1", "truncate"), "ttft_ratio"])  # rows from A and B mixed
+    assert s.loc[("t1", "truncate"), "ttft_s"] == pytest.approx(2.0)
+    assert "no side-by-side ratio" in to_markdown(summarize(df))
+    assert "no side-by-side ratio" not in to_markdown(summarize(df[df["method"] == "full"]))
+
+
+def test_runs_differing_only_in_dtype_are_kept_apart():
+    df = pd.DataFrame(
+        [{**r, "dtype": "float32"} for r in _rows("full", None, "f", 80.0, 4.0, ["t1"])]
+        + [{**r, "dtype": "bfloat16"} for r in _rows("full", None, "g", 70.0, 1.0, ["t1"])]
+    )  # fmt: skip
+    methods = set(summarize(df)["method"])
+    assert methods == {"full (dtype=float32)", "full (dtype=bfloat16)"}
+    more = pd.DataFrame([{**r, "dtype": "bfloat16"} for r in _rows("random", 0.1, "r", 0.0, 0.5, ["t1"])])
+    df = pd.concat([df, more.astype(df.dtypes.to_dict())])  # the index repeats: summarize must not care
+    s = summarize(df).set_index(["task", "method"])
+    assert s.loc[("t1", "random"), "ttft_ratio"] == pytest.approx(0.5)  # against the bfloat16 full run
