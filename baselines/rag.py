@@ -133,6 +133,8 @@ class RagDense(_Rag):
 
     def score(self, query: str, chunks: list[str]) -> list[float]:
         enc = _encoder(self.model_path or default_dense_model())
-        q = enc.encode([query], normalize_embeddings=True, convert_to_tensor=True)
-        c = enc.encode(chunks, normalize_embeddings=True, convert_to_tensor=True, batch_size=64)
+        q = enc.encode([query], normalize_embeddings=True, convert_to_tensor=True, show_progress_bar=False)
+        c = enc.encode(
+            chunks, normalize_embeddings=True, convert_to_tensor=True, batch_size=64, show_progress_bar=False
+        )
         return [float(x) for x in (c @ q[0]).cpu()]
