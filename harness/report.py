@@ -37,7 +37,7 @@ def label_variants(df: pd.DataFrame) -> pd.Series:
             h: {
                 **json.loads(r["method_options"] or "{}"),
                 **json.loads(r["benchmark_options"] or "{}"),
-                **{k: r[k] for k in RUN_KEYS if k in r and pd.notna(r[k])},
+                **{k: r.get(k) for k in RUN_KEYS},
             }
             for h, r in zip(runs["config_hash"], runs.to_dict("records"), strict=True)
         }
@@ -94,20 +94,12 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     df = df.reset_index(drop=True)
     df["keep_rate"] = df["keep_rate"].astype(float).fillna(1.0)
-    for c in ("category", "bucket"):
-        if c not in df:
-            df[c] = None
-    df["category"] = df["category"].fillna("")
-    df["bucket"] = df["bucket"].fillna("")
+    for c in ("category", "bucket", "hardware", *RUN_KEYS):  # optional columns ("" where absent)
+        df[c] = df[c].fillna("") if c in df else ""
     df["_base"] = df["method"]
     df["_bopts"] = df["benchmark_options"].fillna("")
-    df["_run"] = (
-        df[[k for k in RUN_KEYS if k in df]].astype(str).agg("|".join, axis=1) if any(k in df for k in RUN_KEYS) else ""
-    )
+    df["_run"] = df[list(RUN_KEYS)].astype(str).agg("|".join, axis=1)
     df["method"] = label_variants(df)
-    if "hardware" not in df:
-        df["hardware"] = ""
-    df["hardware"] = df["hardware"].fillna("")
 
     def per(keys: list[str]) -> pd.DataFrame:
         ok = df[df["status"] == "ok"]
@@ -131,7 +123,8 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         at = pd.MultiIndex.from_frame(agg[base])
         full_ttft = full_rows["ttft_s"].reindex(at).to_numpy()
         full_hw = full_rows["hardware"].reindex(at).to_numpy()
-        same = (agg["hardware"].to_numpy() == full_hw) & (agg["hardware"].to_numpy() != MIXED)
+        hw = agg["hardware"].to_numpy()
+        same = (hw == full_hw) & (hw != MIXED)
         agg["ttft_ratio"] = pd.Series(agg["ttft_s"].to_numpy() / full_ttft, index=agg.index).where(same)
         return agg
 
@@ -181,8 +174,8 @@ def to_markdown(summary: pd.DataFrame) -> str:
     if unpaired.any():
         lines += [
             "",
-            "TTFT ratio `-` with a TTFT: no full-prefill rows for that task ran on the same machine "
-            "(the rows' `hardware`), so no side-by-side ratio exists.",
+            "TTFT ratio `-` with a TTFT: no full-prefill rows for that task with the same dtype and backend "
+            "ran on the same machine (the rows' `hardware`), so no side-by-side ratio exists.",
         ]
     return "\n".join(lines) + "\n"
 
