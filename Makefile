@@ -19,6 +19,8 @@ limit ?=
 out ?=
 data_dir ?=
 max_new ?=
+# Any other Hydra overrides, verbatim: `make eval method=gemfilter args='method.position_mode=original'`.
+args ?=
 # Hydra launcher for sweeps: slurm (cluster, conf/hydra/launcher/slurm.yaml) or local (submitit here).
 LAUNCHER ?=
 
@@ -26,7 +28,7 @@ OVR := $(if $(model),model=$(model)) $(if $(method),method=$(method)) keep=$(or 
        $(if $(lookahead),lookahead=$(lookahead)) $(if $(benchmark),benchmark=$(benchmark)) \
        $(if $(length),length=$(length)) $(if $(tasks),'tasks=[$(tasks)]') $(if $(limit),limit=$(limit)) \
        $(if $(out),out=$(out)) $(if $(data_dir),benchmark.options.data_dir=$(abspath $(data_dir))) \
-       $(if $(max_new),max_new=$(max_new)) $(if $(LAUNCHER),hydra/launcher=$(LAUNCHER))
+       $(if $(max_new),max_new=$(max_new)) $(if $(LAUNCHER),hydra/launcher=$(LAUNCHER)) $(args)
 # `make latency`: the TTFT grid (harness/latency.py); keep=0.1,0.3 gives its keep list.
 grid ?=
 backend ?=
@@ -39,7 +41,7 @@ LAT_OVR := $(if $(model),model=$(model)) $(if $(keep),'keeps=[$(keep)]') $(if $(
            $(if $(iters),iters=$(iters)) $(if $(warmup),warmup=$(warmup)) $(if $(lookahead),lookahead=$(lookahead)) \
            $(if $(out),out=$(out)) $(if $(dry_run),dry_run=$(dry_run))
 LAT_SWEEP := $(if $(LAUNCHER)$(findstring $(comma),$(model)$(or $(backend),$(lat_backends))),--multirun)
-SWEEP := $(if $(LAUNCHER)$(findstring $(comma),$(model)$(method)$(or $(keep),0.1$(comma)0.3$(comma)0.5)$(lookahead)$(benchmark)$(length)$(limit)$(backend)),--multirun)
+SWEEP := $(if $(LAUNCHER)$(findstring $(comma),$(model)$(method)$(or $(keep),0.1$(comma)0.3$(comma)0.5)$(lookahead)$(benchmark)$(length)$(limit)$(backend)$(args)),--multirun)
 
 # `make qps`: max QPS under an SLO on vLLM's server (harness/qps.py), one job per method.
 rates ?=

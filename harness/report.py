@@ -180,6 +180,45 @@ def to_markdown(summary: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def score_by_task(summary: pd.DataFrame) -> pd.DataFrame:
+    """The score column of ``summary`` pivoted: one row per model, benchmark, length,
+    method and keep rate; one column per task, then the category means, then ``ALL``
+    (length-bucket rows are left to the long table). A cell reads ``-`` where the point
+    has no score for that task, and carries ``(n=K)`` where it averages fewer samples
+    than the fullest point in its column (a partial or failing run)."""
+    keys = ["model", "benchmark", "length", "method", "keep_rate"]
+    s = summary[~summary["task"].str.contains(" @", regex=False)]
+    if s.empty:
+        return pd.DataFrame(columns=keys)
+    names = list(dict.fromkeys(s["task"]))
+    tasks = sorted(t for t in names if t != "ALL" and not t.startswith("["))
+    order = [*tasks, *sorted(t for t in names if t.startswith("[")), *(["ALL"] if "ALL" in names else [])]
+    most = s.groupby(["model", "benchmark", "length", "task"])["n"].transform("max")
+
+    def cell(score: float, n: int, top: int) -> str:
+        if pd.isna(score):
+            return "-"
+        return f"{score:.1f}" + (f" (n={n})" if n < top else "")
+
+    s = s.assign(_cell=[cell(a, b, c) for a, b, c in zip(s["score"], s["n"], most, strict=True)])
+    wide = s.pivot_table(index=keys, columns="task", values="_cell", aggfunc="first")
+    wide = wide.reindex(columns=order).fillna("-").reset_index()
+    wide.columns.name = None
+    return wide
+
+
+def by_task_markdown(summary: pd.DataFrame) -> str:
+    """``score_by_task`` as a markdown table; empty where there is one task or none."""
+    wide = score_by_task(summary)
+    if len([c for c in wide.columns if c not in ("model", "benchmark", "length", "method", "keep_rate", "ALL")]) < 2:
+        return ""
+    wide["keep_rate"] = wide["keep_rate"].map(lambda v: "-" if pd.isna(v) else f"{v:g}")
+    cols = list(wide.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in wide.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
 def plot_score_vs_keep(summary: pd.DataFrame, path: Path) -> Path | None:
     """Score vs keep rate, one line per task (full prefill plotted at keep 1.0)."""
     if summary.empty:
@@ -223,6 +262,9 @@ def write_all(out: Path, plots_root: Path = Path("plots")) -> pd.DataFrame:
     summary = summarize(read_results(out))
     out.mkdir(parents=True, exist_ok=True)
     md = to_markdown(summary)
+    wide = by_task_markdown(summary)
+    if wide:
+        md += "\nScore per task (`(n=K)`: fewer samples than the fullest point for that task):\n\n" + wide
     (out / "summary.md").write_text(md)
     summary.to_csv(out / "summary.csv", index=False)
     plot = plot_score_vs_keep(summary, plots_root / out.name / "score_vs_keep.png")

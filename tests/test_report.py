@@ -99,3 +99,25 @@ def test_runs_differing_only_in_dtype_are_kept_apart():
     df = pd.concat([df, more.astype(df.dtypes.to_dict())])  # the index repeats: summarize must not care
     s = summarize(df).set_index(["task", "method"])
     assert s.loc[("t1", "random"), "ttft_ratio"] == pytest.approx(0.5)  # against the bfloat16 full run
+
+
+def test_score_per_task_pivot_marks_partial_points_and_orders_all_last():
+    from harness.report import by_task_markdown, score_by_task
+
+    df = pd.DataFrame(
+        _rows("full", None, "f", 80.0, 4.0, ["t2", "t1"]) * 2  # two samples per task
+        + _rows("random", 0.1, "r", 0.0, 1.0, ["t1", "t2"])
+        + _rows("random", 0.1, "r", 10.0, 1.0, ["t1"])  # two samples of t1, one of t2
+        + _rows("truncate", 0.1, "t", 30.0, 1.0, ["t1"])  # t2 never ran
+    )
+    wide = score_by_task(summarize(df)).set_index(["method", "keep_rate"])
+    assert list(wide.columns) == ["model", "benchmark", "length", "t1", "t2", "ALL"]
+    assert wide.loc[("full", 1.0), "t1"] == "80.0" and wide.loc[("full", 1.0), "t2"] == "80.0"
+    assert wide.loc[("random", 0.1), "t1"] == "5.0"
+    assert wide.loc[("random", 0.1), "t2"] == "0.0 (n=1)"  # fewer than full's two
+    assert wide.loc[("truncate", 0.1), "t2"] == "-"
+    assert wide.loc[("truncate", 0.1), "t1"] == "30.0 (n=1)"
+    md = by_task_markdown(summarize(df))
+    assert md.splitlines()[0] == "| model | benchmark | length | method | keep_rate | t1 | t2 | ALL |"
+    assert "| m | b | 100 | truncate | 0.1 | 30.0 (n=1) | - | 30.0 (n=1) |" in md
+    assert by_task_markdown(summarize(pd.DataFrame(_rows("full", None, "f", 1.0, 1.0, ["only"])))) == ""
