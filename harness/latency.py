@@ -42,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from harness.models import BYTES_PER_PARAM, ModelConfig, check_runnable, resources
+from harness.report import md_table
 from harness.run import _dataclass_from, config_hash, git_sha, hardware, versions
 from specprefill.core import select_tokens, token_importance
 from specprefill.plan import check_keep
@@ -257,11 +258,9 @@ def to_markdown(s: pd.DataFrame) -> str:
     cols = ["model", "backend", "batch", "length", "method", "keep_rate", "n", "ttft_median_s", "ttft_p90_s",
             "ttft_p99_s", "speculator_median_s", "selection_median_s", "speedup", "ideal_speedup", "efficiency",
             "selection_share_of_full"]  # fmt: skip
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in s[cols].itertuples(index=False):
-        cells = [f"{v:.3f}" if isinstance(v, float) and not float(v).is_integer() else str(v) for v in r]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return md_table(
+        s[cols].astype(object).map(lambda v: f"{v:.3f}" if isinstance(v, float) and not v.is_integer() else v)
+    )
 
 
 def plot(s: pd.DataFrame, path: Path) -> None:

@@ -55,6 +55,7 @@ from tqdm import tqdm
 import baselines  # noqa: F401  (registers the methods)
 from harness.benchmarks.base import Benchmark, BenchmarkConfig, build_benchmark
 from harness.models import ModelConfig, check_runnable, resources, vllm_engine_args
+from harness.report import md_table
 from harness.run import (
     _dataclass_from,
     benchmark_config,
@@ -528,11 +529,7 @@ def summarize(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
 def _md(df: pd.DataFrame) -> str:
     if df.empty:
         return "(no results)\n"
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in df.itertuples(index=False):
-        lines.append("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r) + " |")
-    return "\n".join(lines) + "\n"
+    return md_table(df.astype(object).map(lambda v: f"{v:.3f}" if isinstance(v, float) else v))
 
 
 def write_summary(folder: Path) -> pd.DataFrame:

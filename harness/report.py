@@ -15,9 +15,11 @@ import pandas as pd
 from harness.store import read_results
 
 GROUP = ["model", "benchmark", "length", "task", "method", "keep_rate"]
+# One sweep point: a row of the per-task pivot.
+POINT = ["model", "benchmark", "length", "method", "keep_rate"]
 
 
-CONFIG = ["model", "benchmark", "length", "method", "keep_rate", "_bopts", "_run", "_base"]
+CONFIG = [*POINT, "_bopts", "_run", "_base"]
 # Run-level fields that tell apart runs sharing a method and keep rate; a method is
 # compared with the full prefill run that shares them.
 RUN_KEYS = ("dtype", "backend")
@@ -28,8 +30,7 @@ def label_variants(df: pd.DataFrame) -> pd.Series:
     apart runs which would otherwise share a row (same method and keep rate, different
     look-ahead, pooling, truncation, output cap, ...)."""
     labels = df["method"].astype(str).copy()
-    keys = ["model", "benchmark", "length", "method", "keep_rate"]
-    for _, g in df.groupby(keys, dropna=False):
+    for _, g in df.groupby(POINT, dropna=False):
         runs = g.drop_duplicates("config_hash")
         if len(runs) < 2:
             continue
@@ -153,6 +154,14 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["model", "benchmark", "length", "task", "method", "keep_rate"]).reset_index(drop=True)
 
 
+def md_table(df: pd.DataFrame) -> str:
+    """``df``'s cells, as they are (``str``), as a markdown table."""
+    cols = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
 def to_markdown(summary: pd.DataFrame) -> str:
     if summary.empty:
         return "(no results)\n"
@@ -168,9 +177,7 @@ def to_markdown(summary: pd.DataFrame) -> str:
         ("keep_rate", "{:g}"),
     ):
         s[c] = s[c].map(lambda v, f=fmt: "-" if pd.isna(v) else f.format(v))
-    cols = list(s.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in s.itertuples(index=False)]
+    lines = [md_table(s).rstrip("\n")]
     if unpaired.any():
         lines += [
             "",
@@ -186,11 +193,10 @@ def score_by_task(summary: pd.DataFrame) -> pd.DataFrame:
     (length-bucket rows are left to the long table). A cell reads ``-`` where the point
     has no score for that task, and carries ``(n=K)`` where it averages fewer samples
     than the fullest point in its column (a partial or failing run)."""
-    keys = ["model", "benchmark", "length", "method", "keep_rate"]
     s = summary[~summary["task"].str.contains(" @", regex=False)]
     if s.empty:
-        return pd.DataFrame(columns=keys)
-    names = list(dict.fromkeys(s["task"]))
+        return pd.DataFrame(columns=POINT)
+    names = set(s["task"])
     tasks = sorted(t for t in names if t != "ALL" and not t.startswith("["))
     order = [*tasks, *sorted(t for t in names if t.startswith("[")), *(["ALL"] if "ALL" in names else [])]
     most = s.groupby(["model", "benchmark", "length", "task"])["n"].transform("max")
@@ -201,7 +207,7 @@ def score_by_task(summary: pd.DataFrame) -> pd.DataFrame:
         return f"{score:.1f}" + (f" (n={n})" if n < top else "")
 
     s = s.assign(_cell=[cell(a, b, c) for a, b, c in zip(s["score"], s["n"], most, strict=True)])
-    wide = s.pivot_table(index=keys, columns="task", values="_cell", aggfunc="first")
+    wide = s.pivot_table(index=POINT, columns="task", values="_cell", aggfunc="first")
     wide = wide.reindex(columns=order).fillna("-").reset_index()
     wide.columns.name = None
     return wide
@@ -210,13 +216,10 @@ def score_by_task(summary: pd.DataFrame) -> pd.DataFrame:
 def by_task_markdown(summary: pd.DataFrame) -> str:
     """``score_by_task`` as a markdown table; empty where there is one task or none."""
     wide = score_by_task(summary)
-    if len([c for c in wide.columns if c not in ("model", "benchmark", "length", "method", "keep_rate", "ALL")]) < 2:
+    if len([c for c in wide.columns if c not in (*POINT, "ALL")]) < 2:
         return ""
     wide["keep_rate"] = wide["keep_rate"].map(lambda v: "-" if pd.isna(v) else f"{v:g}")
-    cols = list(wide.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in wide.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
+    return md_table(wide)
 
 
 def plot_score_vs_keep(summary: pd.DataFrame, path: Path) -> Path | None:
