@@ -89,6 +89,15 @@ def test_make_eval_passes_overrides_through():
         assert part in line, (part, line)
     assert any("dry_run=true" in ln for ln in out.splitlines())  # everything is validated first
 
+    def run_line(*args: str) -> str:
+        out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "eval", *args], cwd=root,
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        return next(ln for ln in out.splitlines() if "harness.run" in ln and "dry_run" not in ln)
+
+    line = run_line("method=gemfilter", "keep=0.3", "args=method.position_mode=original")
+    assert line.split()[-1] == "method.position_mode=original" and "--multirun" not in line
+    assert "--multirun" in run_line("method=gemfilter", "keep=0.3", "args=method.position_mode=original,contiguous")
+
 
 def _fixture_rows(benchmark: str, tasks: list[str], out: Path) -> pd.DataFrame:
     """Full prefill and SpecPrefill (keep 0.5) on one sample per task of a fixture folder."""
