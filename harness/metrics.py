@@ -243,8 +243,46 @@ def longbench_score(
 # sample (x100 at aggregation). ``label`` is the task's ground truth after
 # :func:`infinitebench_label` (ints for math_find / math_calc, [text, letter] for the
 # choice tasks, a list of strings otherwise).
+#
+# Two versions of the official scorer, by name (the benchmark option ``scorer``):
+#
+# * ``"2024-08"`` (default): ``src/compute_scores.py`` at commit
+#   ae04ef161b0d2e99eb77c0e845630b44e655bc65 (2024-08-25), its latest change. Against
+#   2024-06 it has 214808da39f16c83c8ad35b8bba3980bc76f04a2 (2024-08-08, "fix
+#   longdialogue_qa_eng compute score error": any answer as a case-insensitive
+#   substring), ae0cdc5ef8bedf6c8e6a94a7f6f0512e2b5c4b0f (2024-08-23, PR #22 "fix
+#   code_debug task score computing", "more answer matching template for models like
+#   llama3.1": the last standalone option letter, for code_debug and
+#   longbook_choice_eng) and ae04ef1 itself (kv_retrieval takes the first label, which
+#   we always did).
+# * ``"2024-06"``: commit 88b3daa6989da2fbe0077170d7a3c84c25d5ae58 (2024-06-13), what
+#   this harness followed up to ``infinitebench-metrics-1``.
+#
+# Both versions score longbook_sum_eng alike: ``evaluate``'s rouge with
+# ``references=[label]`` and ``label`` a list, i.e. ``RougeScorer.score_multi``, the
+# best ROUGE-Lsum F over the references (metrics-1 scored only the first one, which
+# neither version does).
 
-INFINITEBENCH_METRICS_VERSION = "infinitebench-metrics-1"
+INFINITEBENCH_METRICS_VERSION = "infinitebench-metrics-2"
+
+#: Scorer name -> the OpenBMB/InfiniteBench commit whose ``src/compute_scores.py`` it follows.
+INFINITEBENCH_SCORERS: dict[str, str] = {
+    "2024-08": "ae04ef161b0d2e99eb77c0e845630b44e655bc65",
+    "2024-06": "88b3daa6989da2fbe0077170d7a3c84c25d5ae58",
+}
+INFINITEBENCH_DEFAULT_SCORER = "2024-08"
+
+
+def infinitebench_scorer(name: Any) -> str:
+    """The scorer name, checked: a clear error for anything not in :data:`INFINITEBENCH_SCORERS`."""
+    if not isinstance(name, str) or name not in INFINITEBENCH_SCORERS:
+        raise ValueError(f"InfiniteBench scorer={name!r} is unknown; allowed: {list(INFINITEBENCH_SCORERS)}")
+    return name
+
+
+def infinitebench_metrics_version(scorer: str) -> str:
+    """The metrics version string for one scorer, e.g. ``infinitebench-metrics-2+scorer-2024-08@ae04ef1``."""
+    return f"{INFINITEBENCH_METRICS_VERSION}+scorer-{scorer}@{INFINITEBENCH_SCORERS[infinitebench_scorer(scorer)][:7]}"
 
 
 def _first_int(prediction: str) -> str:
@@ -267,10 +305,11 @@ def ib_passkey(pred: str, label: Any) -> float:
 
 
 def ib_kv_retrieval(pred: str, label: Any) -> float:
-    """kv_retrieval: the value appears as a word after splitting on punctuation.
+    """kv_retrieval, both scorers: the value appears as a word after splitting on punctuation.
 
-    The official compares the whole label (a list, in its data) against the words,
-    which can never match; we take its first element, as the other tasks do."""
+    Up to 2024-06 (88b3daa) the official compared the whole label (a list, in its data)
+    against the words, which can never match; ae04ef1 (2024-08-25) takes its first
+    element, and so do we under either scorer (as metrics-1 did)."""
     label = label[0] if isinstance(label, list) else label
     return float(label in _words(pred, "\n:\"'.,?!{}"))
 
@@ -313,18 +352,44 @@ def _after_answer_prefix(
     return None
 
 
+_CODE_DEBUG_CHARS = ["\n", "`", "'", '"', "-", "*", "Option", "option"]
+_CODE_DEBUG_PREFIXES = ("answer is:", "is:", "answer:", "correct option is:")
+_CHOICE_CHARS = ["\n", '"', "'", ".", ",", "?", "!", "{", "}"]
+_CHOICE_PREFIXES = ("answer is:", "answer:", "answer is", "option is")
+
+
+def _last_letter(pred: str, letters: str) -> str | None:
+    """PR #22's regex (ae0cdc5): the first standalone letter of ``letters`` with no other
+    after it on the same line (``.`` stops at newlines, no flags), as the official."""
+    m = re.search(rf"\b[{letters}]\b(?!.*\b[{letters}]\b)", pred)
+    return None if m is None else m.group(0)
+
+
 def ib_code_debug(pred: str, label: Any) -> float:
-    """code_debug: starts with the option letter, or names it/the function after an answer prefix."""
+    """code_debug, scorer 2024-08 (ae0cdc5, PR #22): the last standalone A-J letter is the
+    answer's; else the output, with ``_CODE_DEBUG_CHARS`` blanked, starts with the letter
+    or the function name (so "Because ..." counts for B, as in the official); else the
+    answer-prefix rule of 2024-06."""
+    pred = pred.strip()
+    fn_name, letter = label[0], label[1]
+    if _last_letter(pred, "A-J") == letter:
+        return 1.0
+    squeezed = _squeeze(pred, _CODE_DEBUG_CHARS)
+    if squeezed.startswith(letter) or squeezed.startswith(fn_name):
+        return 1.0
+    found = _after_answer_prefix(squeezed, _CODE_DEBUG_CHARS, _CODE_DEBUG_PREFIXES, (letter, fn_name))
+    return 0.0 if found is None else found
+
+
+def ib_code_debug_2024_06(pred: str, label: Any) -> float:
+    """code_debug, scorer 2024-06 (88b3daa): starts with "<letter>." or "<letter>:", or
+    names the letter/the function right after an answer prefix ("The correct answer is B"
+    has none of them, so it scores 0)."""
     pred = pred.strip()
     fn_name, letter = label[0], label[1]
     if pred[:2] in (f"{letter}.", f"{letter}:"):
         return 1.0
-    found = _after_answer_prefix(
-        pred,
-        ["\n", "`", "'", '"', "-", "*", "Option", "option"],
-        ("answer is:", "is:", "answer:", "correct option is:"),
-        (letter, fn_name),
-    )
+    found = _after_answer_prefix(pred, _CODE_DEBUG_CHARS, _CODE_DEBUG_PREFIXES, (letter, fn_name))
     return 0.0 if found is None else found
 
 
@@ -344,13 +409,31 @@ def ib_math_find(pred: str, label: Any) -> float:
 
 
 def ib_longdialogue(pred: str, label: Any) -> float:
-    """longdialogue_qa_eng: the (upper-case) name appears as a word of the output."""
+    """longdialogue_qa_eng, scorer 2024-08 (214808d): any answer, upper-cased, is a
+    substring of the upper-cased output."""
+    labels = label if isinstance(label, list) else [label]
+    pred = pred.strip().upper()
+    return float(any(str(item).upper() in pred for item in labels))
+
+
+def ib_longdialogue_2024_06(pred: str, label: Any) -> float:
+    """longdialogue_qa_eng, scorer 2024-06 (88b3daa): the first answer (as given, not
+    upper-cased) is one of the upper-cased words of the output."""
     label = label[0] if isinstance(label, list) else label
     return float(label in [w.upper() for w in _words(pred.strip(), "\n:\"'.,?!{}")])
 
 
 def ib_choice(pred: str, label: Any) -> float:
-    """longbook_choice_eng: first letter, an answer prefix, or the first A-D word."""
+    """longbook_choice_eng, scorer 2024-08 (ae0cdc5, PR #22): the last standalone A-D
+    letter is the answer's; else the 2024-06 rules."""
+    if _last_letter(pred.strip(), "A-D") in label:
+        return 1.0
+    return ib_choice_2024_06(pred, label)
+
+
+def ib_choice_2024_06(pred: str, label: Any) -> float:
+    """longbook_choice_eng, scorer 2024-06 (88b3daa): first letter, an answer prefix, or
+    the first A-D word."""
     pred = pred.strip()
     if pred == "":
         return 0.0
@@ -358,11 +441,10 @@ def ib_choice(pred: str, label: Any) -> float:
         return float(pred[0] in label)
     if pred in label:
         return 1.0
-    chars = ["\n", '"', "'", ".", ",", "?", "!", "{", "}"]
-    found = _after_answer_prefix(pred, chars, ("answer is:", "answer:", "answer is", "option is"), tuple(label))
+    found = _after_answer_prefix(pred, _CHOICE_CHARS, _CHOICE_PREFIXES, tuple(label))
     if found is not None:
         return found
-    pred = _squeeze(pred, chars)
+    pred = _squeeze(pred, _CHOICE_CHARS)
     for word in pred.split():
         if word in "ABCD":
             return float(word in label)
@@ -382,11 +464,19 @@ def ib_qa_f1_zh(pred: str, label: Any) -> float:
 
 
 def ib_rouge_lsum(pred: str, label: Any) -> float:
-    """longbook_sum_eng: ROUGE-Lsum F (rouge-score, no stemming: ``evaluate``'s rouge defaults)."""
+    """longbook_sum_eng, both scorers: the best ROUGE-Lsum F over the references.
+
+    The official ``ROUGE_SCORER.compute(predictions=[pred], references=[label])`` with
+    ``label`` a list goes to rouge-score's ``RougeScorer.score_multi`` (huggingface/evaluate
+    ``metrics/rouge/rouge.py``), which keeps the reference with the highest F; no stemming
+    (``evaluate``'s default)."""
     from rouge_score import rouge_scorer
 
-    label = label[0] if isinstance(label, list) else label
-    return float(rouge_scorer.RougeScorer(["rougeLsum"], use_stemmer=False).score(label, pred)["rougeLsum"].fmeasure)
+    refs = [str(x) for x in label] if isinstance(label, list) else [str(label)]
+    if not refs:
+        raise ValueError("longbook_sum_eng: no reference summary to score against")
+    scorer = rouge_scorer.RougeScorer(["rougeLsum"], use_stemmer=False)
+    return float(scorer.score_multi(refs, pred)["rougeLsum"].fmeasure)
 
 
 def ib_math_calc(pred: str, label: Any) -> float:
@@ -417,9 +507,20 @@ INFINITEBENCH_METRICS: dict[str, Callable[[str, Any], float]] = {
     "code_debug": ib_code_debug,
 }
 
+#: Per scorer, the tasks whose parser differs from :data:`INFINITEBENCH_METRICS` (the 2024-08 one).
+_INFINITEBENCH_OVERRIDES: dict[str, dict[str, Callable[[str, Any], float]]] = {
+    "2024-08": {},
+    "2024-06": {
+        "longbook_choice_eng": ib_choice_2024_06,
+        "longdialogue_qa_eng": ib_longdialogue_2024_06,
+        "code_debug": ib_code_debug_2024_06,
+    },
+}
 
-def infinitebench_score(task: str, prediction: str, label: Any) -> float:
-    """One sample, 0-1, with the task's official parser."""
+
+def infinitebench_score(task: str, prediction: str, label: Any, scorer: str = INFINITEBENCH_DEFAULT_SCORER) -> float:
+    """One sample, 0-1, with the task's official parser in the named scorer version."""
     if task not in INFINITEBENCH_METRICS:
         raise ValueError(f"unknown InfiniteBench task {task!r}; allowed: {sorted(INFINITEBENCH_METRICS)}")
-    return float(INFINITEBENCH_METRICS[task](prediction, label))
+    fn = _INFINITEBENCH_OVERRIDES[infinitebench_scorer(scorer)].get(task, INFINITEBENCH_METRICS[task])
+    return float(fn(prediction, label))

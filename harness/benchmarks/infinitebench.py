@@ -12,6 +12,13 @@ the model's chat template; output lengths are capped by the runner so prompt + o
 fit the model's window (math_calc asks for 30000 tokens). Labels from the hub's
 all-string schema are converted to the official types (ints for math, [text, letter]
 for the choice tasks).
+
+``scorer`` picks the version of the official ``src/compute_scores.py`` that scores the
+outputs (see :data:`harness.metrics.INFINITEBENCH_SCORERS`): ``"2024-08"`` (default,
+OpenBMB/InfiniteBench commit ae04ef161b0d2e99eb77c0e845630b44e655bc65, with PR #22's
+answer templates for Llama-3.1-style answers such as "The correct answer is B") or
+``"2024-06"`` (commit 88b3daa6989da2fbe0077170d7a3c84c25d5ae58). It is in the options
+(so in the run id and every row's ``benchmark_options``) and in ``metrics_version``.
 """
 
 from __future__ import annotations
@@ -22,7 +29,13 @@ from typing import Any
 
 from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
 from harness.benchmarks.data import Source, load_rows, split_parts
-from harness.metrics import INFINITEBENCH_METRICS_VERSION, infinitebench_score
+from harness.metrics import (
+    INFINITEBENCH_DEFAULT_SCORER,
+    INFINITEBENCH_METRICS_VERSION,
+    infinitebench_metrics_version,
+    infinitebench_score,
+    infinitebench_scorer,
+)
 from harness.types import PromptFormat, Sample
 
 VERSION = f"infinitebench-1+{INFINITEBENCH_METRICS_VERSION}"
@@ -112,13 +125,13 @@ def truncate_by_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
 
 @register_benchmark
 class InfiniteBench(Benchmark):
-    """Options: ``truncate_len``, ``chat``, ``data_dir``, ``hub_id``, ``revision``."""
+    """Options: ``truncate_len``, ``chat``, ``data_dir``, ``hub_id``, ``revision``, ``scorer``."""
 
     name = "infinitebench"
     version = VERSION
     metrics_version = INFINITEBENCH_METRICS_VERSION
     all_tasks = TASKS
-    allowed_options = ("truncate_len", "chat", "data_dir", "hub_id", "revision")
+    allowed_options = ("truncate_len", "chat", "data_dir", "hub_id", "revision", "scorer")
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
@@ -133,13 +146,18 @@ class InfiniteBench(Benchmark):
         self.data_dir = opts.get("data_dir")
         self.hub_id = str(opts.get("hub_id") or "xinrongzhang2022/InfiniteBench")
         self.revision = opts.get("revision")
+        scorer = opts.get("scorer")
+        self.scorer = infinitebench_scorer(INFINITEBENCH_DEFAULT_SCORER if scorer is None else scorer)
+        # Per run, not per class: the scorer is an option. (``Benchmark`` declares it a
+        # ClassVar; run.py reads it from the instance.)
+        self.metrics_version = infinitebench_metrics_version(self.scorer)  # type: ignore[misc]
 
     def check_model(self, max_context: int) -> None:
         """Prompts are truncated to the model's max input length, so any window works."""
 
     def options(self) -> dict[str, Any]:
         return {**super().options(), "truncate_len": self.truncate_len, "chat": self.chat, "hub_id": self.hub_id,
-                "revision": self.revision}  # fmt: skip
+                "revision": self.revision, "scorer": self.scorer}  # fmt: skip
 
     def source(self, task: str) -> Source:
         return Source(self.hub_id, None, task, self.revision, self.data_dir, task)
@@ -187,4 +205,4 @@ class InfiniteBench(Benchmark):
         )
 
     def score(self, sample: Sample, prediction: str) -> float:
-        return 100.0 * infinitebench_score(sample.task, prediction, json.loads(sample.label_json))
+        return 100.0 * infinitebench_score(sample.task, prediction, json.loads(sample.label_json), self.scorer)
