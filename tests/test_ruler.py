@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import collections
+import hashlib
+import json
+import os
 import random
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,42 +30,123 @@ def generated(tok_info):
     return {t: ruler.generate(t, 4096, 2, tok_info.fmt, tok_info.count) for t in ruler.TASKS}
 
 
+# RULER's 13 tasks (synthetic.yaml), with the official tokens to generate and metric of each
+# task's kind (constants.py). Written out here, not read from the module under test.
+NIAH = (128, "string_match_all")
+EXPECTED_TASKS = {
+    "niah_single_1": NIAH,
+    "niah_single_2": NIAH,
+    "niah_single_3": NIAH,
+    "niah_multikey_1": NIAH,
+    "niah_multikey_2": NIAH,
+    "niah_multikey_3": NIAH,
+    "niah_multivalue": NIAH,
+    "niah_multiquery": NIAH,
+    "vt": (30, "string_match_all"),
+    "cwe": (120, "string_match_all"),
+    "fwe": (50, "string_match_all"),
+    "qa_1": (32, "string_match_part"),
+    "qa_2": (32, "string_match_part"),
+}
+
+
 def test_all_13_tasks(generated):
-    assert len(ruler.TASKS) == 13 and set(generated) == set(ruler.TASKS)
+    assert list(ruler.TASKS) == list(EXPECTED_TASKS)
+    for task, samples in generated.items():
+        assert [(s.benchmark, s.task, s.sample_id, s.length) for s in samples] == [
+            ("ruler", task, 0, 4096),
+            ("ruler", task, 1, 4096),
+        ]
 
 
-@pytest.mark.parametrize("task", list(ruler.TASKS))
+@pytest.mark.parametrize("task", list(EXPECTED_TASKS))
 def test_sample_shape_and_budget(task, generated, tok_info):
+    tokens_to_generate, metric = EXPECTED_TASKS[task]
     for s in generated[task]:
-        kind = ruler.TASKS[task][0]
         assert (
             s.prompt == tok_info.fmt.head + s.instruction + s.context + s.question + tok_info.fmt.tail + s.answer_prefix
         )
-        assert s.max_new_tokens == ruler.TASK_TEMPLATES[kind]["tokens_to_generate"]
+        assert s.max_new_tokens == tokens_to_generate
         n = tok_info.count(s.prompt)
-        budget = 4096 - (s.max_new_tokens if kind != "freq_words_extraction" else 0)
+        # fwe's official budget does not reserve the tokens to generate
+        budget = 4096 - (tokens_to_generate if task != "fwe" else 0)
         assert n <= budget
         assert n > 0.4 * 4096, f"{task} prompt of {n} tokens is far below the length"
         assert s.references and all(isinstance(r, str) and r for r in s.references)
-        assert s.metric == ("string_match_part" if kind == "qa" else "string_match_all")
+        assert s.metric == metric
+
+
+def _digest(samples) -> str:
+    return hashlib.sha256(
+        json.dumps([[s.prompt, list(s.references), list(s.spans)] for s in samples]).encode()
+    ).hexdigest()
+
+
+_OTHER_PROCESS = """
+import json, sys
+from transformers import AutoTokenizer
+from harness.benchmarks import ruler
+from harness.models import smollm2_dir
+from harness.types import PromptFormat
+from tests.test_ruler import _digest
+tok = AutoTokenizer.from_pretrained(smollm2_dir())
+fmt = PromptFormat.from_tokenizer(tok, chat=True)
+count = lambda s: len(tok(s, add_special_tokens=False).input_ids)
+print(json.dumps({t: _digest(ruler.generate(t, 4096, 2, fmt, count)) for t in sys.argv[1:]}))
+"""
 
 
 def test_generation_is_deterministic(tok_info, generated):
     again = ruler.generate("niah_multikey_1", 4096, 2, tok_info.fmt, tok_info.count)
     assert again == generated["niah_multikey_1"]
+    # Cached sets are reused across processes: another process, with another string-hash
+    # seed (set iteration order), must generate the same samples.
+    tasks = ["niah_multikey_1", "cwe", "fwe", "qa_2"]
+    seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", _OTHER_PROCESS, *tasks], cwd=root, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONHASHSEED": seed}, check=True).stdout  # fmt: skip
+    assert json.loads(out.splitlines()[-1]) == {t: _digest(generated[t]) for t in tasks}
 
 
-@pytest.mark.parametrize("task", [t for t in ruler.TASKS if t.startswith("niah")])
+NUMBER = r"\d{7}"
+UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+WORDS = r"[^\n]+?-[^\n]+?"  # adjective-noun (wonderwords: some hold spaces, hyphens, accents)
+# task: (needles, references, haystack, key pattern, value pattern), from synthetic.yaml
+NIAH_TASKS = {
+    "niah_single_1": (1, 1, "repeat", WORDS, NUMBER),
+    "niah_single_2": (1, 1, "essay", WORDS, NUMBER),
+    "niah_single_3": (1, 1, "essay", WORDS, UUID),
+    "niah_multikey_1": (4, 1, "essay", WORDS, NUMBER),
+    "niah_multikey_2": (1, 1, "needle", WORDS, NUMBER),
+    "niah_multikey_3": (1, 1, "needle", UUID, UUID),
+    "niah_multivalue": (4, 4, "essay", WORDS, NUMBER),
+    "niah_multiquery": (4, 4, "essay", WORDS, NUMBER),
+}
+
+
+@pytest.mark.parametrize("task", list(NIAH_TASKS))
 def test_niah_needles_are_in_the_context_and_spans_point_at_them(task, generated):
-    args = ruler.TASKS[task][1]
+    n_needles, n_refs, haystack, key_re, value_re = NIAH_TASKS[task]
+    kind = "uuids" if value_re == UUID else "numbers"
     for s in generated[task]:
         needles = [s.prompt[a:b] for a, b in s.spans]
-        n_needles = max(args["num_needle_k"], args["num_needle_q"]) * args["num_needle_v"]
-        assert len(needles) == n_needles
-        assert all(re.fullmatch(r"One of the special magic \w+ for [\w-]+ is: [\w-]+\.", x) for x in needles)
-        for ref in s.references:
-            assert any(ref in x for x in needles)
+        assert len(needles) == n_needles and len(s.references) == n_refs
+        needle = rf"One of the special magic {kind} for ({key_re}) is: ({value_re})\."
+        parsed = [re.fullmatch(needle, x) for x in needles]
+        assert all(parsed), needles
         assert all(s.context.count(x) == 1 for x in needles)
+        # the answers are exactly the values of the needles whose key the question asks for
+        asked = [m[2] for m in parsed if m[1] in s.question]
+        assert sorted(asked) == sorted(s.references), (s.question, needles)
+        lines = s.context.split("\n")
+        if haystack == "repeat":  # one noise sentence a line, the needles between them
+            noise = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+            assert lines.count(noise) == len(lines) - n_needles and len(lines) > 50
+        elif haystack == "needle":  # the haystack is distractor needles, one a line
+            assert all(re.fullmatch(needle, x) for x in lines) and len(lines) > 20
+        else:
+            assert "The grass is green" not in s.context and s.context.count("One of the special magic") == n_needles
 
 
 def test_single_needle_wording_and_answer_prefix(generated):
@@ -78,6 +166,7 @@ def test_vt_chain_and_icl(generated):
     assert chain[0].startswith(f"VAR {s.references[0]} = ")
     assert chain[1:] == [f"VAR {s.references[j + 1]} = VAR {s.references[j]}" for j in range(4)]
     value = chain[0].split("= ")[1]
+    assert re.fullmatch(r"\d{5}", value)
     assert s.question.endswith(f"assigned the value {value} in the text above.")
     # The few-shot example (3-letter variables) comes before the task text.
     assert s.instruction.startswith(" Memorize and track") and s.instruction.count("Memorize and track") == 2
@@ -95,8 +184,12 @@ def test_qa_gold_document_is_in_the_context(generated):
 def test_cwe_and_fwe(generated):
     c = generated["cwe"][0]
     assert len(c.references) == 10
-    words = re.findall(r"\d+\. (\S+)", c.context)
-    assert all(words.count(w) == 30 for w in c.references)  # freq_cw=30 at >= 4K
+    numbers, words = zip(*re.findall(r"(\d+)\. (\S+)", c.context), strict=True)
+    assert [int(x) for x in numbers] == list(range(1, len(words) + 1))
+    counts = collections.Counter(words)
+    # freq_cw=30, freq_ucw=3 at >= 4K: the 10 answers 30 times each, every other word 3 times
+    assert {w: counts[w] for w in c.references} == dict.fromkeys(c.references, 30)
+    assert set(counts.values()) - {30} == {3} and sum(v == 30 for v in counts.values()) == 10
     f = generated["fwe"][0]
     toks = f.context.split()
     counts = {w: toks.count(w) for w in set(toks)}
@@ -107,18 +200,33 @@ def test_cwe_and_fwe(generated):
 def test_prefix_sentences_equal_direct_sent_tokenize():
     words = ruler.essay_words()
     ps = ruler.essay_sentences()
-    for n in [*random.Random(1).sample(range(1, 20000), 25), 1, 2, len(words)]:
-        if n == len(words):
-            continue  # the whole essay takes seconds to split directly
+    for n in [*random.Random(1).sample(range(1, 20000), 25), 1, 2, len(words) - 1]:
         assert ps(n) == sent_tokenize(" ".join(words[:n]).strip()), n
+    whole = sent_tokenize(" ".join(words).strip())  # the whole essay: about two seconds
+    assert len(whole) > 30000
+    assert ps(len(words)) == whole and ps(len(words) + 7) == whole
+    assert ps(0) == [] and ps(-3) == []
 
 
 def test_largest_fitting_is_the_linear_answer():
-    for limit in (1, 2, 7, 100, 1000, 12345):
-        for cap in (None, 50, 20000):
-            got = ruler._largest_fitting(lambda n, lim=limit: n <= lim, 1, cap)
-            expected = min(limit, cap) if cap else limit
-            assert got == expected, (limit, cap)
+    for lo in (1, 3):
+        for limit in (3, 4, 7, 100, 1000, 12345) if lo == 3 else (1, 2, 7, 100, 1000, 12345):
+            for cap in (None, 50, 20000):
+                probes: list[int] = []
+
+                def fits(n: int, lim: int = limit, probes: list[int] = probes) -> bool:
+                    probes.append(n)
+                    return n <= lim
+
+                got = ruler._largest_fitting(fits, lo, cap)
+                linear = max(n for n in range(lo, (cap or 30000) + 1) if n <= limit)  # a linear scan
+                assert got == linear, (lo, limit, cap)
+                # O(log n) probes, none beyond [lo, cap] or above twice the answer
+                assert len(probes) <= 2 * got.bit_length() + 2, (lo, limit, cap, probes)
+                assert all(lo <= p <= min(cap or p, max(2 * got, lo)) for p in probes), (lo, limit, cap, probes)
+    # nothing fits: the lower bound, after one probe
+    probes = []
+    assert ruler._largest_fitting(lambda n: probes.append(n) or False, 5, 100) == 5 and probes == [5]
 
 
 def test_benchmark_validation():
@@ -133,11 +241,27 @@ def test_benchmark_validation():
 
 def test_cache_roundtrip(tmp_path, monkeypatch, tok_info):
     monkeypatch.setenv("SPECPREFILL_CACHE", str(tmp_path))
+    direct = ruler.generate("niah_single_1", 2048, 4, tok_info.fmt, tok_info.count)
+    calls = []
+    real_generate = ruler.generate
+
+    def generate(*args, **kwargs):
+        calls.append(args[:3])
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(ruler.cache, "generate", generate)  # what the cache calls
     first = ruler.cached_samples("niah_single_1", 2048, 3, tok_info)
+    assert first == direct[:3] and calls == [("niah_single_1", 2048, 3)]
     files = list((tmp_path / "ruler").glob("*.parquet"))
     assert len(files) == 1
+    # read back from the file, not generated again
     assert ruler.cached_samples("niah_single_1", 2048, 2, tok_info) == first[:2]
     assert ruler.cached_samples("niah_single_1", 2048, 3, tok_info) == first
+    assert len(calls) == 1
+    # more samples than the file holds: generated again, and the file replaced
+    assert ruler.cached_samples("niah_single_1", 2048, 4, tok_info) == direct
+    assert calls[1:] == [("niah_single_1", 2048, 4)]
+    assert ruler.cached_samples("niah_single_1", 2048, 4, tok_info) == direct and len(calls) == 2
     other = TokenizerInfo(id="another", count=tok_info.count, fmt=PromptFormat("base"))
     ruler.cached_samples("niah_single_1", 2048, 1, other)
     assert len(list((tmp_path / "ruler").glob("*.parquet"))) == 2  # keyed by tokenizer and format
