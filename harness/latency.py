@@ -1,25 +1,30 @@
-"""TTFT grid (``make latency``): full prefill and SpecPrefill side by side, batch x length.
+"""TTFT grid (``make latency``): any registered method beside the reference, batch x length.
 
-For every grid point (``batch`` prompts of ``length`` tokens) and iteration, the same
-process measures full prefill and SpecPrefill at each keep rate, interleaved, on fresh
-random prompts (distinct per iteration: nothing can be reused). TTFT counts everything
-up to the first token's logits: for SpecPrefill the speculator's prefill and look-ahead,
-scoring and top-k selection, and the base model's prefill of the kept tokens at their
-original positions. The parts are also recorded alone. Warm-up iterations are recorded
-and flagged, and left out of the statistics (median, p90, p99).
+One job = one method (with its options) and the reference method (config ``reference``,
+full prefill by default), measured side by side in one process: for every grid point
+(``batch`` prompts of ``length`` tokens) and iteration, both plan the *same* fresh
+prompts through :meth:`Method.plan_batch` (the eval's path) and the backend prefills the
+plans (:meth:`Backend.prefill`) up to the first token. TTFT counts everything up to the
+first token's logits: the method's own cost (SpecPrefill: speculator prefill and
+look-ahead, scoring, top-k; RAG: retrieval; GemFilter: the early layers) and the base
+model's prefill of what it kept. Warm-up iterations are recorded, flagged and left out
+of the statistics. ``conf/latency.yaml`` runs in multirun mode: ``method=a,b keep=x,y``
+sweeps jobs, each with its own reference measurement, so every ratio is side by side.
+
+Prompts: random token ids where both methods choose among prompt tokens (``scope``
+``prompt``: they need no text); benchmark prompts (RULER ``prompt_task`` at the grid
+length, generated offline) where a method rewrites the context or needs the question.
+Each row says which (``prompt_source``).
 
 Prefix caching: the transformers backend starts every prefill from an empty
-``DynamicCache`` — there is no prefix cache to disable. The vLLM backend disables it and
-asserts so at engine start: with repeated prompts a prefix cache would measure the
-cache, not the prefill (and with SpecPrefill's original positions it would be wrong).
-On vLLM the speculator runs on transformers in this process and the base prefill is
-timed as one ``generate`` call of the whole batch with one output token each.
+``DynamicCache`` (there is no prefix cache to disable); the vLLM backend disables it and
+asserts so at engine start: a prefix cache would measure the cache, not the prefill.
 
-Ideal speedup (:func:`prefill_flops`): matmul FLOPs of the linear layers (all prompt
-tokens, LM head on the last token only) plus causal attention (QK^T and AV over the
-token pairs), for the base on N tokens versus the speculator on N tokens (+ look-ahead
-steps) plus the base on K kept tokens (kept tokens attend to kept tokens only).
-Efficiency = measured speedup / ideal speedup, per grid point and keep rate.
+Ideal speedup (:mod:`specprefill.flops`): the reference's FLOPs over the method's (the
+model calls it made through the backend, counted by ``Backend.method_flops``, plus the
+base prefill of the kept tokens, which attend to kept tokens only). It is NaN for
+methods that rewrite the text (their compressor runs outside the backend).
+Efficiency = measured speedup / ideal speedup.
 
 Models may be randomly initialised with real shapes (``conf/model/synth*.yaml``): prefill
 compute does not depend on the weights; the rows say ``model_weights=random``.
@@ -29,92 +34,59 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
+import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import hydra
-import numpy as np
-import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
+from omegaconf import DictConfig
+from tqdm.auto import tqdm
 
+import baselines  # noqa: F401  (registers the baseline methods)
+from harness import report
+from harness.backends import make_backend
+from harness.benchmarks.base import BenchmarkConfig, build_benchmark
+from harness.config import (
+    LatencySchema,
+    check_backend,
+    check_keys,
+    config_hash,
+    container,
+    method_conf,
+    method_spec,
+    model_from,
+    model_identity,
+)
 from harness.models import BYTES_PER_PARAM, ModelConfig, check_runnable, resources
-from harness.report import md_table
-from harness.run import _dataclass_from, config_hash, git_sha, hardware, versions
-from specprefill.core import select_tokens, token_importance
-from specprefill.plan import check_keep
+from harness.prompts import random_prompts, sample_prompt
+from harness.provenance import provenance
+from harness.store import RunStore, method_columns, record
+from specprefill.flops import Shape, causal_pairs, prefill_flops
+from specprefill.plan import Backend, Method, Plan, Prompt, Unsupported, build_method, check_choice
 
-# --------------------------------------------------------------------------- FLOPs model
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What the FLOPs model needs of a Llama-style decoder."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-
-    @classmethod
-    def of(cls, config: Any) -> Shape:
-        hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return cls(config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
-                   config.num_key_value_heads, hd, config.intermediate_size, config.vocab_size)  # fmt: skip
-
-    @property
-    def linear_per_token(self) -> int:
-        """Multiply-add FLOPs (x2) of one token through every layer's projections and MLP."""
-        d, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return self.layers * 2 * (d * q + 2 * d * kv + q * d + 3 * d * self.intermediate)
-
-    @property
-    def attention_per_pair(self) -> int:
-        """FLOPs of one (query, key) pair in every layer: QK^T and AV, all heads."""
-        return self.layers * 4 * self.heads * self.head_dim
-
-
-def prefill_flops(shape: Shape, tokens: int, pairs: int) -> int:
-    """One sequence: ``tokens`` through the linear layers, ``pairs`` attention pairs, LM head once."""
-    return tokens * shape.linear_per_token + pairs * shape.attention_per_pair + 2 * shape.hidden * shape.vocab
-
-
-def causal_pairs(n: int) -> int:
-    return n * (n + 1) // 2
-
-
-def ideal(base: Shape, spec: Shape, n: int, k: int, lookahead: int) -> tuple[int, int, float]:
-    """(full FLOPs, SpecPrefill FLOPs, ideal speedup) for one prompt of ``n`` tokens keeping ``k``."""
-    full = prefill_flops(base, n, causal_pairs(n))
-    speculator = prefill_flops(spec, n, causal_pairs(n))
-    for step in range(lookahead - 1):  # look-ahead decode steps: one token attending to n + step + 1
-        speculator += prefill_flops(spec, 1, n + step + 1)
-    method = speculator + prefill_flops(base, k, causal_pairs(k))
-    return full, method, full / method
-
-
-# --------------------------------------------------------------------------- config
+PROMPTS = ("auto", "random", "benchmark")
 
 
 @dataclass(frozen=True)
 class LatencyConfig:
     model: ModelConfig
+    method_name: str
+    method_options: dict[str, Any]
+    reference_name: str
+    reference_options: dict[str, Any]
     grid: tuple[tuple[int, int], ...]  # (batch, length)
-    keeps: tuple[float, ...]
-    lookahead: int = 1
-    pool_kernel: int | None = 13
-    chunk_size: int | None = 32
     warmup: int = 1
     iters: int = 3
     seed: int = 0
     out: Path = Path("results/latency")
     backend: str = "transformers"
+    prompts: str = "auto"
+    prompt_task: str = "qa_1"
 
     def __post_init__(self) -> None:
         if not self.grid:
@@ -122,63 +94,119 @@ class LatencyConfig:
         for point in self.grid:
             if len(point) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in point):
                 raise ValueError(f"grid point {list(point)!r} is invalid; allowed: [batch >= 1, length >= 1]")
-            if point[1] + self.lookahead - 1 > self.model.max_context:
-                raise ValueError(
-                    f"grid length {point[1]} (+{self.lookahead - 1} look-ahead tokens) is beyond the model's context window "
-                    f"({self.model.max_context} tokens)"
-                )
-        if not self.keeps:
-            raise ValueError("keeps is empty; give e.g. [0.1, 0.3, 0.5]")
-        for k in self.keeps:
-            check_keep(k)
-        if self.model.speculator is None:
-            raise ValueError(f"model {self.model.name!r} has no speculator; SpecPrefill latency needs one")
-        if self.warmup < 0 or self.iters < 1:
-            raise ValueError(f"warmup={self.warmup}, iters={self.iters}; allowed: warmup >= 0, iters >= 1")
-        if self.backend not in ("transformers", "vllm"):
-            raise ValueError(f"backend={self.backend!r}; allowed: ['transformers', 'vllm']")
+        for name in ("warmup", "iters", "seed"):
+            v = getattr(self, name)
+            low = 1 if name == "iters" else 0
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name}={v!r}; allowed: int >= {low}")
+        check_backend(self.backend)
+        check_choice("prompts", self.prompts, PROMPTS)
 
     @classmethod
     def from_hydra(cls, cfg: DictConfig) -> LatencyConfig:
-        d: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+        c = container(cfg)
+        check_keys(c, LatencySchema)
+        name, options = method_spec(c["method"])
+        ref_name, ref_options = method_conf(str(c["reference"]), float(c["keep"]), int(c["lookahead"]))
+        grid = c["grid"]
+        if not isinstance(grid, list) or not all(isinstance(p, list) for p in grid):
+            raise ValueError(f"grid={grid!r} is invalid; allowed: a list of [batch, length] pairs, e.g. [[1,4096]]")
         return cls(
-            model=_dataclass_from(ModelConfig, dict(d["model"]), "model config"),
-            grid=tuple((int(p[0]), int(p[1])) if len(p) == 2 else tuple(p) for p in d["grid"]),  # type: ignore[misc]
-            keeps=tuple(float(k) for k in d["keeps"]),
-            lookahead=int(d["lookahead"]),
-            pool_kernel=d["pool_kernel"],
-            chunk_size=d["chunk_size"],
-            warmup=int(d["warmup"]),
-            iters=int(d["iters"]),
-            seed=int(d["seed"]),
-            out=Path(d["out"]),
-            backend=str(d["backend"]),
+            model=model_from(c),
+            method_name=name,
+            method_options=options,
+            reference_name=ref_name,
+            reference_options=ref_options,
+            grid=tuple(tuple(p) for p in grid),  # type: ignore[misc]
+            warmup=c["warmup"],
+            iters=c["iters"],
+            seed=c["seed"],
+            out=Path(str(c["out"])),
+            backend=str(c["backend"]),
+            prompts=str(c["prompts"]),
+            prompt_task=str(c["prompt_task"]),
         )
 
-    def identity(self) -> str:
-        d = dataclasses.asdict(self)
-        d.pop("out")
-        return config_hash(d)
 
-    def folder(self) -> Path:
-        return self.out / self.model.name / f"latency-{self.backend}-{self.identity()}"
+@dataclass(frozen=True)
+class LatencyJob:
+    cfg: LatencyConfig
+    method: Method
+    reference: Method
+    #: ``random``, or ``ruler/<task>`` (benchmark prompts at each grid length).
+    prompt_source: str
+    config_hash: str
+    folder: Path
+
+    @property
+    def methods(self) -> list[Method]:
+        """The reference first, then the method (once, when it is the reference itself)."""
+        same = self.method.name == self.reference.name and self.method.options() == self.reference.options()
+        return [self.reference] if same else [self.reference, self.method]
 
 
-def plan_text(cfg: LatencyConfig) -> str:
+def prepare(cfg: LatencyConfig) -> LatencyJob:
+    """Validate everything that can be validated without loading anything."""
+    method = build_method(cfg.method_name, cfg.method_options)
+    reference = build_method(cfg.reference_name, cfg.reference_options)
+    methods = [reference, method]
+    for m in methods:
+        if m.needs_speculator and cfg.model.speculator is None:
+            raise ValueError(f"method {m.name!r} needs a speculator, but model {cfg.model.name!r} has speculator: null")
+    lookahead = max(int(m.options().get("lookahead", 1)) for m in methods)
+    for _, n in cfg.grid:
+        if n + lookahead - 1 > cfg.model.max_context:
+            raise ValueError(
+                f"grid length {n} (+{lookahead - 1} look-ahead tokens) is beyond the model's context window "
+                f"({cfg.model.max_context} tokens)"
+            )
+    needs_text = [m.name for m in methods if m.scope != "prompt"]
+    if cfg.prompts == "random" and needs_text:
+        raise ValueError(
+            f"prompts=random: method(s) {needs_text} rewrite the context or need the question, which random token "
+            f"ids do not have; allowed: prompts=benchmark (or auto)"
+        )
+    source = "random"
+    if (needs_text and cfg.prompts == "auto") or cfg.prompts == "benchmark":
+        source = f"ruler/{cfg.prompt_task}"
+        for _, n in cfg.grid:  # the benchmark refuses a task or length it cannot generate
+            build_benchmark(BenchmarkConfig(name="ruler", length=n, tasks=(cfg.prompt_task,))).check_model(
+                cfg.model.max_context
+            )
+    identity = {
+        "model": model_identity(cfg.model),
+        "method": {"name": method.name, **method.options()},
+        "reference": {"name": reference.name, **reference.options()},
+        "backend": cfg.backend,
+        "prompts": source,
+        "timing": {"warmup": cfg.warmup, "iters": cfg.iters, "seed": cfg.seed},
+    }
+    h = config_hash(identity)  # the grid is not part of it: a run extends point by point
+    folder = cfg.out / cfg.model.name / f"latency-{cfg.backend}" / f"{method.name}-{h}"
+    return LatencyJob(cfg=cfg, method=method, reference=reference, prompt_source=source, config_hash=h, folder=folder)
+
+
+def validate(cfg: DictConfig) -> Path:
+    """Build one sweep point's job, loading nothing, and return its run folder (the
+    validating sweeper calls this, and runs each folder once)."""
+    return prepare(LatencyConfig.from_hydra(cfg)).folder
+
+
+def plan_text(job: LatencyJob) -> str:
     """What a run would do and need, without loading anything (``dry_run=true``)."""
-    m = cfg.model
-    shape = m.shape
+    c, m = job.cfg, job.cfg.model
+    names = " vs ".join(f"{x.name} {json.dumps(x.options())}" for x in reversed(job.methods))
     lines = [
-        f"latency plan: model {m.name} ({m.weights} weights, {m.dtype}), speculator {m.speculator}, backend {cfg.backend}",
-        f"  SpecPrefill: keeps {list(cfg.keeps)}, lookahead {cfg.lookahead}, pool {cfg.pool_kernel}, chunk {cfg.chunk_size}",
-        f"  {cfg.warmup} warm-up + {cfg.iters} timed iterations per point; each: full + {len(cfg.keeps)} keep rates",
-        f"  {resources(m, cfg.backend)}; this machine: {'cuda' if torch.cuda.is_available() else 'cpu'}",
-        f"  results: {cfg.folder()}",
+        f"[latency plan] {m.name} ({m.weights} weights, {m.dtype}), speculator {m.speculator}, backend {c.backend}",
+        f"  {names}; prompts {job.prompt_source}",
+        f"  {c.warmup} warm-up + {c.iters} timed iterations per point, methods interleaved on the same prompts",
+        f"  {resources(m, c.backend)}; this machine: {'cuda' if torch.cuda.is_available() else 'cpu'}",
+        f"  results: {job.folder}",
     ]
-    for b, n in cfg.grid:
+    for b, n in c.grid:
         kv = ""
-        if shape:
-            per_tok = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"]
+        if m.shape:
+            per_tok = 2 * m.shape["num_hidden_layers"] * m.shape["num_key_value_heads"] * m.shape["head_dim"]
             kv = f", base KV cache {b * n * per_tok * BYTES_PER_PARAM[m.dtype] / 2**30:.2f} GiB"
         lines.append(f"  point batch={b} length={n} ({b * n} tokens){kv}")
     return "\n".join(lines)
@@ -187,160 +215,153 @@ def plan_text(cfg: LatencyConfig) -> str:
 # --------------------------------------------------------------------------- measurement
 
 
-def _stats(x: pd.Series) -> dict[str, float]:
-    a = x.to_numpy(dtype=float)
-    return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
+class PromptSource:
+    """Fresh prompts for every iteration of a grid point: random ids, or benchmark samples."""
+
+    def __init__(self, job: LatencyJob, backend: Backend, batch: int, length: int) -> None:
+        self.job, self.backend, self.batch, self.length = job, backend, batch, length
+        self.gen = torch.Generator().manual_seed(job.cfg.seed * 1_000_003 + batch * 7919 + length)
+        self.samples: list[Prompt] = []
+        if job.prompt_source != "random":
+            from harness.run import benchmark_samples
+
+            iters = job.cfg.warmup + job.cfg.iters
+            bench = build_benchmark(
+                BenchmarkConfig(name="ruler", length=length, tasks=(job.cfg.prompt_task,), limit=batch * iters)
+            )
+            tok, samples = benchmark_samples(job.cfg.model, bench)
+            self.samples = [sample_prompt(s, tok)[0] for s in samples]
+
+    def prompts(self, iteration: int) -> list[Prompt]:
+        if self.job.prompt_source == "random":
+            vocab = min(len(self.backend.tokenizer), Shape.of(self.backend.base_config).vocab)
+            return random_prompts(self.batch, self.length, vocab, self.gen)
+        return self.samples[iteration * self.batch : (iteration + 1) * self.batch]
 
 
-def measure_point(cfg: LatencyConfig, backend: Any, batch: int, length: int, common: dict[str, Any]) -> list[dict]:
-    """All iterations of one grid point; rows for full prefill and every keep rate."""
-    base_shape = Shape.of(backend.base_config)
-    spec = getattr(backend, "speculator_backend", None) or backend  # vLLM: the speculator runs on transformers
-    spec_shape = Shape.of(spec.speculator.config)
-    vocab = min(len(backend.tokenizer), base_shape.vocab, spec_shape.vocab)
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + batch * 7919 + length)
-    rows: list[dict] = []
-    for it in tqdm(range(cfg.warmup + cfg.iters), desc=f"batch {batch} x {length}", unit="iter", leave=False):
-        ids = torch.randint(0, vocab, (batch, length), generator=gen)  # fresh prompts every iteration
-        point = {**common, "batch": batch, "length": length, "iteration": it, "warmup": it < cfg.warmup}
-        positions = torch.arange(length).unsqueeze(0).expand(batch, length)
-        full_s = backend.prefill_batch(ids, positions)
-        f_full, _, _ = ideal(base_shape, spec_shape, length, length, 1)
-        rows.append({**point, "method": "full", "keep_rate": 1.0, "kept_tokens": length, "ttft_s": full_s,
-                     "speculator_s": 0.0, "selection_s": 0.0, "base_prefill_s": full_s,
-                     "flops_full": f_full, "flops_method": f_full, "ideal_speedup": 1.0})  # fmt: skip
-        for keep in cfg.keeps:
-            t0 = time.perf_counter()
-            caps = backend.speculate_batch(ids, cfg.lookahead)
-            t1 = time.perf_counter()
-            kept = [
-                select_tokens(token_importance(c.queries, c.keys, cfg.pool_kernel), keep, cfg.chunk_size) for c in caps
-            ]
-            t2 = time.perf_counter()
-            k = min(int(x.shape[0]) for x in kept)  # equal lengths give equal K; guard anyway
-            kept_t = torch.stack([x[:k] for x in kept])
-            base_s = backend.prefill_batch(torch.gather(ids, 1, kept_t), kept_t)  # original positions
-            f_full, f_method, ideal_speedup = ideal(base_shape, spec_shape, length, k, cfg.lookahead)
-            rows.append({**point, "method": "specprefill", "keep_rate": keep, "kept_tokens": k,
-                         "ttft_s": (t2 - t0) + base_s, "speculator_s": t1 - t0, "selection_s": t2 - t1,
-                         "base_prefill_s": base_s, "flops_full": f_full, "flops_method": f_method,
-                         "ideal_speedup": ideal_speedup})  # fmt: skip
+def flops(base: Shape, prompts: Sequence[Prompt], plans: Sequence[Plan], overhead: int) -> tuple[int, float]:
+    """(reference FLOPs, method FLOPs) of one batch: full prefill of every prompt, against
+    the method's own model calls plus the base prefill of each plan (NaN for text rewrites)."""
+    full = sum(prefill_flops(base, p.n, causal_pairs(p.n)) for p in prompts)
+    if any(p.kept_indices is None for p in plans):
+        return full, math.nan
+    return full, float(overhead + sum(prefill_flops(base, p.k, causal_pairs(p.k)) for p in plans))
+
+
+def measure(method: Method, prompts: list[Prompt], backend: Backend) -> dict[str, Any]:
+    """Plan ``prompts`` with ``method`` and prefill the plans: the measured fields of a row."""
+    backend.method_flops = 0
+    t0 = time.perf_counter()
+    plans = method.plan_batch(prompts, backend)
+    method_s = time.perf_counter() - t0
+    overhead = backend.method_flops
+    base_s = backend.prefill(plans)
+    parts: dict[str, float] = {}
+    for p in plans:
+        for k, v in p.timings.items():
+            parts[k] = parts.get(k, 0.0) + float(v)
+    f_full, f_method = flops(Shape.of(backend.base_config), prompts, plans, overhead)
+    mean_n = sum(p.n for p in prompts) / len(prompts)
+    mean_k = sum(p.k for p in plans) / len(plans)
+    return {
+        "prompt_tokens": mean_n,
+        "kept_tokens": mean_k,
+        "kept_fraction": mean_k / mean_n,
+        "ttft_s": method_s + base_s,
+        "method_s": method_s,
+        "speculator_s": parts.get("speculator_s"),
+        "selection_s": parts.get("selection_s"),
+        "method_timings": json.dumps(parts, sort_keys=True),
+        "base_prefill_s": base_s,
+        "flops_full": float(f_full),
+        "flops_method": f_method,
+        "ideal_speedup": f_full / f_method if f_method == f_method else math.nan,
+    }
+
+
+def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int, common: dict[str, Any]) -> list[Any]:
+    """All iterations of one grid point, methods interleaved on the same prompts; a method
+    that cannot run here (or raises) gets a failed row and the point goes on."""
+    source = PromptSource(job, backend, batch, length)
+    unit = f"b{batch}-n{length}"
+    rows = []
+    bar = tqdm(range(job.cfg.warmup + job.cfg.iters), desc=f"batch {batch} x {length}", unit="iter", leave=False)
+    for it in bar:
+        prompts = source.prompts(it)
+        for m in job.methods:
+            row: dict[str, Any] = {
+                **common,
+                **method_columns(m, job.reference.name),
+                "row_key": f"{unit}/{it}/{m.name}-{config_hash(m.options())}",
+                "unit": unit,
+                "batch": batch,
+                "length": length,
+                "iteration": it,
+                "warmup": it < job.cfg.warmup,
+            }
+            try:
+                row.update(measure(m, prompts, backend), status="ok")
+            except Unsupported as e:
+                row.update(status="unsupported", error=str(e))
+            except Exception as e:  # e.g. out of memory at one length: recorded, the grid goes on
+                row.update(status="failed", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
+            rows.append(record("latency", **row, timestamp=time.time()))
     return rows
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Per grid point and keep rate: TTFT median/p90/p99, speedup (median full / median
-    method, same run), ideal speedup, efficiency, and the selection step's share of full."""
-    timed = df[~df["warmup"]]
-    out = []
-    for (model, backend, batch, length), g in timed.groupby(["model", "backend", "batch", "length"], sort=True):
-        full = g[g["method"] == "full"]
-        full_med = float(np.median(full["ttft_s"]))
-        for (method, keep), h in g.groupby(["method", "keep_rate"], sort=True):
-            s = _stats(h["ttft_s"])
-            speedup = full_med / s["median"]
-            ideal_speedup = float(h["ideal_speedup"].iloc[0])
-            out.append({
-                "model": model, "backend": backend, "batch": batch, "length": length, "method": method,
-                "keep_rate": keep, "n": len(h), "ttft_median_s": s["median"], "ttft_p90_s": s["p90"],
-                "ttft_p99_s": s["p99"], "speculator_median_s": float(np.median(h["speculator_s"])),
-                "selection_median_s": float(np.median(h["selection_s"])),
-                "base_prefill_median_s": float(np.median(h["base_prefill_s"])),
-                "speedup": speedup, "ideal_speedup": ideal_speedup, "efficiency": speedup / ideal_speedup,
-                "selection_share_of_full": float(np.median(h["selection_s"])) / full_med,
-            })  # fmt: skip
-    return pd.DataFrame(out)
+def job_config(job: LatencyJob) -> dict[str, Any]:
+    c = job.cfg
+    return {
+        "kind": "latency",
+        "model": dataclasses.asdict(c.model),
+        "method": {"name": job.method.name, **job.method.options()},
+        "reference": {"name": job.reference.name, **job.reference.options()},
+        "grid": [list(p) for p in c.grid],
+        "warmup": c.warmup,
+        "iters": c.iters,
+        "seed": c.seed,
+        "backend": c.backend,
+        "prompts": job.prompt_source,
+        "config_hash": job.config_hash,
+    }
 
 
-def to_markdown(s: pd.DataFrame) -> str:
-    if s.empty:
-        return "(no results)\n"
-    cols = ["model", "backend", "batch", "length", "method", "keep_rate", "n", "ttft_median_s", "ttft_p90_s",
-            "ttft_p99_s", "speculator_median_s", "selection_median_s", "speedup", "ideal_speedup", "efficiency",
-            "selection_share_of_full"]  # fmt: skip
-    return md_table(
-        s[cols].astype(object).map(lambda v: f"{v:.3f}" if isinstance(v, float) and not v.is_integer() else v)
-    )
-
-
-def plot(s: pd.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    spec = s[s["method"] == "specprefill"]
-    if spec.empty:
-        return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (b, n), g in spec.groupby(["batch", "length"]):
-        line = ax.plot(g["keep_rate"], g["speedup"], marker="o", label=f"measured {b}x{n}")
-        ax.plot(g["keep_rate"], g["ideal_speedup"], ls="--", color=line[0].get_color(), label=f"ideal {b}x{n}")
-    ax.set_xlabel("keep rate")
-    ax.set_ylabel("TTFT speedup over full prefill")
-    ax.set_title(f"{spec['model'].iloc[0]} ({spec['backend'].iloc[0]})")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def run(cfg: LatencyConfig) -> Path:
-    """Measure every grid point not already in the folder (a killed run resumes by point)."""
-    from harness.run import make_backend
-
-    folder = cfg.folder()
-    parts = folder / "parts"
-    parts.mkdir(parents=True, exist_ok=True)
-    (folder / "config.yaml").write_text(OmegaConf.to_yaml(json.loads(json.dumps(dataclasses.asdict(cfg), default=str))))
-    check_runnable(cfg.model)
-    model = cfg.model
-    if cfg.backend == "vllm":  # the engine sizes its KV cache for max_model_len: only what the grid needs
-        need = max(n for _, n in cfg.grid) + cfg.lookahead + 16
-        model = dataclasses.replace(model, max_context=min(model.max_context, need))
-    backend = make_backend(model, cfg.backend)
-    common = {
-        "run_id": folder.name, "git_sha": git_sha(), "model": cfg.model.name, "model_weights": cfg.model.weights,
-        "dtype": cfg.model.dtype, "speculator": cfg.model.speculator, "backend": cfg.backend,
-        "lookahead": cfg.lookahead, "pool_kernel": cfg.pool_kernel, "chunk_size": cfg.chunk_size,
-        "hardware": hardware(), "versions": json.dumps(versions(), sort_keys=True), "prefix_cache": False,
-    }  # fmt: skip
-    for batch, length in tqdm(cfg.grid, desc="latency grid", unit="point"):
-        part = parts / f"b{batch}-n{length}.parquet"
-        if part.exists():
-            continue
-        rows = measure_point(cfg, backend, batch, length, {**common, "timestamp": time.time()})
-        tmp = part.with_suffix(".tmp")
-        pd.DataFrame(rows).to_parquet(tmp, index=False)
-        tmp.rename(part)
-    write_summary(folder)
-    return folder
-
-
-def read_rows(folder: Path) -> pd.DataFrame:
-    files = sorted((folder / "parts").glob("*.parquet"))
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
-
-
-def write_summary(folder: Path) -> pd.DataFrame:
-    s = summarize(read_rows(folder))
-    s.to_csv(folder / "summary.csv", index=False)
-    (folder / "summary.md").write_text(to_markdown(s))
-    plot(s, Path("plots") / "latency" / f"{folder.name}.png")
-    return s
+def execute(job: LatencyJob) -> Path:
+    """Measure every grid point not already in the run folder (a killed run resumes by point)."""
+    cfg = job.cfg
+    store = RunStore(job.folder)
+    with store.recording_errors():
+        check_runnable(cfg.model)
+        model = cfg.model
+        if cfg.backend == "vllm":  # the engine sizes its KV cache for max_model_len: only what the grid needs
+            need = max(n for _, n in cfg.grid) + 64
+            model = dataclasses.replace(model, max_context=min(model.max_context, need))
+        backend = make_backend(model, cfg.backend, any(m.needs_speculator for m in job.methods))
+        store.write_config(job_config(job))
+        common = {
+            "run_id": job.folder.name,
+            "config_hash": job.config_hash,
+            **provenance(cfg.model, cfg.backend),
+            "prompt_source": job.prompt_source,
+            "prefix_cache": False,
+        }
+        done = store.done_units()
+        for batch, length in tqdm(cfg.grid, desc=f"latency {job.method.name}", unit="point"):
+            if f"b{batch}-n{length}" in done:
+                continue
+            store.append(measure_point(job, backend, batch, length, common))
+        store.compact()
+    report.write_all(cfg.out)
+    return job.folder
 
 
 @hydra.main(config_path="../conf", config_name="latency", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    lc = LatencyConfig.from_hydra(cfg)
-    if cfg.get("dry_run", False):
-        print(plan_text(lc))
+    job = prepare(LatencyConfig.from_hydra(cfg))
+    if cfg.dry_run:
+        print(plan_text(job))
         return
-    folder = run(lc)
-    print(f"\nTTFT grid of {folder} (also summary.md, plots/latency/{folder.name}.png):\n")
-    print((folder / "summary.md").read_text())
+    execute(job)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,15 @@ class ModelConfig:
         if spec is not None and spec[0] == "random" and not self.speculator_shape:
             raise ValueError(f"model {self.name!r}: speculator=random needs speculator_shape (LlamaConfig fields)")
 
+    @property
+    def weights_label(self) -> str:
+        """What the weights are, for every row's ``model_weights``: ``random``, ``real``, or
+        for the embedded SmolLM2 the trained weights as that package ships them, a Q4_1
+        GGUF dequantized to float (close to, not equal to, the original bf16 weights)."""
+        if self.source == "smollm2_gguf":
+            return "real, dequantized from Q4_1 GGUF"
+        return self.weights
+
 
 def model_config(name: str, **overrides: Any) -> ModelConfig:
     """A ``conf/model/<name>.yaml`` entry as a validated :class:`ModelConfig` (Python use,
@@ -209,7 +218,7 @@ def check_runnable(cfg: ModelConfig) -> None:
             f"model {cfg.name!r} needs {cfg.tensor_parallel} GPUs (tensor_parallel={cfg.tensor_parallel}); "
             f"this machine has {n_gpu}. Models that run here: {others}"
         )
-    # The speculator is never quantized (REFERENCE.md §1): fp8 bases pair with a bf16 speculator.
+    # The speculator is never quantized (the SpecPrefill paper's setup): fp8 bases pair with a bf16 speculator.
     need_gib = weights_gib(cfg) * 1.15
     if n_gpu:
         have_gib = sum(torch.cuda.get_device_properties(i).total_memory for i in range(n_gpu)) / 2**30
@@ -401,14 +410,18 @@ def vllm_engine_args(cfg: ModelConfig) -> dict[str, Any]:
 
 def load(cfg: ModelConfig, with_base: bool = True) -> LoadedModel:
     """Load base, tokenizer and speculator (cached per process, so a sweep loads once).
-    ``with_base=False``: tokenizer and speculator only (the base runs elsewhere, e.g. vLLM)."""
+    ``with_base=False``: tokenizer and speculator only (the base runs elsewhere, e.g. on
+    vLLM). An early-exit speculator (``self_layers:M``) is a view of the base's first M
+    layers, so the base is loaded for it and only the view is kept (the other layers are
+    freed)."""
     if not with_base:
         spec = parse_speculator(cfg.speculator)
         if spec is not None and spec[0] == "self_layers":
-            raise ValueError(
-                f"model {cfg.name!r}: speculator={cfg.speculator!r} is a view of the transformers base; "
-                f"with backend=vllm use a separate speculator (smollm2, random or hub:<id>)"
-            )
+            check_runnable(cfg)
+            from specprefill.backends.transformers import early_exit_view
+
+            view = early_exit_view(_load_base(cfg), int(spec[1]))
+            return LoadedModel(config=cfg, base=None, tokenizer=load_tokenizer(cfg), speculator=view)
         return LoadedModel(config=cfg, base=None, tokenizer=load_tokenizer(cfg), speculator=_load_speculator(cfg, None))
     key = repr(cfg)
     # A model patched in place by a method (MInference) is not handed to the next job.

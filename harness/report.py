@@ -1,7 +1,10 @@
-"""Summary tables and plots, read only from the results store.
+"""Summary tables and plots, read only from the results store (every kind of row).
 
-``python -m harness.report results/default`` rewrites ``summary.md``/``summary.csv``
-in that folder and ``plots/<folder name>/score_vs_keep.png``.
+``python -m harness.report results/default`` rewrites, in that folder, ``summary.md``
+(one section per kind of row present: quality, latency, serving) with ``summary.csv``
+(quality), ``latency_summary.csv`` and ``qps_summary.csv``, and the plots under
+``plots/<folder name>/``. Nothing here knows a method by name: ratios are taken against
+each row's ``reference_method`` (the config's ``reference``).
 """
 
 from __future__ import annotations
@@ -9,7 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from harness.store import read_results
@@ -19,25 +24,25 @@ GROUP = ["model", "benchmark", "length", "task", "method", "keep_rate"]
 POINT = ["model", "benchmark", "length", "method", "keep_rate"]
 
 
-CONFIG = [*POINT, "_bopts", "_run", "_base"]
+CONFIG = [*POINT, "_bopts", "_run", "_base", "_ref"]
 # Run-level fields that tell apart runs sharing a method and keep rate; a method is
 # compared with the full prefill run that shares them.
 RUN_KEYS = ("dtype", "backend")
 
 
-def label_variants(df: pd.DataFrame) -> pd.Series:
+def label_variants(df: pd.DataFrame, point: list[str] = POINT) -> pd.Series:
     """The method column of the summary: the method name, plus the options that tell
     apart runs which would otherwise share a row (same method and keep rate, different
     look-ahead, pooling, truncation, output cap, ...)."""
     labels = df["method"].astype(str).copy()
-    for _, g in df.groupby(POINT, dropna=False):
+    for _, g in df.groupby(point, dropna=False):
         runs = g.drop_duplicates("config_hash")
         if len(runs) < 2:
             continue
         opts = {
             h: {
                 **json.loads(r["method_options"] or "{}"),
-                **json.loads(r["benchmark_options"] or "{}"),
+                **json.loads(r.get("benchmark_options") or "{}"),
                 **{k: r.get(k) for k in RUN_KEYS},
             }
             for h, r in zip(runs["config_hash"], runs.to_dict("records"), strict=True)
@@ -45,7 +50,8 @@ def label_variants(df: pd.DataFrame) -> pd.Series:
         differ = sorted({k for o in opts.values() for k in o if len({json.dumps(x.get(k)) for x in opts.values()}) > 1})
         for h, o in opts.items():
             desc = ", ".join(f"{k}={o.get(k)}" for k in differ if k != "keep_rate")
-            labels[g.index[g["config_hash"] == h]] = f"{g['method'].iloc[0]} ({desc})"
+            if desc:
+                labels[g.index[g["config_hash"] == h]] = f"{g['method'].iloc[0]} ({desc})"
     return labels
 
 
@@ -54,10 +60,19 @@ MIXED = "<more than one machine>"
 MEASURES = ["score", "kept_fraction", "needle_kept", "ttft_s", "ttft_ratio"]
 
 
+def _mean_if_complete(x: pd.Series) -> float:
+    """The mean, or NaN when any part is missing: a task a method failed entirely must
+    not silently drop out of its category or ``ALL`` mean."""
+    return float("nan") if x.isna().any() else float(x.mean())
+
+
 def _macro(rows: pd.DataFrame, by: list[str], label: pd.Series | str) -> pd.DataFrame:
-    """Macro means of task-level rows within ``by`` (counts are summed)."""
+    """Macro means of task-level rows within ``by`` (counts are summed). Score and TTFT
+    means are NaN when a part has none; a part with fewer samples shows in ``n``."""
     rows = rows.assign(_label=label)
-    means = {m: (m, "mean") for m in MEASURES}
+    means: dict[str, Any] = {m: (m, "mean") for m in MEASURES}
+    means.update(score=("score", _mean_if_complete), ttft_s=("ttft_s", _mean_if_complete))
+    means["ttft_ratio"] = ("ttft_ratio", _mean_if_complete)
     out = (
         rows.groupby([*by, "_label"], dropna=False)
         .agg(n=("n", "sum"), failed=("failed", "sum"), unsupported=("unsupported", "sum"), **means)
@@ -68,13 +83,14 @@ def _macro(rows: pd.DataFrame, by: list[str], label: pd.Series | str) -> pd.Data
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """task x method x keep: score, kept fraction, TTFT and its ratio to full prefill.
+    """Quality rows: task x method x keep: score, kept fraction, TTFT and its ratio to the
+    reference method (full prefill unless the config said otherwise).
 
-    ``ttft_ratio`` = mean TTFT of the method / mean TTFT of full prefill on the same
+    ``ttft_ratio`` = mean TTFT of the method / mean TTFT of the reference on the same
     model, benchmark, length and task (< 1 is faster); ``speedup`` is its inverse. A
     ratio is only formed side by side: where the rows record their ``hardware`` (a sweep
     resumed on another machine), a group whose rows ran on more than one machine, or on
-    another machine than full prefill's, gets no ratio (NaN) rather than a cross-machine one.
+    another machine than the reference's, gets no ratio (NaN) rather than a cross-machine one.
     Aggregate rows, all macro means of the per-task rows: ``[category] <name>`` per
     benchmark category (LongBench), ``ALL`` (the mean over categories where the
     benchmark has them, as LongBench's "Avg", else over tasks), and for LongBench-E
@@ -92,12 +108,13 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         "speedup",
     ]
     if df.empty:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=[*cols, "method_name", "reference"])
     df = df.reset_index(drop=True)
     df["keep_rate"] = df["keep_rate"].astype(float).fillna(1.0)
     for c in ("category", "bucket", "hardware", *RUN_KEYS):  # optional columns ("" where absent)
         df[c] = df[c].fillna("") if c in df else ""
     df["_base"] = df["method"]
+    df["_ref"] = df["reference_method"].astype(str)
     df["_bopts"] = df["benchmark_options"].fillna("")
     df["_run"] = df[list(RUN_KEYS)].astype(str).agg("|".join, axis=1)
     df["method"] = label_variants(df)
@@ -119,8 +136,8 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         )
         counts = bad.groupby(keys, dropna=False)[["failed", "unsupported"]].sum()
         agg = agg.join(counts, how="outer").fillna({"failed": 0, "unsupported": 0, "n": 0}).reset_index()
-        base = ["model", "benchmark", "length", "_bopts", "_run", *[k for k in keys if k in ("task", "bucket")]]
-        full_rows = agg[agg["_base"] == "full"].set_index(base)
+        base = ["model", "benchmark", "length", "_bopts", "_run", "_ref", *[k for k in keys if k in ("task", "bucket")]]
+        full_rows = agg[agg["_base"] == agg["_ref"]].set_index(base)
         at = pd.MultiIndex.from_frame(agg[base])
         full_ttft = full_rows["ttft_s"].reindex(at).to_numpy()
         full_hw = full_rows["hardware"].reindex(at).to_numpy()
@@ -129,7 +146,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         agg["ttft_ratio"] = pd.Series(agg["ttft_s"].to_numpy() / full_ttft, index=agg.index).where(same)
         return agg
 
-    tasks = per([*GROUP, "_bopts", "_run", "_base", "category"])
+    tasks = per([*GROUP, "_bopts", "_run", "_base", "_ref", "category"])
     parts = [tasks]
     has_cat = tasks["category"] != ""
     if has_cat.any():
@@ -142,7 +159,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         overall = _macro(tasks, CONFIG, "ALL")
     parts.append(overall)
     if (df["bucket"] != "").any():
-        b = per([*GROUP, "_bopts", "_run", "_base", "bucket"])
+        b = per([*GROUP, "_bopts", "_run", "_base", "_ref", "bucket"])
         b = b[b["bucket"] != ""]
         parts.append(b.assign(task=b["task"] + " @" + b["bucket"]))
         parts.append(_macro(b, [*CONFIG, "bucket"], "ALL @" + b["bucket"]).drop(columns="bucket"))
@@ -150,7 +167,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     out["speedup"] = 1.0 / out["ttft_ratio"]
     for c in ("n", "failed", "unsupported"):
         out[c] = out[c].astype(int)
-    out = out[cols]
+    out = out[[*cols, "_base", "_ref"]].rename(columns={"_base": "method_name", "_ref": "reference"})
     return out.sort_values(["model", "benchmark", "length", "task", "method", "keep_rate"]).reset_index(drop=True)
 
 
@@ -165,7 +182,7 @@ def md_table(df: pd.DataFrame) -> str:
 def to_markdown(summary: pd.DataFrame) -> str:
     if summary.empty:
         return "(no results)\n"
-    s = summary.copy()
+    s = summary.drop(columns=["method_name", "reference"], errors="ignore")
     unpaired = summary["ttft_s"].notna() & summary["ttft_ratio"].isna()
     for c, fmt in (
         ("score", "{:.1f}"),
@@ -181,8 +198,8 @@ def to_markdown(summary: pd.DataFrame) -> str:
     if unpaired.any():
         lines += [
             "",
-            "TTFT ratio `-` with a TTFT: no full-prefill rows for that task with the same dtype and backend "
-            "ran on the same machine (the rows' `hardware`), so no side-by-side ratio exists.",
+            "TTFT ratio `-` with a TTFT: no rows of the reference method for that task with the same dtype and "
+            "backend ran on the same machine (the rows' `hardware`), so no side-by-side ratio exists.",
         ]
     return "\n".join(lines) + "\n"
 
@@ -222,8 +239,14 @@ def by_task_markdown(summary: pd.DataFrame) -> str:
     return md_table(wide)
 
 
+def _partial(s: pd.DataFrame) -> pd.Series:
+    """Points averaging fewer samples than the fullest point of their task."""
+    return s["n"] < s.groupby(["model", "benchmark", "length", "task"])["n"].transform("max")
+
+
 def plot_score_vs_keep(summary: pd.DataFrame, path: Path) -> Path | None:
-    """Score vs keep rate, one line per task (full prefill plotted at keep 1.0)."""
+    """Score vs keep rate, one line per method and task (the reference method at keep
+    1.0); a point averaging fewer samples than the fullest one of its task is hollow."""
     if summary.empty:
         return None
     import matplotlib
@@ -233,22 +256,37 @@ def plot_score_vs_keep(summary: pd.DataFrame, path: Path) -> Path | None:
 
     s = summary[~summary["task"].str.startswith(("ALL", "["))]
     s = s[~s["task"].str.contains(" @", regex=False)]
+    s = s.assign(_partial=_partial(s))
     groups = list(s.groupby(["model", "benchmark", "length"]))
+    if not groups:
+        return None
     fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.5), squeeze=False)
     for ax, ((model, bench, length), g) in zip(axes[0], groups, strict=True):
-        full = g[g["method"] == "full"].set_index("task")["score"]
-        for method, gm in g[g["method"] != "full"].groupby("method"):
+        is_ref = g["method_name"] == g["reference"]
+        ref = g[is_ref].drop_duplicates("task").set_index("task")
+        for method, gm in g[~is_ref].groupby("method"):
             for task, gt in gm.groupby("task"):
                 gt = gt.sort_values("keep_rate")
-                xs, ys = list(gt["keep_rate"]), list(gt["score"])
-                if task in full.index:
-                    xs, ys = [*xs, 1.0], [*ys, float(full[task])]
-                ax.plot(xs, ys, marker="o", label=f"{task}" + ("" if method == "specprefill" else f" ({method})"))
-        if g["method"].nunique() == 1 and (g["method"] == "full").all():
-            ax.scatter([1.0] * len(full), full.to_numpy(), label="full prefill")
-        ax.set_xlabel("keep rate (fraction of prompt tokens prefilled; full prefill at 1.0)")
+                xs, ys, hollow = list(gt["keep_rate"]), list(gt["score"]), list(gt["_partial"])
+                if task in ref.index:
+                    xs, ys, hollow = (
+                        [*xs, 1.0],
+                        [*ys, float(ref.loc[task, "score"])],
+                        [*hollow, ref.loc[task, "_partial"]],
+                    )
+                line = ax.plot(xs, ys, label=f"{task} ({method})")[0]
+                for x, y, h in zip(xs, ys, hollow, strict=True):
+                    ax.plot(
+                        [x], [y], marker="o", color=line.get_color(), markerfacecolor="none" if h else line.get_color()
+                    )
+        if is_ref.all():
+            ax.scatter([1.0] * len(ref), ref["score"].to_numpy(), label=f"{ref['method'].iloc[0]} (reference)")
+        ax.set_xlabel("keep rate (fraction of prompt tokens prefilled; the reference at 1.0)")
         ax.set_ylabel("score (0-100)")
-        ax.set_title(f"{model} · {bench} {length}")
+        title = f"{model} · {bench} {length}"
+        if g["_partial"].any():
+            title += "\nhollow: fewer samples than the fullest point (partial or failing run)"
+        ax.set_title(title, fontsize=9)
         ax.set_ylim(-3, 103)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -259,19 +297,212 @@ def plot_score_vs_keep(summary: pd.DataFrame, path: Path) -> Path | None:
     return path
 
 
+# --------------------------------------------------------------------------- latency
+
+LATENCY_POINT = ["model", "backend", "prompt_source", "batch", "length", "method", "keep_rate"]
+
+
+def _stats(x: pd.Series) -> dict[str, float]:
+    a = x.to_numpy(dtype=float)
+    return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
+
+
+def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
+    """Latency rows: per grid point, method and keep: TTFT median/p90/p99 over the timed
+    iterations, the method's own cost, and the speedup = median TTFT of the reference /
+    median TTFT of the method *in the same run* (measured side by side on the same
+    prompts), the ideal speedup (FLOPs) and efficiency = speedup / ideal. The reference's
+    own line pools its rows of every run at that point."""
+    cols = [*LATENCY_POINT, "n", "failed", "ttft_median_s", "ttft_p90_s", "ttft_p99_s", "method_median_s",
+            "base_prefill_median_s", "kept_fraction", "speedup", "ideal_speedup", "efficiency", "reference",
+            "is_reference"]  # fmt: skip
+    if rows.empty:
+        return pd.DataFrame(columns=cols)
+    df = rows.reset_index(drop=True)
+    df["keep_rate"] = df["keep_rate"].astype(float).fillna(1.0)
+    df["_is_ref"] = df["method"] == df["reference_method"]
+    df["method"] = label_variants(df, ["model", "backend", "prompt_source", "method", "keep_rate"])
+    timed = df[~df["warmup"].astype(bool)]
+    ok = timed[timed["status"] == "ok"]
+    point = ["run_id", "batch", "length"]
+    ref_med = ok[ok["_is_ref"]].groupby(point)["ttft_s"].median().rename("_ref_median")
+    out = []
+    for key, g in timed.groupby([*LATENCY_POINT, "_is_ref"], dropna=False, sort=True):
+        good = g[g["status"] == "ok"]
+        item = dict(zip([*LATENCY_POINT, "_is_ref"], key, strict=True))
+        entry: dict[str, Any] = {k: item[k] for k in LATENCY_POINT}
+        entry.update(
+            n=len(good),
+            failed=int((g["status"] != "ok").sum()),
+            reference=g["reference_method"].iloc[0],
+            is_reference=bool(item["_is_ref"]),
+        )
+        if good.empty:
+            out.append(entry)
+            continue
+        st = _stats(good["ttft_s"])
+        per_run = good.groupby(point)["ttft_s"].median().to_frame("_median").join(ref_med, how="left")
+        speedup = float(np.nan) if item["_is_ref"] else float((per_run["_ref_median"] / per_run["_median"]).median())
+        ideal = float(good["ideal_speedup"].median())
+        entry.update(
+            ttft_median_s=st["median"],
+            ttft_p90_s=st["p90"],
+            ttft_p99_s=st["p99"],
+            method_median_s=float(good["method_s"].median()),
+            base_prefill_median_s=float(good["base_prefill_s"].median()),
+            kept_fraction=float(good["kept_fraction"].mean()),
+            speedup=1.0 if item["_is_ref"] else speedup,
+            ideal_speedup=1.0 if item["_is_ref"] else ideal,
+            efficiency=1.0 if item["_is_ref"] else speedup / ideal,
+        )
+        out.append(entry)
+    return pd.DataFrame(out).reindex(columns=cols)
+
+
+def plot_latency(s: pd.DataFrame, path: Path) -> Path | None:
+    """Measured and ideal TTFT speedup over the reference vs keep rate, per grid point and method."""
+    lines = s[~s["is_reference"].astype(bool)].dropna(subset=["speedup"])
+    if lines.empty:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for (method, b, n), g in lines.groupby(["method", "batch", "length"]):
+        g = g.sort_values("keep_rate")
+        line = ax.plot(g["keep_rate"], g["speedup"], marker="o", label=f"{method} {b}x{n}")
+        if g["ideal_speedup"].notna().any():
+            ax.plot(g["keep_rate"], g["ideal_speedup"], ls="--", color=line[0].get_color(), label=f"ideal {b}x{n}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("keep rate")
+    ax.set_ylabel(f"TTFT speedup over {lines['reference'].iloc[0]}")
+    ax.set_title(f"{lines['model'].iloc[0]} ({', '.join(sorted(set(lines['backend'])))})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------- serving (qps)
+
+
+def _pct(a: pd.Series, q: float) -> float:
+    a = a.dropna()
+    return float(np.percentile(a.to_numpy(dtype=float), q)) if len(a) else float("nan")
+
+
+def point_stats(rows: pd.DataFrame) -> dict[str, Any]:
+    """Latency percentiles, timeouts and score of one request rate's request rows."""
+    ok = rows[rows["status"] == "ok"]
+    kept = rows["kept_tokens"].astype(float) / rows["prompt_tokens"].astype(float)
+    out: dict[str, Any] = {
+        "requests": len(rows),
+        "completed": len(ok),
+        "failed": int((rows["status"] != "ok").sum()),
+        "timeouts": int(rows["timed_out"].sum()),
+        "score": float(ok["score"].mean()) if len(ok) else float("nan"),
+        "kept_fraction": float(kept.mean()),
+        "kept_missing": int(rows["kept_tokens"].isna().sum()),
+        **{f"ttft_p{q}_s": _pct(ok["ttft_s"], q) for q in (50, 90, 99)},
+        **{f"tpot_p{q}_s": _pct(ok["tpot_s"], q) for q in (50, 90, 99)},
+        **{f"e2e_p{q}_s": _pct(ok["e2e_s"], q) for q in (50, 90, 99)},
+        "speculator_median_s": _pct(rows["speculator_s"], 50),
+    }
+    return out
+
+
+QPS_POINT = ["model", "method", "keep_rate", "benchmark", "length", "arrival", "hardware", "dtype", "run_id"]
+
+
+def summarize_qps_rates(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per run and request rate: percentiles, timeouts, score, verdicts."""
+    per = []
+    for key, g in rows.groupby([*QPS_POINT, "rate"], dropna=False, sort=True):
+        first = g.iloc[0]
+        per.append({
+            **dict(zip([*QPS_POINT, "rate"], key, strict=True)), **point_stats(g),
+            "request_throughput": first["request_throughput"],
+            **{k: bool(first[k]) for k in ("pass_timeout_rule", "pass_ttft_slo", "passed")},
+        })  # fmt: skip
+    return pd.DataFrame(per)
+
+
+def summarize_qps(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per serving run: the max QPS (highest passing rate) under both SLOs and
+    each alone, the score and TTFT p90 at it, and the ratio to the reference method's max
+    QPS on the same model, benchmark, length, arrival process, machine and dtype."""
+    if rows.empty:
+        return pd.DataFrame()
+    rates = summarize_qps_rates(rows)
+    out = []
+    for key, pts in rates.groupby(QPS_POINT, dropna=False, sort=True):
+        best: dict[str, Any] = dict(zip(QPS_POINT, key, strict=True))
+
+        def highest(col: str, pts: pd.DataFrame = pts) -> float:
+            ok = pts[pts[col]]["rate"]
+            return float(ok.max()) if len(ok) else 0.0
+
+        best.update(max_qps=highest("passed"), max_qps_timeout_rule=highest("pass_timeout_rule"),
+                    max_qps_ttft_slo=highest("pass_ttft_slo"), rates_tested=len(pts))  # fmt: skip
+        at = pts[pts["rate"] == best["max_qps"]]
+        best["score_at_max_qps"] = float(at["score"].iloc[0]) if len(at) else float("nan")
+        best["ttft_p90_at_max_qps_s"] = float(at["ttft_p90_s"].iloc[0]) if len(at) else float("nan")
+        run = rows[rows["run_id"] == best["run_id"]]
+        best["score_all_rates"] = float(run["score"].mean())
+        best["reference"] = run["reference_method"].iloc[0]
+        out.append(best)
+    df = pd.DataFrame(out)
+    keys = ["model", "benchmark", "length", "arrival", "hardware", "dtype"]
+    ref = df[df["method"] == df["reference"]][[*keys, "max_qps"]].rename(columns={"max_qps": "_ref"})
+    ref = ref.drop_duplicates(keys, keep="last")
+    df = df.merge(ref, on=keys, how="left")
+    df["qps_ratio_to_reference"] = (df["max_qps"] / df["_ref"].where(df["_ref"] > 0)).astype(float)
+    return df.drop(columns="_ref").sort_values([*keys, "method", "keep_rate"]).reset_index(drop=True)
+
+
+def _md(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "(no results)\n"
+    return md_table(df.astype(object).map(lambda v: f"{v:.3f}" if isinstance(v, float) else v))
+
+
 def write_all(out: Path, plots_root: Path = Path("plots")) -> pd.DataFrame:
-    """Rewrite the summary table (md, csv) of ``out`` and its plot; print the table."""
+    """Rewrite ``out``'s summaries (one section per kind of row present) and plots; print them.
+    Returns the quality summary."""
     out = Path(out)
-    summary = summarize(read_results(out))
+    rows = read_results(out)
     out.mkdir(parents=True, exist_ok=True)
-    md = to_markdown(summary)
-    wide = by_task_markdown(summary)
-    if wide:
-        md += "\nScore per task (`(n=K)`: fewer samples than the fullest point for that task):\n\n" + wide
+    sections, plots = [], []
+    summary = summarize(rows[rows["kind"] == "eval"])
+    if not summary.empty:
+        md = to_markdown(summary)
+        wide = by_task_markdown(summary)
+        if wide:
+            md += "\nScore per task (`(n=K)`: fewer samples than the fullest point for that task):\n\n" + wide
+        sections.append("## Quality\n\n" + md)
+        summary.to_csv(out / "summary.csv", index=False)
+        plots.append(plot_score_vs_keep(summary, plots_root / out.name / "score_vs_keep.png"))
+    lat = summarize_latency(rows[rows["kind"] == "latency"])
+    if not lat.empty:
+        sections.append(
+            "## Latency (TTFT; speedups side by side in one run, medians of timed iterations)\n\n" + _md(lat)
+        )
+        lat.to_csv(out / "latency_summary.csv", index=False)
+        plots.append(plot_latency(lat, plots_root / out.name / "latency.png"))
+    qps = summarize_qps(rows[rows["kind"] == "qps"])
+    if not qps.empty:
+        sections.append("## Serving (max QPS under the SLOs)\n\n" + _md(qps.drop(columns=["run_id"])))
+        qps.to_csv(out / "qps_summary.csv", index=False)
+        summarize_qps_rates(rows[rows["kind"] == "qps"]).to_csv(out / "qps_rates.csv", index=False)
+    md = "\n".join(sections) if sections else "(no results)\n"
     (out / "summary.md").write_text(md)
-    summary.to_csv(out / "summary.csv", index=False)
-    plot = plot_score_vs_keep(summary, plots_root / out.name / "score_vs_keep.png")
-    print(f"\nSummary of {out} (also {out / 'summary.md'}{f', plot {plot}' if plot else ''}):\n")
+    drawn = [str(p) for p in plots if p]
+    print(f"\nSummary of {out} (also {out / 'summary.md'}{'; plots ' + ', '.join(drawn) if drawn else ''}):\n")
     print(md)
     return summary
 

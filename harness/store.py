@@ -1,43 +1,65 @@
-"""The results store: one parquet row per sample, append-only, resumable.
+"""The results store: one parquet row per measurement, append-only, resumable, for every kind.
 
-A run folder holds ``config.yaml`` (the resolved config) and its rows. Each finished
-sample is written at once as its own small part file (written to a temporary name,
-then renamed: a killed run leaves either the whole row or nothing). At the end of a
-run the parts are compacted into ``rows.parquet``. Readers deduplicate by sample key,
-keeping the newest row, so a crash between compaction and cleanup cannot duplicate
-rows, and a retried failure replaces its failed row.
+Quality (``kind=eval``: one row per benchmark sample), latency (``kind=latency``: one row
+per grid point, iteration and method) and serving (``kind=qps``: one row per request and
+request rate) are written by one :class:`RunStore` and read back by one
+:func:`read_results`.
+
+A run folder (derived from the run's config, so results are a function of the config)
+holds ``config.yaml`` (the resolved config), its rows, and ``job_error.txt`` when the
+job as a whole failed. Rows are written at once as small part files (to a temporary
+name, then renamed: a killed run leaves either the whole part or nothing); at the end of
+a run the parts are compacted into ``rows.parquet``. Readers deduplicate by
+``(run_id, row_key)``, keeping the newest row, so a crash between compaction and
+cleanup cannot duplicate rows, and a retried failure replaces its failed row. A run
+resumes by ``unit`` (a sample, a grid point, a request rate): units already written
+are skipped.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import traceback
 import uuid
 import warnings
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-KEY = ["task", "sample_id"]
+KINDS = ("eval", "latency", "qps")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunRecord:
-    """One row of the store. Times in seconds; scores on the benchmark's own scale."""
+    """What every row carries, whatever its kind. Times in seconds."""
 
-    run_id: str
+    kind: str  # eval | latency | qps
+    run_id: str  # the run folder's name
     config_hash: str
-    git_sha: str
+    row_key: str  # unique within the run
+    unit: str  # what a resumed run skips as a whole (a sample, a grid point, a request rate)
     timestamp: float
+    status: str  # "ok" | "failed" | "unsupported"
+    error: str | None
+    # Provenance (harness.provenance.provenance)
+    git_sha: str
+    versions: str  # JSON
+    hardware: str
     model: str
     model_weights: str
     dtype: str
     speculator: str | None
     backend: str
+    # The method and what it is compared against
     method: str
     scope: str | None  # prompt | context | query_aware_context
     method_options: str  # JSON of every option of the method
+    reference_method: str  # the method ratios are taken against (config ``reference``)
     keep_rate: float | None
     lookahead: int | None
     pool_kernel: int | None
@@ -45,6 +67,24 @@ class RunRecord:
     position_mode: str | None
     force_keep_first: int | None
     force_keep_last: int | None
+
+
+#: Method options copied into their own columns (the rest stay in ``method_options``).
+OPTION_COLUMNS = (
+    "keep_rate",
+    "lookahead",
+    "pool_kernel",
+    "chunk_size",
+    "position_mode",
+    "force_keep_first",
+    "force_keep_last",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalRecord(RunRecord):
+    """One benchmark sample: prediction, score, and TTFT with its parts."""
+
     benchmark: str
     benchmark_version: str
     benchmark_options: str  # JSON
@@ -54,8 +94,6 @@ class RunRecord:
     bucket: str | None
     length: int
     sample_id: int
-    status: str  # "ok" | "failed" | "unsupported"
-    error: str | None
     prompt_tokens: int | None
     kept_tokens: int | None
     kept_fraction: float | None
@@ -70,32 +108,154 @@ class RunRecord:
     method_timings: str | None  # JSON: every part of the method's own cost (retriever_s, filter_s, ...)
     base_prefill_s: float | None
     decode_s: float | None
+    timing_source: str | None  # wall | engine | none (Generation.timing_source)
     output_tokens: int | None
-    versions: str  # JSON
-    hardware: str
+    max_new_tokens: int | None  # the decode budget this sample had (the same for every method)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LatencyRecord(RunRecord):
+    """One method on one batch of one grid point, one iteration: TTFT and its parts.
+
+    ``prompt_tokens``/``kept_tokens`` are means over the batch. ``flops_*`` and
+    ``ideal_speedup`` come from :mod:`specprefill.flops` (NaN where a method rewrote the
+    text, so no FLOPs model of its base prefill exists)."""
+
+    batch: int
+    length: int
+    iteration: int
+    warmup: bool
+    prompt_source: str  # random | benchmark:<name>/<task>
+    prompt_tokens: float | None
+    kept_tokens: float | None
+    kept_fraction: float | None
+    ttft_s: float | None
+    method_s: float | None
+    speculator_s: float | None
+    selection_s: float | None
+    method_timings: str | None
+    base_prefill_s: float | None
+    flops_full: float | None
+    flops_method: float | None
+    ideal_speedup: float | None
+    prefix_cache: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class QPSRecord(RunRecord):
+    """One served request at one request rate, with the rate's verdicts. ``status`` is
+    the request's outcome (a failed request is a measurement, not a lost row)."""
+
+    benchmark: str
+    benchmark_version: str
+    benchmark_options: str
+    metrics_version: str
+    task: str
+    category: str | None
+    length: int
+    sample_id: int
+    arrival: str
+    rate: float
+    request: int
+    prompt_tokens: int
+    kept_tokens: int | None  # None where the front logged nothing for the request
+    kept_source: str  # front (the front's log) | prompt (served whole, no front) | missing
+    ttft_s: float | None
+    e2e_s: float | None
+    tpot_s: float | None
+    output_tokens: int | None
+    timed_out: bool
+    prediction: str | None
+    references: list[str]
+    score: float | None
+    front_queue_s: float | None
+    speculator_s: float | None
+    selection_s: float | None
+    front_plan_s: float | None
+    start_time: float | None
+    pass_timeout_rule: bool
+    pass_ttft_slo: bool
+    passed: bool
+    request_throughput: float | None
+    duration_s: float | None
+    prefix_cache: bool
+
+
+def method_columns(method: Any, reference: str) -> dict[str, Any]:
+    """The method fields of a row: name, scope, every option (JSON and the common ones in
+    their own columns), and the reference method ratios are taken against."""
+    opts = method.options()
+    return {
+        "method": method.name,
+        "scope": method.scope,
+        "method_options": json.dumps(opts, sort_keys=True),
+        "reference_method": reference,
+        **{k: opts.get(k) for k in OPTION_COLUMNS},
+    }
+
+
+RECORDS: dict[str, type[RunRecord]] = {"eval": EvalRecord, "latency": LatencyRecord, "qps": QPSRecord}
+
+
+def record(kind: str, **values: Any) -> RunRecord:
+    """A record of ``kind`` from keyword values; fields not given are None."""
+    cls = RECORDS[kind]
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"{kind} record has no field(s) {unknown}")
+    return cls(**{**dict.fromkeys(names), **values, "kind": kind})
 
 
 class RunStore:
+    """One run folder: its config, its rows, its job error."""
+
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
         self.parts = self.folder / "parts"
 
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        """``config.yaml``: the resolved config of the run (JSON-able values)."""
+        from omegaconf import OmegaConf
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        plain = json.loads(json.dumps(config, default=str))
+        _atomic_write(self.folder / "config.yaml", OmegaConf.to_yaml(plain))
+
+    @contextmanager
+    def recording_errors(self) -> Iterator[None]:
+        """Run a job: an exception that ends it is written to ``job_error.txt`` beside the
+        results (and re-raised); a job that finishes removes an earlier one's."""
+        try:
+            yield
+        except BaseException:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            (self.folder / "job_error.txt").write_text(traceback.format_exc())
+            raise
+        (self.folder / "job_error.txt").unlink(missing_ok=True)
+
     def read(self) -> pd.DataFrame:
         return read_rows([self.folder])
 
-    def done_keys(self) -> set[tuple[str, int]]:
-        """Samples with an ``ok`` row; failed ones are retried on resume."""
+    def done_units(self, ok_only: bool = True) -> set[str]:
+        """Units with rows; with ``ok_only``, only units whose rows are all ``ok`` (a unit
+        with a failed row is retried, whole, on resume)."""
         df = self.read()
         if df.empty:
             return set()
-        ok = df[df["status"] == "ok"]
-        return {(str(t), int(i)) for t, i in zip(ok["task"], ok["sample_id"], strict=True)}
+        if not ok_only:
+            return {str(u) for u in df["unit"]}
+        ok = df.groupby("unit")["status"].agg(lambda s: bool((s == "ok").all()))
+        return {str(u) for u, good in ok.items() if good}
 
-    def append(self, record: RunRecord) -> None:
+    def append(self, records: Sequence[RunRecord]) -> None:
+        """Write ``records`` as one part file (all of them or none)."""
+        if not records:
+            return
         self.parts.mkdir(parents=True, exist_ok=True)
-        name = f"{record.timestamp:.6f}-{uuid.uuid4().hex[:8]}"
+        name = f"{records[0].timestamp:.6f}-{uuid.uuid4().hex[:8]}"
         tmp = self.parts / f".{name}.tmp"
-        pd.DataFrame([asdict(record)]).to_parquet(tmp, index=False)
+        pd.DataFrame([asdict(r) for r in records]).to_parquet(tmp, index=False)
         os.replace(tmp, self.parts / f"{name}.parquet")
 
     def compact(self) -> None:
@@ -111,6 +271,12 @@ class RunStore:
             p.unlink(missing_ok=True)
 
 
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def _files(folders: Iterable[Path]) -> list[Path]:
     files: list[Path] = []
     for f in folders:
@@ -122,18 +288,33 @@ def _files(folders: Iterable[Path]) -> list[Path]:
     return files
 
 
+def _upgrade(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows written before a column existed, read as they would be written today: eval
+    rows had no ``kind``/``row_key``/``unit`` (their key was task and sample id) and
+    were always compared against full prefill."""
+    if "kind" not in df:
+        df["kind"] = "eval"
+    if "row_key" not in df:
+        df["row_key"] = df["task"].astype(str) + "/" + df["sample_id"].astype(str)
+    if "unit" not in df:
+        df["unit"] = df["row_key"]
+    if "reference_method" not in df:
+        df["reference_method"] = "full"
+    return df
+
+
 def read_rows(folders: Iterable[Path]) -> pd.DataFrame:
-    """All rows of the given run folders, newest row per (run, task, sample)."""
-    frames = [pd.read_parquet(p) for p in _files(folders)]
+    """All rows of the given run folders, newest row per (run, row key)."""
+    frames = [_upgrade(pd.read_parquet(p)) for p in _files(folders)]
     frames = [f for f in frames if not f.empty]
     if not frames:
-        return pd.DataFrame(columns=list(RunRecord.__dataclass_fields__))
+        return pd.DataFrame(columns=[f.name for f in fields(RunRecord)])
     with warnings.catch_warnings():
         # Columns that are all None in some part files (e.g. needle_kept on cwe) are expected.
         warnings.simplefilter("ignore", FutureWarning)
         df = pd.concat(frames, ignore_index=True)
     df = df.sort_values("timestamp", kind="stable")
-    return df.drop_duplicates(subset=["run_id", *KEY], keep="last").reset_index(drop=True)
+    return df.drop_duplicates(subset=["run_id", "row_key"], keep="last").reset_index(drop=True)
 
 
 def run_folders(out: Path) -> list[Path]:
@@ -144,5 +325,15 @@ def run_folders(out: Path) -> list[Path]:
     )
 
 
-def read_results(out: Path) -> pd.DataFrame:
-    return read_rows(run_folders(out))
+def read_results(out: Path, kind: str | None = None) -> pd.DataFrame:
+    """Every row under a results folder, of every kind (a ``kind`` column: eval, latency,
+    qps), or of one ``kind``."""
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"kind={kind!r}; allowed: {list(KINDS)}")
+    df = read_rows(run_folders(out))
+    if kind is not None:
+        df = df[df["kind"] == kind].reset_index(drop=True)
+        own = {f.name for f in fields(RECORDS[kind])}
+        # Columns only other kinds fill (all empty here) are dropped.
+        df = df[[c for c in df.columns if c in own or df[c].notna().any()]]
+    return df

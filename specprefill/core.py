@@ -1,4 +1,5 @@
-"""The SpecPrefill algorithm as pure tensor code (REFERENCE.md §1, steps 3-4).
+"""The SpecPrefill algorithm as pure tensor code (Liu, Chen & Zhang, "Speculative Prefill", ICML 2025,
+arXiv:2502.02789: token importance from the speculator's attention, then top-k selection).
 
 Nothing here knows about models: the backend hands over post-RoPE queries and keys,
 these functions turn them into one importance score per prompt token and a kept set.

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
+
+import torch
 
 from specprefill.core import _check_pool_kernel, force_keep, select_tokens, token_importance
 from specprefill.plan import (
@@ -25,6 +28,8 @@ from specprefill.plan import (
 class FullPrefill(Method):
     """The baseline: the base model prefills every prompt token."""
 
+    identity: ClassVar[bool] = True
+
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:
         return full_plan(prompt)
 
@@ -32,7 +37,7 @@ class FullPrefill(Method):
 @register_method("specprefill")
 @dataclass(frozen=True)
 class SpecPrefill(Method):
-    """REFERENCE.md §1. Defaults are the reference code's (L=8, no pooling, token mode).
+    """Speculative Prefill (Liu, Chen & Zhang, ICML 2025). Defaults are the reference code's (L=8, no pooling, token mode).
 
     ``position_mode='contiguous'`` (re-number kept tokens 0..K-1) and ``force_keep_*``
     are named deviations from the reference, off by default.
@@ -64,12 +69,23 @@ class SpecPrefill(Method):
                 raise ValueError(f"{name}={v!r} is invalid; allowed: int >= 0")
 
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:
+        return self.plan_batch([prompt], backend)[0]
+
+    def plan_batch(self, prompts: Sequence[Prompt], backend: Backend) -> list[Plan]:
+        """One speculator forward for a batch of equal-length prompts (as a serving engine
+        batches them); prompts of different lengths are speculated one at a time."""
+        if len({p.n for p in prompts}) > 1:
+            return [self.plan(p, backend) for p in prompts]
         t0 = time.perf_counter()
-        cap = backend.speculate(prompt.input_ids, self.lookahead)
-        t1 = time.perf_counter()
-        importance = token_importance(cap.queries, cap.keys, self.pool_kernel)
-        kept = select_tokens(importance, float(self.keep_rate), self.chunk_size)
-        if self.force_keep_first or self.force_keep_last:
-            kept = force_keep(kept, prompt.n, self.force_keep_first, self.force_keep_last)
-        t2 = time.perf_counter()
-        return kept_plan(prompt, kept, self.position_mode, {"speculator_s": t1 - t0, "selection_s": t2 - t1})
+        caps = backend.speculate_batch(torch.stack([p.input_ids for p in prompts]), self.lookahead)
+        speculator_s = (time.perf_counter() - t0) / len(prompts)
+        plans = []
+        for prompt, cap in zip(prompts, caps, strict=True):
+            t1 = time.perf_counter()
+            importance = token_importance(cap.queries, cap.keys, self.pool_kernel)
+            kept = select_tokens(importance, float(self.keep_rate), self.chunk_size)
+            if self.force_keep_first or self.force_keep_last:
+                kept = force_keep(kept, prompt.n, self.force_keep_first, self.force_keep_last)
+            timings = {"speculator_s": speculator_s, "selection_s": time.perf_counter() - t1}
+            plans.append(kept_plan(prompt, kept, self.position_mode, timings))
+        return plans

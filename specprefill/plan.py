@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -76,7 +76,7 @@ class Plan:
 
 @dataclass(frozen=True)
 class SpeculatorCapture:
-    """Post-RoPE attention inputs of the speculator (REFERENCE.md §1 step 2).
+    """Post-RoPE attention inputs of the speculator (the SpecPrefill paper: queries and keys after RoPE).
 
     ``queries``: ``[layers, heads, L, d]`` for the last prompt token and the L-1
     look-ahead tokens; ``keys``: ``[layers, kv_heads, N, d]`` of the prompt tokens only;
@@ -86,6 +86,26 @@ class SpeculatorCapture:
     queries: torch.Tensor
     keys: torch.Tensor
     lookahead_ids: list[int]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What the base model produced for one plan. Times in seconds.
+
+    ``prefill_s``: the base model's prefill of the plan up to the first token's logits;
+    ``decode_s``: the remaining tokens. ``timing_source`` says where they come from:
+    ``wall`` (timed around the model calls in this process), ``engine`` (the serving
+    engine's own request timestamps), or ``none`` (not measured: both are NaN, never a
+    silent stand-in). ``first_logits``: float32 ``[vocab]`` at the last prefilled token,
+    where the backend exposes them (else None).
+    """
+
+    text: str
+    token_ids: list[int]
+    prefill_s: float
+    decode_s: float
+    timing_source: str = "wall"
+    first_logits: torch.Tensor | None = None
 
 
 class Unsupported(RuntimeError):
@@ -125,13 +145,28 @@ def check_position_mode(mode: str) -> None:
 
 
 class Backend(Protocol):
-    """What a method may ask of the backend that owns the models."""
+    """The backend that owns the models: what methods may ask of it (``tokenizer``,
+    ``speculate*``, ``base_capture``), and what the harness runs plans with
+    (``generate`` for eval, ``prefill`` for latency). ``method_flops`` counts the model
+    FLOPs of the calls made on a method's behalf (speculator, early layers), for ideal
+    speedups; the harness reads and resets it around a method's ``plan``."""
 
+    name: str
     tokenizer: Any
+    method_flops: int
+
+    @property
+    def base_config(self) -> Any: ...
 
     def speculate(self, input_ids: torch.Tensor, lookahead: int) -> SpeculatorCapture: ...
 
+    def speculate_batch(self, input_ids: torch.Tensor, lookahead: int) -> list[SpeculatorCapture]: ...
+
     def base_capture(self, input_ids: torch.Tensor, num_layers: int) -> SpeculatorCapture: ...
+
+    def generate(self, plan: Plan, max_new_tokens: int, stop: Sequence[str] = ()) -> Generation: ...
+
+    def prefill(self, plans: Sequence[Plan]) -> float: ...
 
 
 class Method(ABC):
@@ -144,6 +179,9 @@ class Method(ABC):
     #: without the question; ``query_aware_context``: shortens the context using the
     #: question. Instruction, question and answer prefix stay whole for the latter two.
     scope: ClassVar[str] = "prompt"
+    #: Whether every plan is the whole prompt at its own positions (full prefill): such a
+    #: method is served by the engine directly, with no planning front.
+    identity: ClassVar[bool] = False
 
     def options(self) -> dict[str, Any]:
         """The options recorded in every result row."""
@@ -152,6 +190,12 @@ class Method(ABC):
     @abstractmethod
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:
         """Choose what the base model prefills for ``prompt``."""
+
+    def plan_batch(self, prompts: Sequence[Prompt], backend: Backend) -> list[Plan]:
+        """Plans for a batch of prompts (latency grids). One at a time by default; a
+        method whose own model runs batched overrides it. Each plan's ``timings`` are its
+        share of the batch's cost, so they sum to what the batch cost."""
+        return [self.plan(p, backend) for p in prompts]
 
 
 _REGISTRY: dict[str, type[Method]] = {}
@@ -197,8 +241,13 @@ def text_plan(prompt: Prompt, backend: Backend, context: str, timings: Mapping[s
     ids = backend.tokenizer(prompt.text(context), add_special_tokens=prompt.add_special_tokens).input_ids
     t = torch.tensor(ids, dtype=torch.int64)
     k = int(t.shape[0])
-    return Plan(input_ids=t, position_ids=torch.arange(k, dtype=torch.int64), next_position=k, kept_indices=None,
-                timings=dict(timings))  # fmt: skip
+    return Plan(
+        input_ids=t,
+        position_ids=torch.arange(k, dtype=torch.int64),
+        next_position=k,
+        kept_indices=None,
+        timings=dict(timings),
+    )
 
 
 def kept_plan(prompt: Prompt, kept: torch.Tensor, position_mode: str, timings: Mapping[str, float]) -> Plan:
@@ -209,8 +258,13 @@ def kept_plan(prompt: Prompt, kept: torch.Tensor, position_mode: str, timings: M
         positions, next_pos = kept, prompt.n
     else:
         positions, next_pos = torch.arange(kept.shape[0], dtype=torch.int64), int(kept.shape[0])
-    return Plan(input_ids=prompt.input_ids[kept], position_ids=positions, next_position=next_pos, kept_indices=kept,
-                timings=dict(timings))  # fmt: skip
+    return Plan(
+        input_ids=prompt.input_ids[kept],
+        position_ids=positions,
+        next_position=next_pos,
+        kept_indices=kept,
+        timings=dict(timings),
+    )
 
 
 def full_plan(prompt: Prompt) -> Plan:

@@ -1,29 +1,58 @@
-"""TTFT grid: FLOPs model, batched capture, a short real run that resumes, config errors."""
+"""TTFT grid: the FLOPs model by hand, batched planning, any method through the one store,
+prompt sources, failures recorded per point, config errors, dry runs."""
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
 from harness import latency as lat
 from harness.models import load, model_config
+from harness.store import RunStore, read_results
+from specprefill import SpecPrefill
 from specprefill.backends.transformers import TransformersBackend
+from specprefill.flops import Shape, causal_pairs, prefill_flops, speculator_flops
+from specprefill.plan import Prompt
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 def test_flops_model_by_hand():
-    s = lat.Shape(layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=10)
+    s = Shape(layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=10)
     # per layer: q 8*8, k and v 8*4 each, o 8*8, MLP 3*8*16 -> 64+64+64+384 = 576 MACs, x2 FLOPs, x2 layers
-    assert s.linear_per_token == 2 * 2 * 576
-    assert s.attention_per_pair == 2 * 4 * 2 * 4
-    assert lat.causal_pairs(4) == 10
-    assert lat.prefill_flops(s, 4, 10) == 4 * 2304 + 10 * 64 + 2 * 8 * 10
-    full, method, speedup = lat.ideal(s, s, 100, 100, 1)
-    assert method == 2 * full and speedup == pytest.approx(0.5)  # same-size speculator, keep everything
-    tiny = lat.Shape(layers=1, hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=10)
-    _, m1, _ = lat.ideal(s, tiny, 100, 10, 1)
-    _, m3, _ = lat.ideal(s, tiny, 100, 10, 3)
-    look = lat.prefill_flops(tiny, 1, 101) + lat.prefill_flops(tiny, 1, 102)
-    assert m3 - m1 == look
+    assert s.linear_per_token == 2304
+    assert s.attention_per_pair == 64  # 2 layers x 4 x 2 heads x 4 dims
+    assert causal_pairs(4) == 10
+    assert prefill_flops(s, 4, 10) == 4 * 2304 + 10 * 64 + 160  # LM head: 2 x 8 x 10
+    # look-ahead: two decode steps attending to 101 and 102 keys
+    assert speculator_flops(s, 100, 3) - speculator_flops(s, 100, 1) == (2304 + 101 * 64 + 160) + (
+        2304 + 102 * 64 + 160
+    )
+
+
+def test_ideal_flops_of_a_batch():
+    s = Shape(layers=1, hidden=4, heads=1, kv_heads=1, head_dim=4, intermediate=4, vocab=2)
+    prompts = [Prompt(torch.arange(10)), Prompt(torch.arange(10))]
+    kept = [torch.tensor([0, 5, 9])] * 2
+
+    from specprefill.plan import kept_plan, text_plan
+
+    plans = [kept_plan(p, k, "original", {}) for p, k in zip(prompts, kept, strict=True)]
+    full, method = lat.flops(s, prompts, plans, overhead=1000)
+    assert full == 2 * (10 * s.linear_per_token + 55 * s.attention_per_pair + 2 * 4 * 2)
+    assert method == 1000 + 2 * (3 * s.linear_per_token + 6 * s.attention_per_pair + 2 * 4 * 2)
+
+    class Tok:
+        def __call__(self, text, add_special_tokens=False):
+            return type("E", (), {"input_ids": [1, 2]})()
+
+    rewritten = [text_plan(p, type("B", (), {"tokenizer": Tok()})(), "x", {}) for p in prompts]
+    assert math.isnan(lat.flops(s, prompts, rewritten, overhead=0)[1])  # its compressor is not counted
 
 
 @pytest.fixture(scope="module")
@@ -43,68 +72,165 @@ def test_batched_capture_equals_one_prompt_at_a_time(tiny_backend):
         assert caps[i].lookahead_ids == one.lookahead_ids
 
 
-def _cfg(tmp_path, **kw):
-    base = {
-        "model": model_config("tiny-random"),
-        "grid": ((2, 96), (1, 192)),
-        "keeps": (0.3, 0.5),
-        "warmup": 1,
-        "iters": 2,
-        "out": tmp_path,
-        "chunk_size": 16,
-        "pool_kernel": 3,
-    }
-    return lat.LatencyConfig(**{**base, **kw})
+def test_batched_planning_keeps_what_one_at_a_time_keeps_and_counts_the_speculator(tiny_backend):
+    prompts = [Prompt(x) for x in torch.randint(0, 1000, (3, 96), generator=torch.Generator().manual_seed(1))]
+    m = SpecPrefill(keep_rate=0.3, lookahead=2, chunk_size=16, pool_kernel=3)
+    tiny_backend.method_flops = 0
+    batch = m.plan_batch(prompts, tiny_backend)
+    shape = Shape.of(tiny_backend.speculator.config)
+    assert tiny_backend.method_flops == 3 * speculator_flops(shape, 96, 2)
+    for p, b in zip(prompts, batch, strict=True):
+        one = m.plan(p, tiny_backend)
+        assert torch.equal(one.kept_indices, b.kept_indices) and torch.equal(one.position_ids, b.position_ids)
+        assert set(b.timings) == {"speculator_s", "selection_s"}
 
 
-def test_short_grid_run_summary_and_resume(tmp_path):
-    cfg = _cfg(tmp_path)
-    folder = lat.run(cfg)
-    rows = lat.read_rows(folder)
-    # 2 points x 3 iterations x (full + 2 keeps), warm-up flagged
-    assert len(rows) == 2 * 3 * 3 and rows["warmup"].sum() == 2 * 3
-    assert (rows["ttft_s"] > 0).all() and not rows["prefix_cache"].any()
-    spec = rows[rows["method"] == "specprefill"]
-    assert (spec["ttft_s"] >= spec["speculator_s"] + spec["base_prefill_s"]).all()
-    assert set(spec["kept_tokens"][spec["length"] == 192]) == {64, 96}  # whole chunks of 16: ceil(12*0.3)=4, 6
-    s = lat.summarize(rows)
-    assert len(s) == 2 * 3 and set(s["n"]) == {2}
-    full = s[s["method"] == "full"]
-    assert (full["speedup"] == 1.0).all() and (full["efficiency"] == 1.0).all()
-    sp = s[s["method"] == "specprefill"]
-    assert ((sp["ideal_speedup"] > 0) & (sp["efficiency"] > 0)).all()
-    assert (folder / "summary.md").read_text().count("\n") == 2 + 6
-    before = {p.name: p.stat().st_mtime_ns for p in (folder / "parts").iterdir()}
-    lat.run(cfg)  # resumes: nothing re-measured
-    assert {p.name: p.stat().st_mtime_ns for p in (folder / "parts").iterdir()} == before
+def test_prefill_of_unequal_plans_left_pads_and_gives_each_plan_its_own_first_token(tiny_backend):
+    """The latency path's batched prefill (padding masked out) predicts the same first token
+    as each plan's own prefill in the eval path."""
+    from specprefill.plan import kept_plan
+
+    p = Prompt(torch.randint(0, 1000, (64,), generator=torch.Generator().manual_seed(2)))
+    plans = [kept_plan(p, torch.arange(0, 64, 2), "original", {}), kept_plan(p, torch.arange(40), "contiguous", {})]
+    seen = []
+    real = tiny_backend.base.forward
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        seen.append(out.logits[:, -1].argmax(-1).tolist())
+        return out
+
+    tiny_backend.base.forward = spy
+    try:
+        assert tiny_backend.prefill(plans) > 0
+    finally:
+        del tiny_backend.base.forward
+    assert seen[0] == [int(tiny_backend.generate(x, 1).first_logits.argmax()) for x in plans]
+
+
+def _lat(tmp_path, *overrides: str) -> lat.LatencyJob:
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="latency", overrides=["model=tiny-random", f"out={tmp_path}", *overrides])
+    return lat.prepare(lat.LatencyConfig.from_hydra(cfg))
+
+
+def test_any_method_is_timed_beside_the_reference_into_the_one_store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # plots/ go under the test's folder
+    common = ["grid=[[2,96],[1,192]]", "warmup=1", "iters=2", "keep=0.3", "method.chunk_size=16"]
+    folder = lat.execute(_lat(tmp_path, "method=specprefill", "method.pool_kernel=3", *common))
+    lat.execute(_lat(tmp_path, "method=truncate", *common[:-1]))
+    rows = read_results(tmp_path)
+    assert set(rows["kind"]) == {"latency"} and set(rows["method"]) == {"full", "specprefill", "truncate"}
+    spec = rows[rows["run_id"] == folder.name]
+    # 2 points x 3 iterations x (reference + method), warm-up flagged
+    assert len(spec) == 2 * 3 * 2 and spec["warmup"].sum() == 2 * 2
+    assert (rows["status"] == "ok").all() and (rows["ttft_s"] > 0).all() and not rows["prefix_cache"].any()
+    assert set(rows["prompt_source"]) == {"random"} and set(rows["reference_method"]) == {"full"}
+    sp = spec[spec["method"] == "specprefill"]
+    # A batch's parts are shares of its cost: summed over the batch they fit inside the
+    # method's own wall time (a speculator forward counted once per prompt would not).
+    parts = sp["method_timings"].map(lambda t: sum(json.loads(t).values()))
+    assert (parts <= sp["method_s"] * 1.0001).all()
+    assert set(sp["kept_tokens"][sp["length"] == 192]) == {64.0}  # whole chunks of 16: ceil(12 * 0.3) = 4
+    assert (sp["ideal_speedup"] < 1 / 0.3).all() and (sp["flops_method"] > sp["flops_full"] * 0.3).all()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## Latency" in summary and "| truncate | 0.300 |" in summary
+    # resume: nothing re-measured
+    before = {p.name for p in (folder / "parts").glob("*.parquet")} | {"rows.parquet"}
+    lat.execute(_lat(tmp_path, "method=specprefill", "method.pool_kernel=3", *common))
+    assert {p.name for p in folder.iterdir() if p.suffix == ".parquet"} <= before
+    assert len(RunStore(folder).read()) == 12
+    # a grid point added later extends the same run
+    lat.execute(_lat(tmp_path, "method=specprefill", "method.pool_kernel=3", *common[1:], "grid=[[1,128]]"))
+    assert len(RunStore(folder).read()) == 12 + 6
+
+
+def test_summary_speedup_is_the_ratio_of_medians_in_the_same_run():
+    import pandas as pd
+
+    from harness.report import summarize_latency
+
+    def rows(run, method, ttfts, warm=9.0):
+        return [
+            {"run_id": run, "model": "m", "backend": "b", "prompt_source": "random", "batch": 1, "length": 8,
+             "method": method, "keep_rate": None if method == "full" else 0.3, "reference_method": "full",
+             "iteration": i, "warmup": i == 0, "status": "ok", "ttft_s": t, "method_s": 0.0, "base_prefill_s": t,
+             "kept_fraction": 1.0, "ideal_speedup": 4.0, "method_options": "{}", "config_hash": run, "dtype": "x"}
+            for i, t in enumerate([warm, *ttfts])
+        ]  # fmt: skip
+
+    df = pd.DataFrame(rows("a", "full", [4.0, 6.0, 5.0]) + rows("a", "x", [1.0, 3.0, 2.0])
+                      + rows("b", "full", [40.0, 40.0, 40.0]) + rows("b", "y", [10.0, 10.0, 10.0]))  # fmt: skip
+    s = summarize_latency(df).set_index("method")
+    assert s.loc["x", "speedup"] == pytest.approx(2.5)  # 5 / 2, warm-up (9 s) left out
+    assert s.loc["x", "efficiency"] == pytest.approx(2.5 / 4.0)
+    assert s.loc["y", "speedup"] == pytest.approx(4.0)  # against run b's own reference
+    assert s.loc["full", "n"] == 6 and s.loc["full", "ttft_median_s"] == pytest.approx(
+        23.0
+    )  # pooled: median of 4 5 6 40 40 40
+
+
+def test_text_rewriting_methods_time_on_benchmark_prompts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    job = _lat(tmp_path, "method=rag_bm25", "grid=[[2,1024]]", "warmup=0", "iters=1")
+    assert job.prompt_source == "ruler/qa_1"
+    rows = RunStore(lat.execute(job)).read()
+    assert len(rows) == 2 and (rows["status"] == "ok").all() and set(rows["prompt_source"]) == {"ruler/qa_1"}
+    rag = rows[rows["method"] == "rag_bm25"].iloc[0]
+    assert 0.2 < rag["kept_fraction"] < 0.4 and math.isnan(rag["ideal_speedup"])
+    assert "retriever_s" in rag["method_timings"] and rows["prompt_tokens"].between(900, 1024).all()
+    with pytest.raises(ValueError, match=r"prompts=random: method\(s\) \['rag_bm25'\]"):
+        _lat(tmp_path, "method=rag_bm25", "prompts=random")
+
+
+def test_a_failing_method_is_a_failed_row_and_the_grid_goes_on(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    calls = []
+
+    def boom(self, prompts, backend):
+        calls.append(len(prompts))
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(SpecPrefill, "plan_batch", boom)
+    folder = lat.execute(_lat(tmp_path, "method=specprefill", "grid=[[1,64],[1,96]]", "warmup=0", "iters=1"))
+    rows = RunStore(folder).read()
+    assert len(calls) == 2 and len(rows) == 4
+    assert set(rows[rows["method"] == "full"]["status"]) == {"ok"}
+    failed = rows[rows["method"] == "specprefill"]
+    assert set(failed["status"]) == {"failed"} and failed["error"].str.contains("out of memory").all()
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    lat.execute(_lat(tmp_path, "method=specprefill", "grid=[[1,64],[1,96]]", "warmup=0", "iters=1"))
+    assert set(RunStore(folder).read()["status"]) == {"ok"}  # failed points are measured again
 
 
 def test_config_errors_name_the_value(tmp_path):
     with pytest.raises(ValueError, match=r"grid point \[0, 96\]"):
-        _cfg(tmp_path, grid=((0, 96),))
+        _lat(tmp_path, "grid=[[0,96]]")
     with pytest.raises(ValueError, match=r"keep_rate=1\.5"):
-        _cfg(tmp_path, keeps=(1.5,))
+        _lat(tmp_path, "keep=1.5")
     with pytest.raises(ValueError, match="beyond the model's context window"):
-        _cfg(tmp_path, grid=((1, 10**7),))
-    with pytest.raises(ValueError, match="no speculator"):
-        _cfg(tmp_path, model=model_config("tiny-random", speculator=None))
+        _lat(tmp_path, "grid=[[1,10000000]]")
+    with pytest.raises(ValueError, match="needs a speculator"):
+        _lat(tmp_path, "model.speculator=null")
     with pytest.raises(ValueError, match="backend='sglang'"):
-        _cfg(tmp_path, backend="sglang")
+        _lat(tmp_path, "backend=sglang")
+    with pytest.raises(ValueError, match=r"unknown method config 'fulll'.*did you mean 'full'"):
+        _lat(tmp_path, "reference=fulll")
+    with pytest.raises(ValueError, match=r"config: unknown key\(s\) \['keeps'\]"):
+        _lat(tmp_path, "+keeps=[0.1]")
 
 
 def test_dry_run_plans_without_loading(monkeypatch, tmp_path):
-    from hydra import compose, initialize_config_dir
-
     from harness import models
 
     def boom(*a, **k):
         raise AssertionError("dry run loaded a model")
 
     monkeypatch.setattr(models, "_load", boom)
-    from tests.test_run import CONF
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    monkeypatch.setattr(models, "load_tokenizer", boom)
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="latency", overrides=["model=synth8b", "grid=[[4,131072],[128,4096]]"])
-    text = lat.plan_text(lat.LatencyConfig.from_hydra(cfg))
+    text = lat.plan_text(lat.prepare(lat.LatencyConfig.from_hydra(cfg)))
     assert "synth8b" in text and "batch=4 length=131072" in text and "batch=128 length=4096" in text
-    assert "GiB" in text
+    assert "GiB" in text and "full {} vs specprefill" not in text and "specprefill" in text

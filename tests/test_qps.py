@@ -9,8 +9,11 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from harness import qps
-from harness.qps import QPSConfig, next_rate, passes, point_stats, prepare, summarize, truncate_at_stop
+from harness.report import point_stats, summarize_qps, summarize_qps_rates
+from harness.serving import qps
+from harness.serving.qps import QPSConfig, next_rate, passes, prepare, request_text, truncate_at_stop
+from harness.store import RunStore
+from harness.types import Sample
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -20,8 +23,12 @@ def _cfg(*overrides: str) -> QPSConfig:
         return QPSConfig.from_hydra(compose(config_name="qps", overrides=list(overrides)))
 
 
+def _q(*overrides: str) -> qps.QPSSettings:
+    return _cfg(*overrides).qps
+
+
 def test_rate_search_ramps_then_bisects_once():
-    c = _cfg("qps.start_rate=0.05", "qps.growth=2", "qps.max_points=4", "qps.bisect_steps=1")
+    c = _q("qps.start_rate=0.05", "qps.growth=2", "qps.max_points=4", "qps.bisect_steps=1")
     assert next_rate(c, {}) == 0.05
     assert next_rate(c, {0.05: True}) == 0.1
     assert next_rate(c, {0.05: True, 0.1: True, 0.2: False}) == 0.15
@@ -31,7 +38,7 @@ def test_rate_search_ramps_then_bisects_once():
 
 
 def test_rate_search_bisects_towards_the_boundary():
-    c = _cfg("qps.start_rate=1", "qps.max_points=3", "qps.bisect_steps=2")
+    c = _q("qps.start_rate=1", "qps.max_points=3", "qps.bisect_steps=2")
     assert next_rate(c, {1.0: True, 2.0: False}) == 1.5
     assert next_rate(c, {1.0: True, 2.0: False, 1.5: False}) == 1.25
     assert next_rate(c, {1.0: True, 2.0: False, 1.5: True}) == 1.75
@@ -39,8 +46,9 @@ def test_rate_search_bisects_towards_the_boundary():
 
 
 def test_explicit_rates_are_measured_in_order():
-    c = _cfg("qps.rates=[0.2,0.1]")
+    c = _q("rates=[0.2,0.1]")
     assert next_rate(c, {}) == 0.2 and next_rate(c, {0.2: False}) == 0.1 and next_rate(c, {0.2: 1, 0.1: 1}) is None
+    assert _q("rates=0.3").rates == (0.3,)  # one rate (a sweep point of `rates=0.1,0.3`)
 
 
 def _rows(ttfts: list[float], e2es: list[float], timeout_s: float = 10.0, failed: int = 0) -> pd.DataFrame:
@@ -55,13 +63,13 @@ def _rows(ttfts: list[float], e2es: list[float], timeout_s: float = 10.0, failed
 
 
 def test_slo_verdicts_follow_the_timeout_rule_and_the_ttft_p90():
-    c = _cfg("qps.timeout_s=10", "qps.max_timeouts=1", "qps.ttft_p90_slo_s=2")
+    c = _q("qps.timeout_s=10", "qps.max_timeouts=1", "qps.ttft_p90_slo_s=2")
     good = point_stats(_rows([1.0] * 10, [5.0] * 10))
     assert good["timeouts"] == 0 and good["score"] == 50.0 and good["kept_fraction"] == pytest.approx(0.3)
-    assert passes(good, c) == {"pass_timeout_rule": True, "pass_ttft_slo": True, "pass": True}
+    assert passes(good, c) == {"pass_timeout_rule": True, "pass_ttft_slo": True, "passed": True}
     # two requests over the timeout: more than max_timeouts=1
     slow = point_stats(_rows([1.0] * 10, [5.0] * 8 + [11.0, 12.0]))
-    assert passes(slow, c)["pass_timeout_rule"] is False and passes(slow, c)["pass"] is False
+    assert passes(slow, c)["pass_timeout_rule"] is False and passes(slow, c)["passed"] is False
     # a failed request counts as a timeout; one is allowed
     assert passes(point_stats(_rows([1.0] * 9, [5.0] * 9, failed=1)), c)["pass_timeout_rule"] is True
     # TTFT p90 above the SLO
@@ -69,17 +77,84 @@ def test_slo_verdicts_follow_the_timeout_rule_and_the_ttft_p90():
     assert late["ttft_p90_s"] == pytest.approx(3.0) and passes(late, c)["pass_ttft_slo"] is False
 
 
-def test_summary_takes_the_highest_passing_rate_and_its_score():
+def _served(method: str, rates: list[tuple[float, bool, float]], **run) -> pd.DataFrame:
     parts = []
-    for rate, ok, score in [(0.1, True, 80.0), (0.2, True, 60.0), (0.4, False, 40.0)]:
-        r = _rows([1.0] * 4, [2.0] * 4).assign(score=score, rate=rate, pass_timeout_rule=ok, pass_ttft_slo=True,
-                                               request_throughput=rate, model="m", method="specprefill", keep_rate=0.3,
-                                               benchmark="ruler", length=2048, arrival="poisson", hardware="cpu",
-                                               run_id="x")  # fmt: skip
-        parts.append(r.assign(**{"pass": ok}))
-    pts, best = summarize(pd.concat(parts, ignore_index=True))
-    assert list(pts["rate"]) == [0.1, 0.2, 0.4]
+    for rate, ok, score in rates:
+        r = _rows([1.0] * 4, [2.0] * 4).assign(
+            score=score, rate=rate, pass_timeout_rule=ok, pass_ttft_slo=True, passed=ok, request_throughput=rate,
+            model="m", method=method, keep_rate=0.3, benchmark="ruler", length=2048, arrival="poisson",
+            reference_method="full", **{"hardware": "cpu", "dtype": "float32", "run_id": method, **run},
+        )  # fmt: skip
+        parts.append(r)
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_summary_takes_the_highest_passing_rate_and_its_score():
+    rows = _served("specprefill", [(0.1, True, 80.0), (0.2, True, 60.0), (0.4, False, 40.0)])
+    assert list(summarize_qps_rates(rows)["rate"]) == [0.1, 0.2, 0.4]
+    best = summarize_qps(rows).iloc[0]
     assert best["max_qps"] == 0.2 and best["score_at_max_qps"] == 60.0 and best["max_qps_ttft_slo"] == 0.4
+    assert pd.isna(best["qps_ratio_to_reference"])  # no reference run
+
+
+def test_ratio_to_the_reference_only_on_the_same_machine_and_dtype():
+    rows = pd.concat([
+        _served("full", [(0.1, True, 80.0), (0.2, False, 80.0)]),
+        _served("specprefill", [(0.1, True, 70.0), (0.2, True, 70.0), (0.4, False, 70.0)]),
+        _served("full", [(0.1, False, 80.0)], hardware="gpu", run_id="full-gpu"),  # another machine: never joined
+        _served("specprefill", [(0.1, True, 70.0)], dtype="bfloat16", run_id="spec-bf16"),  # no bf16 reference
+    ], ignore_index=True)  # fmt: skip
+    s = summarize_qps(rows).set_index("run_id")
+    assert s.loc["specprefill", "qps_ratio_to_reference"] == pytest.approx(2.0)
+    assert s.loc["full", "qps_ratio_to_reference"] == pytest.approx(1.0)
+    assert pd.isna(s.loc["spec-bf16", "qps_ratio_to_reference"])
+
+
+def test_a_request_the_front_did_not_log_has_no_kept_count():
+    job = prepare(_cfg("method=specprefill", "keep=0.3", "length=1024", "tasks=[niah_single_1]"))
+    samples = [
+        Sample(benchmark="ruler", task="t", sample_id=i, length=1, instruction="", context="", question="",
+               answer_prefix="", prompt="p", references=("x",), max_new_tokens=4, metric="string_match_all")
+        for i in range(2)
+    ]  # fmt: skip
+    result = {"errors": ["", ""], "generated_texts": ["x", "y"], "ttfts": [0.1, 0.2], "latencies": [1.0, 1.0],
+              "output_lens": [2, 2], "start_times": [0.0, 0.5]}  # fmt: skip
+    rows = qps.request_rows(job, samples, result, {"r1-0": {"kept_tokens": 30}}, [100, 100], 1.0, "r1-")
+    assert [(r["kept_tokens"], r["kept_source"]) for r in rows] == [(30, "front"), (None, "missing")]
+    direct = qps.request_rows(job, samples, result, None, [100, 90], 1.0, "r1-")
+    assert [(r["kept_tokens"], r["kept_source"]) for r in direct] == [(100, "prompt"), (90, "prompt")]
+    stats = point_stats(pd.DataFrame(rows))
+    assert stats["kept_missing"] == 1 and stats["kept_fraction"] == pytest.approx(0.3)  # the known one only
+
+
+class _BosTokenizer:
+    """Adds a BOS id (1) with add_special_tokens=True, and reads the text "<s>" as it."""
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = [1] if add_special_tokens else []
+        if text.startswith("<s>"):
+            ids, text = [*ids, 1], text[3:]
+        return type("Enc", (), {"input_ids": ids + [ord(c) for c in text]})()
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join("<s>" if i == 1 else chr(i) for i in ids)
+
+
+def test_request_text_writes_the_special_tokens_each_sample_asks_for():
+    """LongBench mixes chat tasks (no tokenizer BOS) and no-chat tasks (tokenizer BOS): every
+    request goes with add_special_tokens=false and still gets exactly its sample's ids."""
+    tok = _BosTokenizer()
+
+    def sample(add):
+        return Sample(benchmark="b", task="t", sample_id=0, length=1, instruction="", context="", question="",
+                      answer_prefix="", prompt="hi", references=(), max_new_tokens=1, metric="m",
+                      add_special_tokens=add)  # fmt: skip
+
+    for add in (True, False):
+        s = sample(add)
+        text = request_text(s, tok)
+        assert tok(text, add_special_tokens=False).input_ids == tok(s.prompt, add_special_tokens=add).input_ids
+    assert request_text(sample(True), tok) == "<s>hi" and request_text(sample(False), tok) == "hi"
 
 
 def test_stop_strings_cut_the_served_text_like_vllm():
@@ -91,7 +166,7 @@ def test_stop_strings_cut_the_served_text_like_vllm():
     "override,match",
     [
         ("qps.arrival=bursty", r"arrival='bursty'; allowed: \['poisson', 'constant'\]"),
-        ("qps.rates=[0.1,-1]", r"rates contains -1.0"),
+        ("rates=[0.1,-1]", r"rates contains -1"),
         ("qps.growth=1", r"growth=1.0"),
         ("qps.max_points=0", r"max_points=0"),
         ("qps.timeout_s=0", r"timeout_s=0.0"),
@@ -105,6 +180,8 @@ def test_bad_settings_are_named(override, match):
 def test_methods_that_need_the_prompt_split_cannot_be_served():
     with pytest.raises(ValueError, match=r"rag_bm25.*cannot be served"):
         prepare(_cfg("method=rag_bm25"))
+    with pytest.raises(ValueError, match=r"backend='transformers'; allowed: \['vllm'\]"):
+        _cfg("backend=transformers")
 
 
 def test_the_server_command_disables_prefix_caching(monkeypatch, tmp_path):
@@ -120,11 +197,12 @@ def test_the_server_command_disables_prefix_caching(monkeypatch, tmp_path):
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(capsys):
-    from harness.qps import plan_text
+    from harness.serving.qps import plan_text
 
     job = prepare(_cfg("method=specprefill", "keep=0.1"))
     text = plan_text(job)
-    assert "SpecPrefill front" in text and "poisson" in text and "qps-specprefill-" in text
+    assert "a specprefill front" in text and "poisson" in text and "qps-specprefill-" in text
+    assert "front" not in plan_text(prepare(_cfg("method=full"))).split(";")[0]
 
 
 @pytest.mark.slow
@@ -135,7 +213,7 @@ def test_served_full_and_specprefill_smoke(tmp_path):
     import psutil
 
     out = tmp_path / "qps"
-    common = ["length=1024", "limit=2", "tasks=[niah_single_1]", "max_new=16", f"out={out}", "qps.rates=[0.5]",
+    common = ["length=1024", "limit=2", "tasks=[niah_single_1]", "max_new=16", f"out={out}", "rates=[0.5]",
               "qps.warmups=0", "qps.server_timeout_s=600"]  # fmt: skip
 
     def servers() -> set[tuple[int, str]]:
@@ -145,20 +223,21 @@ def test_served_full_and_specprefill_smoke(tmp_path):
                 cmd = " ".join(p.cmdline())
             except psutil.Error:  # exited, or a zombie waiting to be reaped
                 continue
-            if "harness.vllm_cli" in cmd or "harness.front" in cmd:
+            if "harness.serving.vllm_cli" in cmd or "harness.serving.front" in cmd:
                 out.add((p.pid, cmd[:120]))
         return out
 
     before = servers()
-    folders = [qps.run(prepare(_cfg(f"method={m}", "keep=0.3", *common))) for m in ("full", "specprefill")]
+    folders = [qps.execute(prepare(_cfg(f"method={m}", "keep=0.3", *common))) for m in ("full", "specprefill")]
     assert not servers() - before, f"servers left running: {servers() - before}"
     for folder in folders:
-        rows = qps.read_points(folder)
+        rows = RunStore(folder).read()
         assert len(rows) == 2 and (rows["status"] == "ok").all(), rows[["status", "error"]]
         assert rows["ttft_s"].gt(0).all() and rows["e2e_s"].ge(rows["ttft_s"]).all()
         assert rows["prediction"].str.len().gt(0).all() and rows["score"].notna().all()
-    spec = qps.read_points(folders[1])
+    spec = RunStore(folders[1]).read()
     assert (spec["kept_tokens"] < spec["prompt_tokens"]).all() and spec["speculator_s"].gt(0).all()
+    assert set(spec["kept_source"]) == {"front"} and set(RunStore(folders[0]).read()["kept_source"]) == {"prompt"}
     front = [json.loads(x) for x in (folders[1] / "logs" / "front_requests.jsonl").read_text().splitlines()]
     assert {f["request_id"] for f in front} >= {"r0.5-0", "r0.5-1"}
     summary = pd.read_csv(out / "qps_summary.csv")
@@ -174,7 +253,7 @@ def test_served_full_and_specprefill_smoke(tmp_path):
                 config_name="config", overrides=[f"method={m}", "keep=0.3", *common[:4], f"out={tmp_path}/ref"]
             )
             ref = pd.read_parquet(execute(prepare_run(RunConfig.from_hydra(cfg))) / "rows.parquet")
-            served = qps.read_points(folder).sort_values("sample_id")
+            served = RunStore(folder).read().sort_values("sample_id")
             assert list(served["kept_tokens"]) == list(ref.sort_values("sample_id")["kept_tokens"])
             assert list(served["prediction"].str.strip()) == list(
                 ref.sort_values("sample_id")["prediction"].str.strip()

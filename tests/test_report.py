@@ -16,7 +16,7 @@ def _rows(method, keep, h, score, ttft, tasks, *, mopts=None, bopts=None, catego
             "model": "m", "benchmark": "b", "length": 100, "task": t, "method": method, "keep_rate": keep,
             "config_hash": h, "method_options": json.dumps(mopts or {}), "benchmark_options": json.dumps(bopts or {}),
             "status": "ok", "score": score, "kept_fraction": keep or 1.0, "needle_kept": None, "ttft_s": ttft,
-            "category": category or None, "bucket": bucket or None,
+            "category": category or None, "bucket": bucket or None, "reference_method": "full",
         }
         for t in tasks
     ]  # fmt: skip
@@ -68,6 +68,31 @@ def test_unsupported_and_failed_rows_are_counted_and_a_method_without_ok_rows_st
     assert pd.isna(s.loc[("t1", "minference"), "score"])
     assert s.loc[("t1", "random"), "failed"] == 1 and s.loc[("t2", "random"), "n"] == 1
     assert s.loc[("ALL", "full"), "unsupported"] == 0
+    # random failed t1 entirely: its ALL is not the mean of t2 alone
+    assert pd.isna(s.loc[("t1", "random"), "score"]) and pd.isna(s.loc[("ALL", "random"), "score"])
+    assert s.loc[("ALL", "full"), "score"] == pytest.approx(80.0)
+
+
+def test_a_failed_task_makes_its_category_mean_missing_not_the_mean_of_the_rest():
+    df = pd.DataFrame(
+        _rows("full", None, "f", 90.0, 1.0, ["a1"], category="A")
+        + [{**r, "status": "failed", "score": None} for r in _rows("full", None, "f", 0.0, 1.0, ["a2"], category="A")]
+        + _rows("full", None, "f", 20.0, 1.0, ["b1"], category="B")
+    )  # fmt: skip
+    s = summarize(df).set_index("task")["score"]
+    assert pd.isna(s["[category] A"]) and pd.isna(s["ALL"]) and s["[category] B"] == pytest.approx(20.0)
+
+
+def test_ratios_are_taken_against_the_rows_reference_method():
+    """The reference is data (the config's `reference`), not a name the report knows."""
+    df = pd.DataFrame(
+        [{**r, "reference_method": "truncate"} for r in _rows("truncate", 0.5, "t", 50.0, 2.0, ["t1"])]
+        + [{**r, "reference_method": "truncate"} for r in _rows("random", 0.5, "r", 10.0, 1.0, ["t1"])]
+        + [{**r, "reference_method": "truncate"} for r in _rows("full", None, "f", 80.0, 8.0, ["t1"])]
+    )  # fmt: skip
+    s = summarize(df).set_index(["task", "method"])
+    assert s.loc[("t1", "random"), "ttft_ratio"] == pytest.approx(0.5)
+    assert s.loc[("t1", "full"), "ttft_ratio"] == pytest.approx(4.0)
 
 
 def test_ttft_ratio_only_side_by_side_on_one_machine():
@@ -121,3 +146,33 @@ def test_score_per_task_pivot_marks_partial_points_and_orders_all_last():
     assert md.splitlines()[0] == "| model | benchmark | length | method | keep_rate | t1 | t2 | ALL |"
     assert "| m | b | 100 | truncate | 0.1 | 30.0 (n=1) | - | 30.0 (n=1) |" in md
     assert by_task_markdown(summarize(pd.DataFrame(_rows("full", None, "f", 1.0, 1.0, ["only"])))) == ""
+
+
+def test_the_plot_marks_partial_points(tmp_path):
+    """A point with fewer samples than the fullest of its task is drawn hollow."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from harness.report import plot_score_vs_keep
+
+    df = pd.DataFrame(
+        _rows("full", None, "f", 80.0, 4.0, ["t1"]) * 2
+        + _rows("random", 0.1, "r", 0.0, 1.0, ["t1"]) * 2
+        + _rows("random", 0.3, "s", 10.0, 1.0, ["t1"])  # one sample of two
+    )
+    drawn = []
+    real = plt.Axes.plot
+
+    def spy(self, *a, **k):
+        drawn.append((list(a[0]) if a else None, k.get("markerfacecolor")))
+        return real(self, *a, **k)
+
+    plt.Axes.plot = spy  # type: ignore[method-assign]
+    try:
+        assert plot_score_vs_keep(summarize(df), tmp_path / "p.png").exists()
+    finally:
+        plt.Axes.plot = real  # type: ignore[method-assign]
+    hollow = {x[0] for x, face in drawn if x and len(x) == 1 and face == "none"}
+    assert hollow == {0.3}

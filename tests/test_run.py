@@ -29,7 +29,17 @@ def _job(*overrides: str):
     "overrides,match",
     [
         (["keep=1.5"], r"keep_rate=1.5 is outside \(0, 1\]"),
-        (["keep=0"], r"keep_rate=0 is outside \(0, 1\]"),
+        (["keep=0"], r"keep_rate=0.0 is outside \(0, 1\]"),
+        (["+foo=1"], r"config: unknown key\(s\) \['foo'\]"),
+        (["+kep=0.3"], r"unknown key\(s\) \['kep'\].*did you mean 'keep' for 'kep'\?"),
+        (["+benchmark.options.foo=1"], r"ruler: unknown option\(s\) \['foo'\]; allowed: \[\]"),
+        (
+            ["benchmark=longbench", "+benchmark.options.trunc=none"],
+            r"longbench: unknown option\(s\) \['trunc'\]; allowed: \['truncation', 'data_dir', 'hub_id', 'revision'\]",
+        ),
+        (["+model.foo=1"], r"model config: unknown key\(s\) \['foo'\]"),
+        (["tasks=[]"], r"tasks is empty; give task names, or tasks=all"),
+        (["backend=sglang"], r"backend='sglang'; allowed: \['transformers', 'vllm'\]"),
         (
             ["tasks=[niah_single_1,nia_multikey_1]"],
             r"unknown ruler task 'nia_multikey_1'.*did you mean 'niah_multikey_1'",
@@ -124,7 +134,7 @@ def test_end_to_end_rows_resume_and_failures(tiny_run, monkeypatch):
 def test_needle_helpers():
     import torch
 
-    from harness.run import needle_kept, needle_tokens
+    from harness.diagnostics import needle_kept, needle_tokens
 
     offsets = [(0, 3), (3, 5), (5, 9), (9, 12), (0, 0)]
     toks = needle_tokens(offsets, ((4, 10),))
@@ -250,7 +260,7 @@ def test_dry_run_prints_the_plan_and_resources_without_loading(monkeypatch, caps
 def test_run_identity_is_stable_across_added_model_fields():
     """Adding a model-config field must not orphan stored runs: fields added later are
     left out of the identity at their defaults (golden hashes of stored sweeps)."""
-    from harness.run import LATER_MODEL_FIELDS, model_identity
+    from harness.config import LATER_MODEL_FIELDS, model_identity
 
     # Stored sweeps ran in bfloat16 (dtype: auto resolves to it on AMX CPUs and GPUs).
     assert _job("method=full", "model.dtype=bfloat16").config_hash == "3d22664f151f"
@@ -261,11 +271,60 @@ def test_run_identity_is_stable_across_added_model_fields():
     assert model_identity(changed)["pipeline_parallel"] == 2
 
 
-def test_vllm_with_an_early_exit_speculator_fails_before_loading():
-    with pytest.raises(ValueError, match=r"backend=vllm.*self_layers:8"):
-        _job("backend=vllm", "method=specprefill")
-    assert _job("backend=vllm", "method=full").cfg.backend == "vllm"  # full prefill needs no speculator
-    assert _job("backend=vllm", "model.speculator=smollm2").method.name == "specprefill"
+def test_vllm_plans_an_early_exit_speculator_beside_the_engine(capsys):
+    """`backend=vllm` with `speculator: self_layers:M`: the engine serves the base, and the
+    transformers copy of the base's first M layers speculates beside it."""
+    from harness.run import main
+
+    assert _job("backend=vllm", "method=specprefill").cfg.backend == "vllm"
+    main.__wrapped__(_cfg("model=tiny-random", "backend=vllm", "dry_run=true"))  # type: ignore[attr-defined]
+    out = capsys.readouterr().out
+    assert "backend=vllm" in out and "base on a vLLM engine" in out
+    assert "speculator self_layers:1 on transformers beside it" in out
+
+
+def test_tasks_all_means_every_task():
+    assert len(_job("tasks=all").benchmark.tasks) == 13
+    assert len(_job("tasks=[all]").benchmark.tasks) == 13
+    assert _job("tasks=vt").benchmark.tasks == ("vt",)
+
+
+def test_every_method_gets_the_same_decode_budget():
+    """A method that re-numbers its kept tokens from 0 (next position K < N) must not get
+    a longer answer than full prefill: the budget is counted after the whole prompt."""
+    from harness.models import model_config
+    from harness.run import decode_budget
+    from harness.types import Sample
+
+    s = Sample(benchmark="b", task="t", sample_id=0, length=1, instruction="", context="", question="",
+               answer_prefix="", prompt="p", references=(), max_new_tokens=1200, metric="m")  # fmt: skip
+    model = model_config("smollm2-135m")  # 8192-token window
+    assert decode_budget(s, 7500, model, None) == 692
+    assert decode_budget(s, 100, model, None) == 1200
+    assert decode_budget(s, 7500, model, 128) == 128
+    assert decode_budget(s, 9000, model, None) == 1  # never below one token
+
+
+def test_decode_budget_is_recorded_and_equal_across_position_modes(tiny_run, monkeypatch):
+    import pandas as pd
+
+    from harness.benchmarks.base import Benchmark
+    from harness.models import ModelConfig
+
+    _out, common = tiny_run
+    # A 950-token window under RULER's 1024-token samples (prompt + answer): the window,
+    # not the benchmark, bounds the answer, and the kept prompt (~300 tokens) must not
+    # free more room for truncate's re-numbered positions than for its original ones.
+    monkeypatch.setattr(ModelConfig, "__post_init__", lambda self: object.__setattr__(self, "max_context", 950))
+    monkeypatch.setattr(Benchmark, "check_model", lambda self, n: None)
+    rows = [
+        pd.read_parquet(execute(_job("method=truncate", "keep=0.3", f"method.position_mode={m}", *common))
+                        / "rows.parquet")
+        for m in ("contiguous", "original")
+    ]  # fmt: skip
+    budgets = [dict(zip(r["task"] + r["sample_id"].astype(str), r["max_new_tokens"], strict=True)) for r in rows]
+    assert budgets[0] == budgets[1] and all(v < 128 for k, v in budgets[0].items() if k.startswith("niah"))
+    assert all((r["output_tokens"] <= r["max_new_tokens"]).all() for r in rows)
 
 
 def test_multi_node_models_plan_ray_and_say_what_they_need(monkeypatch, capsys):

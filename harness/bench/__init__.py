@@ -9,7 +9,7 @@ from typing import Any
 
 def write_reference(path: Path, benchmark: str, rows: list[dict[str, Any]], **meta: Any) -> None:
     """Write one benchmark's rows with the hardware and library versions they were measured on."""
-    from harness.run import hardware, versions
+    from harness.provenance import hardware, versions
 
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": benchmark, **meta, "hardware": hardware(), "versions": versions(), "rows": rows}

@@ -60,9 +60,15 @@ class Benchmark(ABC):
     #: Version of the metric code this benchmark scores with (stored in every row).
     metrics_version: ClassVar[str]
     all_tasks: ClassVar[tuple[str, ...]]
+    #: The keys ``options`` may hold (anything else is refused, so it cannot silently
+    #: change the run's hash).
+    allowed_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: BenchmarkConfig) -> None:
         self.cfg = cfg
+        unknown = sorted(set(cfg.options) - set(self.allowed_options))
+        if unknown:
+            raise ValueError(f"{self.name}: unknown option(s) {unknown}; allowed: {list(self.allowed_options)}")
         tasks = tuple(cfg.tasks) or self.all_tasks
         for t in tasks:
             if t not in self.all_tasks:

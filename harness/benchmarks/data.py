@@ -53,7 +53,7 @@ def load_rows(src: Source, limit: int) -> list[dict[str, Any]]:
                 return read_local(path, limit)
         raise FileNotFoundError(
             f"no {src.local_name}.jsonl / .parquet in data_dir={src.data_dir} (for {src.describe()}); "
-            f"put the official files there, or drop benchmark.data_dir to load from the hub"
+            f"put the official files there, or drop data_dir= (benchmark.options.data_dir) to load from the hub"
         )
     try:
         from datasets import load_dataset
@@ -62,7 +62,7 @@ def load_rows(src: Source, limit: int) -> list[dict[str, Any]]:
     except Exception as e:
         raise RuntimeError(
             f"cannot load {src.describe()} from the hub ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-            f"point benchmark.data_dir=<folder> at a local copy holding {src.local_name}.jsonl "
+            f"point data_dir=<folder> (benchmark.options.data_dir) at a local copy holding {src.local_name}.jsonl "
             f"(the official files) or {src.local_name}.parquet"
         ) from e
     return [dict(r) for r in ds.select(range(min(limit, len(ds))))]

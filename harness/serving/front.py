@@ -1,6 +1,6 @@
-"""SpecPrefill's serving path (``make qps``): an OpenAI-compatible front in front of ``vllm serve``.
+"""A planning method's serving path (``make qps``): an OpenAI-compatible front before ``vllm serve``.
 
-Two engines behind one async server: the speculator runs here, on transformers, under
+Two engines behind one async server: the method (SpecPrefill: its speculator) runs here, on transformers, under
 the same load as the base model, so its cost and its contention count; the base model
 runs in vLLM's own OpenAI server (``vllm serve``), which loads this project's position
 hook through its plugin entry point (:mod:`specprefill.backends.vllm`).
@@ -10,8 +10,8 @@ For each ``POST /v1/completions`` the front
 1. tokenizes the prompt text as vLLM's completions endpoint would (``add_special_tokens``
    from the request, default true);
 2. plans it with the configured method (SpecPrefill: speculator prefill and look-ahead,
-   scoring, top-k) on one worker thread — requests queue for the speculator as they
-   would for a real one, and the wait is logged;
+   scoring, top-k) on one worker thread: requests queue for the speculator, and the
+   wait is logged;
 3. forwards the request to vLLM with the kept token ids as the prompt and their original
    positions in ``vllm_xargs`` (``specprefill_positions``, ``specprefill_next``), and
    streams vLLM's answer back unchanged, so the client measures TTFT from its own send
@@ -22,7 +22,7 @@ and kept tokens, queue, plan and forward times). Only methods that select tokens
 whole prompt (``scope == "prompt"``) can be served this way: the request carries no
 instruction/context/question split.
 
-Run: ``python -m harness.front --spec spec.json --upstream http://127.0.0.1:PORT --port P``
+Run: ``python -m harness.serving.front --spec spec.json --upstream http://127.0.0.1:PORT --port P``
 where ``spec.json`` holds ``{"model": <model config>, "method": {"name": ..., options}}``.
 """
 
@@ -47,7 +47,7 @@ class Planner:
 
     def __init__(self, spec: dict[str, Any]) -> None:
         import baselines  # noqa: F401  (registers the methods)
-        from harness.models import ModelConfig, load, parse_speculator
+        from harness.models import ModelConfig, load
         from specprefill.backends.transformers import TransformersBackend
         from specprefill.plan import build_method
 
@@ -60,10 +60,9 @@ class Planner:
                 f"method {name!r} (scope {self.method.scope!r}) cannot be served by the front: a request carries one "
                 f"prompt text, no instruction/context/question split; allowed: methods with scope 'prompt' (specprefill)"
             )
-        parsed = parse_speculator(model.speculator)
-        # An early-exit speculator is a view of the base's first layers: load the base here
-        # (its later layers are never run) and use the view; others load alone.
-        lm = load(model, with_base=parsed is not None and parsed[0] == "self_layers")
+        # The base runs in vLLM; here only the tokenizer and the speculator (an early-exit
+        # speculator is the base's first layers, loaded for it).
+        lm = load(model, with_base=False)
         if self.method.needs_speculator and lm.speculator is None:
             raise ValueError(f"method {name!r} needs a speculator, but model {model.name!r} has speculator: null")
         self.tokenizer = lm.tokenizer

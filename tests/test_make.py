@@ -1,0 +1,98 @@
+"""The thin Makefile and the sweeps: every `key=value` reaches Hydra unchanged (the same for
+every target), defaults and sweeps come from conf/, dry runs load nothing, and a bad sweep
+point stops the sweep before anything runs."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_line(target: str, *args: str) -> list[str]:
+    """The command `make <target> <args>` would run (make -n), split like the shell would."""
+    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", target, *args], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    line = next(ln for ln in out.splitlines() if "-m harness." in ln)
+    return shlex.split(line)
+
+
+@pytest.mark.parametrize(
+    "target,module", [("eval", "harness.run"), ("latency", "harness.latency"), ("qps", "harness.serving.qps")]
+)
+def test_every_target_passes_the_same_spelling_through(target, module):
+    args = ["model=tiny-random", "method=full,specprefill", "keep=0.1,0.3", "backend=vllm", "tasks=all",
+            "grid=[[1,1024]]", "method.position_mode=original", "+foo=1", "out=results/x"]  # fmt: skip
+    cmd = make_line(target, *args)
+    assert cmd[:3] == [".venv/bin/python", "-m", module]
+    assert cmd[3:] == args  # unchanged, in order: no defaults, no comma sniffing, no brackets added
+    assert make_line(target)[3:] == []  # the defaults live in conf/
+
+
+def test_make_report_takes_the_folder():
+    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "report", "out=results/x"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert ".venv/bin/python -m harness.report results/x" in out
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def test_make_eval_dry_run_plans_the_default_sweep_and_loads_nothing(tmp_path):
+    """No model, tokenizer or data is touched: an empty cache folder stays empty."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    env = {"SPECPREFILL_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(["make", "-o", ".venv/.installed", "eval", "dry_run=true", f"out={tmp_path / 'r'}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plans = [ln for ln in proc.stdout.splitlines() if ln.startswith("[dry run]")]
+    # full prefill (keep ignored: one job) + SpecPrefill at 0.1, 0.3, 0.5
+    assert len(plans) == 4 and sum(" full " in p for p in plans) == 1
+    assert list(cache.iterdir()) == [] and not (tmp_path / "r" / "smollm2-135m").exists()
+
+
+def test_a_bad_sweep_point_stops_the_sweep_before_anything_runs(tmp_path):
+    proc = _run("harness.run", "model=tiny-random", "method=full,specprefill", "keep=0.3,1.5", "limit=1",
+                "length=1024", f"out={tmp_path}")  # fmt: skip
+    assert proc.returncode != 0
+    assert "1 of 4 sweep point(s) are invalid; nothing ran" in proc.stderr
+    assert "method=specprefill keep=1.5" in proc.stderr and "keep_rate=1.5 is outside (0, 1]" in proc.stderr
+    assert not list(tmp_path.rglob("*.parquet"))  # full prefill did not run first
+
+
+def test_python_entry_point_and_make_run_the_same_default_sweep(tmp_path):
+    direct = _run("harness.run", "dry_run=true", f"out={tmp_path}")
+    assert direct.returncode == 0, direct.stderr[-2000:]
+    made = subprocess.run(["make", "-o", ".venv/.installed", "eval", "dry_run=true", f"out={tmp_path}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    plans = [sorted(ln for ln in p.stdout.splitlines() if ln.startswith("[dry run]")) for p in (direct, made)]
+    assert plans[0] == plans[1] and len(plans[0]) == 4
+
+
+def test_latency_and_qps_dry_runs_sweep_too(tmp_path):
+    lat = _run("harness.latency", "model=tiny-random", "method=full,specprefill,truncate", "keep=0.3",
+               "grid=[[1,1024]]", "dry_run=true", f"out={tmp_path}")  # fmt: skip
+    assert lat.returncode == 0, lat.stderr[-2000:]
+    assert lat.stdout.count("[latency plan]") == 3
+    q = _run("harness.serving.qps", "model=tiny-random", "dry_run=true", "length=1024", f"out={tmp_path}")
+    assert q.returncode == 0, q.stderr[-2000:]
+    assert q.stdout.count("[qps plan]") == 2
+
+
+def test_a_backend_sweep_gives_one_job_per_backend(tmp_path):
+    proc = _run("harness.run", "model=tiny-random", "method=full", "backend=transformers,vllm", "dry_run=true",
+                f"out={tmp_path}")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plans = [ln for ln in proc.stdout.splitlines() if ln.startswith("[dry run]")]
+    assert len(plans) == 2 and {p.split("backend=")[1].split()[0] for p in plans} == {"transformers", "vllm"}
+    assert len({p.split("-> ")[1] for p in plans}) == 2  # two run folders, not one job twice

@@ -1,0 +1,89 @@
+"""The Method contract, for every registered method and every conf/method preset (built from
+the registry and conf/, not a hand-written list): a valid plan within its budget,
+batched planning equal to one at a time, options recorded, and a method that cannot run
+here says so with :class:`Unsupported`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import baselines  # noqa: F401  (registers the baselines)
+from harness.benchmarks import ruler
+from harness.config import CONF, method_conf
+from harness.models import load, model_config
+from harness.prompts import sample_prompt
+from specprefill.backends.transformers import TransformersBackend
+from specprefill.plan import SCOPES, Unsupported, build_method, registered_methods
+from tests.test_llmlingua import classifier, small_lm  # noqa: F401  (fixtures: tiny compressor models)
+
+PRESETS = sorted(p.stem for p in (Path(CONF) / "method").glob("*.yaml"))
+
+
+def test_every_registered_method_has_a_preset():
+    names = {method_conf(stem, 0.3, 1)[0] for stem in PRESETS}
+    assert set(registered_methods()) - {"needs_gpu_probe"} <= names, "a method without conf/method/<name>.yaml"
+
+
+@pytest.fixture(scope="module")
+def backend(smollm2_tokenizer):
+    lm = load(model_config("tiny-random", max_context=8192))
+    return TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
+
+
+@pytest.fixture(scope="module")
+def prompt(smollm2_info, smollm2_tokenizer):
+    s = ruler.generate("qa_1", 2048, 1, smollm2_info.fmt, smollm2_info.count)[0]
+    return sample_prompt(s, smollm2_tokenizer)[0]
+
+
+def offline(stem: str, lm: str, clf: str) -> dict:
+    """What the preset needs to run here: local compressor models, a layer the 2-layer
+    test model has."""
+    return {
+        "llmlingua": {"model_path": lm, "dtype": "float32"},
+        "longllmlingua": {"model_path": lm, "dtype": "float32"},
+        "llmlingua2": {"model_path": clf, "dtype": "float32"},
+        "gemfilter": {"filter_layer": 1},
+    }.get(stem, {})
+
+
+@pytest.mark.parametrize("stem", PRESETS)
+def test_every_preset_plans_within_its_budget(stem, backend, prompt, small_lm, classifier):  # noqa: F811
+    name, options = method_conf(stem, 0.3, 1)
+    given = {**options, **offline(stem, small_lm, classifier)}
+    method = build_method(name, given)
+    recorded = method.options()
+    assert method.scope in SCOPES and set(given) <= set(recorded)
+    assert all(recorded[k] == v for k, v in given.items() if v != "auto")  # `auto` dtypes are recorded resolved
+    try:
+        plan = method.plan(prompt, backend)
+    except Unsupported as e:
+        assert not torch.cuda.is_available() and "CUDA" in str(e)  # MInference on a CPU machine
+        return
+    n, k = prompt.n, plan.k
+    assert plan.input_ids.dtype == plan.position_ids.dtype == torch.int64 and plan.position_ids.shape == (k,)
+    assert k >= 1 and plan.next_position >= int(plan.position_ids.max()) + 1
+    assert all(v >= 0 for v in plan.timings.values())
+    keep = float(method.options().get("keep_rate", 1.0))
+    slack = (32 / n) if method.options().get("chunk_size") else 0.02
+    assert k / n <= keep + slack, (stem, k / n)
+    if plan.kept_indices is not None:
+        kept = plan.kept_indices
+        assert bool((kept[1:] > kept[:-1]).all()) and int(kept[0]) >= 0 and int(kept[-1]) < n
+        assert torch.equal(plan.input_ids, prompt.input_ids[kept])
+        if method.options().get("position_mode", "original") == "original":
+            assert torch.equal(plan.position_ids, kept) and plan.next_position == n
+        if method.identity:
+            assert k == n
+    else:  # a rewritten text keeps the question and instruction whole
+        text = backend.tokenizer.decode(plan.input_ids)
+        assert prompt.question.strip() in text and method.scope != "prompt"
+    if method.identity:
+        assert math.isclose(keep, 1.0) and k == n
+    batch = method.plan_batch([prompt, prompt], backend)
+    for b in batch:
+        assert torch.equal(b.input_ids, plan.input_ids) and torch.equal(b.position_ids, plan.position_ids)
