@@ -13,7 +13,7 @@ VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm-cuda || echo vl
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup eval latency qps report test test-fast check clean bench-scoring-memory bench-ruler-generation
+.PHONY: setup eval latency qps report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check
 
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements-offline.txt
@@ -58,6 +58,14 @@ bench-scoring-memory: setup
 
 bench-ruler-generation: setup
 	$(PY) -m harness.bench.ruler_generation
+
+bench-front-throughput: setup
+	$(PY) -m harness.bench.front_throughput
+
+# The GPU machine's check (harness/bench/gpu_check.py): no setup, since that machine has its own
+# PyTorch and transformers and nothing else; GPU_CHECK_CPU=1 runs it at small sizes here.
+gpu-check:
+	$(or $(wildcard $(PY)),python3) -m harness.bench.gpu_check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache results/default plots/default

@@ -150,11 +150,21 @@ def config_hash(identity: Any) -> str:
 #: Model-config fields added after results were first stored, with their defaults. A field
 #: at its default is left out of the run identity, so adding a field does not orphan the
 #: run folders of every earlier sweep (they would no longer resume).
-LATER_MODEL_FIELDS: dict[str, Any] = {"pipeline_parallel": 1, "speculator_shape": {}, "nodes": 1}
+LATER_MODEL_FIELDS: dict[str, Any] = {
+    "pipeline_parallel": 1,
+    "speculator_shape": {},
+    "nodes": 1,
+    "architecture": None,
+    "speculator_architecture": None,
+    "speculator_chunk": None,
+}
+#: Model-config fields that never change results: the default backend (the backend that
+#: ran is part of the identity on its own) and the GPU size a dry run plans with.
+NOT_IDENTITY = ("backend", "gpu_memory_gib")
 
 
 def model_identity(model: ModelConfig) -> dict[str, Any]:
-    d = dataclasses.asdict(model)
+    d = {k: v for k, v in dataclasses.asdict(model).items() if k not in NOT_IDENTITY}
     return {k: v for k, v in d.items() if not (k in LATER_MODEL_FIELDS and v == LATER_MODEL_FIELDS[k])}
 
 

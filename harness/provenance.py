@@ -74,10 +74,16 @@ def hardware() -> str:
     return f"cpu: {cpu}, {torch.get_num_threads()} threads"
 
 
-def provenance(model: Any, backend: str) -> dict[str, Any]:
+def provenance(model: Any, backend: str, engine: Any = None, placement: Any = None) -> dict[str, Any]:
     """The provenance columns of a row: git SHA, versions (JSON), hardware, and the
-    model as it ran (name, weights, dtype, speculator) on ``backend``."""
+    model as it ran (name, weights, dtype, speculator) on ``backend``; with the running
+    backend (``engine``) and its :class:`~harness.placement.Placement`, the quantization the
+    engine applied (else the checkpoint's declared one) and its share of each GPU."""
+    applied = getattr(engine, "quantization", None)
+    share = getattr(engine, "gpu_memory_utilization", None) if engine is not None else None
     return {
+        "quantization": applied or getattr(placement, "quantization", None),
+        "gpu_memory_utilization": share if share is not None else getattr(placement, "gpu_memory_utilization", None),
         "git_sha": git_sha(),
         "versions": json.dumps(versions(), sort_keys=True),
         "hardware": hardware(),

@@ -39,7 +39,9 @@ from harness.config import (
     model_identity,
 )
 from harness.diagnostics import needle_kept, needle_tokens
-from harness.models import ModelConfig, check_runnable, load_tokenizer, resources, tokenizer_id
+from harness.models import ModelConfig, check_runnable, load_tokenizer, tokenizer_id
+from harness.placement import Placement
+from harness.placement import plan as place
 from harness.prompts import sample_prompt
 from harness.provenance import provenance
 from harness.store import RunStore, method_columns, record
@@ -85,6 +87,7 @@ class Job:
     benchmark: Benchmark
     config_hash: str
     folder: Path
+    placement: Placement
 
 
 def prepare(cfg: RunConfig) -> Job:
@@ -100,6 +103,7 @@ def prepare(cfg: RunConfig) -> Job:
         )
     benchmark = build_benchmark(cfg.benchmark)
     benchmark.check_model(cfg.model.max_context)
+    placement = place(cfg.model, cfg.backend, method.needs_speculator)
     identity = {
         "model": model_identity(cfg.model),
         "method": {"name": method.name, **method.options()},
@@ -109,7 +113,7 @@ def prepare(cfg: RunConfig) -> Job:
     }
     h = config_hash(identity)
     folder = cfg.out / cfg.model.name / f"{cfg.benchmark.name}-{cfg.benchmark.length}" / f"{method.name}-{h}"
-    return Job(cfg=cfg, method=method, benchmark=benchmark, config_hash=h, folder=folder)
+    return Job(cfg=cfg, method=method, benchmark=benchmark, config_hash=h, folder=folder, placement=placement)
 
 
 def validate(cfg: DictConfig) -> Path:
@@ -137,7 +141,7 @@ def plan_text(job: Job) -> str:
         f"{job.benchmark.name}-{c.benchmark.length} tasks={list(job.benchmark.tasks)} "
         f"limit={c.benchmark.limit} backend={c.backend} -> {job.folder}\n"
         f"          {backend_plan(c.model, c.backend, job.method.needs_speculator)}\n"
-        f"          {resources(c.model, c.backend)}"
+        f"          {job.placement.describe()}"
     )
 
 
@@ -200,6 +204,7 @@ def job_config(job: Job) -> dict[str, Any]:
         "reference": job.cfg.reference,
         "benchmark": {**job.benchmark.options(), "tasks": list(job.benchmark.tasks), "limit": job.cfg.benchmark.limit},
         "backend": job.cfg.backend,
+        "placement": dataclasses.asdict(job.placement),
         "config_hash": job.config_hash,
     }
 
@@ -212,14 +217,14 @@ def execute(job: Job) -> Path:
         check_runnable(cfg.model)
         # Tokenizer and data first: a missing dataset fails before any model loads.
         tok, samples = benchmark_samples(cfg.model, job.benchmark)
-        backend = make_backend(cfg.model, cfg.backend, job.method.needs_speculator)
+        backend = make_backend(cfg.model, cfg.backend, job.method.needs_speculator, job.placement)
         store.write_config(job_config(job))
         done = store.done_units()
         todo = [s for s in samples if f"{s.task}/{s.sample_id}" not in done]
         common = {
             "run_id": job.folder.name,
             "config_hash": job.config_hash,
-            **provenance(cfg.model, cfg.backend),
+            **provenance(cfg.model, cfg.backend, backend, job.placement),
             **method_columns(job.method, cfg.reference),
             "benchmark": job.benchmark.name,
             "benchmark_version": job.benchmark.version,

@@ -55,6 +55,8 @@ class RunRecord:
     dtype: str
     speculator: str | None
     backend: str
+    quantization: str | None  # the checkpoint's own, as the engine applied it (None: unquantized)
+    gpu_memory_utilization: float | None  # the engine's planned share of each GPU (vLLM on GPUs)
     # The method and what it is compared against
     method: str
     scope: str | None  # prompt | context | query_aware_context
@@ -172,6 +174,7 @@ class QPSRecord(RunRecord):
     speculator_s: float | None
     selection_s: float | None
     front_plan_s: float | None
+    front_batch_size: int | None  # requests the front planned together with this one
     start_time: float | None
     pass_timeout_rule: bool
     pass_ttft_slo: bool

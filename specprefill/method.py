@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
 from specprefill.core import _check_pool_kernel, force_keep, select_tokens, token_importance
 from specprefill.plan import (
     Backend,
@@ -72,12 +70,16 @@ class SpecPrefill(Method):
         return self.plan_batch([prompt], backend)[0]
 
     def plan_batch(self, prompts: Sequence[Prompt], backend: Backend) -> list[Plan]:
-        """One speculator forward for a batch of equal-length prompts (as a serving engine
-        batches them); prompts of different lengths are speculated one at a time."""
-        if len({p.n for p in prompts}) > 1:
-            return [self.plan(p, backend) for p in prompts]
+        """One speculator forward for the whole batch, prompts of any lengths (the backend
+        left-pads them; each capture is the prompt's own), then scoring and selection per
+        prompt. Each plan's ``speculator_s`` is an equal share of the batch forward (they sum
+        to it) and its ``selection_s`` its own."""
+        if not prompts:
+            return []
         t0 = time.perf_counter()
-        caps = backend.speculate_batch(torch.stack([p.input_ids for p in prompts]), self.lookahead)
+        # Backend.speculate_batch (specprefill/plan.py) still declares only the [B, N] form;
+        # the transformers backend (and the vLLM one, which delegates to it) take B [n_i] prompts.
+        caps = backend.speculate_batch([p.input_ids for p in prompts], self.lookahead)  # type: ignore[arg-type]
         speculator_s = (time.perf_counter() - t0) / len(prompts)
         plans = []
         for prompt, cap in zip(prompts, caps, strict=True):

@@ -170,3 +170,75 @@ def test_contiguous_position_mode(tiny_llama):
     assert orig.kept_indices is not None and plan.kept_indices is not None
     assert orig.kept_indices.tolist() == plan.kept_indices.tolist()
     assert orig.position_ids.tolist() == orig.kept_indices.tolist() and orig.next_position == 40
+
+
+def test_chunked_speculator_prefill_captures_what_one_forward_captures(tiny_llama):
+    """A long prompt prefilled 7 tokens at a time into the speculator's cache gives the same
+    queries, keys and look-ahead tokens as one forward (within float error)."""
+    ids = _ids(40, seed=3)
+    whole = TransformersBackend(tiny_llama, None, tiny_llama).speculate(ids, 3)
+    chunked = TransformersBackend(tiny_llama, None, tiny_llama, prefill_chunk=7).speculate(ids, 3)
+    assert chunked.queries.shape == whole.queries.shape and chunked.keys.shape == whole.keys.shape
+    torch.testing.assert_close(chunked.queries, whole.queries, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(chunked.keys, whole.keys, rtol=1e-4, atol=1e-5)
+    assert chunked.lookahead_ids == whole.lookahead_ids
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_unequal_length_batch_captures_what_each_prompt_alone_captures(tiny_llama, attn, chunk):
+    """Prompts of 23, 40 and 31 tokens in one padded batch (chunked: chunks end inside one row's
+    padding and another's tokens) give each prompt the queries, keys [layers, kv_heads, n_i, d]
+    and look-ahead tokens of one forward of it alone: padding neither leaks in nor goes NaN."""
+    prompts = [_ids(23, seed=11), _ids(40, seed=12), _ids(31, seed=13)]
+    tiny_llama.config._attn_implementation = attn
+    try:
+        batch = TransformersBackend(tiny_llama, None, tiny_llama, prefill_chunk=chunk).speculate_batch(prompts, 3)
+        alone = [TransformersBackend(tiny_llama, None, tiny_llama).speculate(ids, 3) for ids in prompts]
+    finally:
+        tiny_llama.config._attn_implementation = "sdpa"
+    for ids, cap, one in zip(prompts, batch, alone, strict=True):
+        assert cap.keys.shape == (3, 2, ids.shape[0], 16) and cap.queries.shape == (3, 4, 3, 16)
+        torch.testing.assert_close(cap.queries, one.queries, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(cap.keys, one.keys, rtol=1e-4, atol=1e-5)
+        assert cap.lookahead_ids == one.lookahead_ids and len(cap.lookahead_ids) == 2
+
+
+def test_a_one_token_prompt_batches_with_longer_ones(tiny_llama):
+    """A 1-token prompt (nothing to prefill before its last token) in a batch of 1, 6 and 2 tokens."""
+    be = TransformersBackend(tiny_llama, None, tiny_llama)
+    prompts = [_ids(1, seed=21), _ids(6, seed=22), _ids(2, seed=23)]
+    for ids, cap in zip(prompts, be.speculate_batch(prompts, 2), strict=True):
+        one = be.speculate(ids, 2)
+        assert cap.keys.shape == (3, 2, ids.shape[0], 16)
+        torch.testing.assert_close(cap.queries, one.queries, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(cap.keys, one.keys, rtol=1e-4, atol=1e-5)
+        assert cap.lookahead_ids == one.lookahead_ids
+
+
+def test_specprefill_plans_unequal_prompts_in_one_speculator_forward(tiny_llama, monkeypatch):
+    """plan_batch of prompts of 48, 96 and 70 tokens: one batched capture, each plan the one
+    it gets alone, timings its share, FLOPs counted on each prompt's own length."""
+    from specprefill.flops import Shape, speculator_flops
+
+    be = TransformersBackend(tiny_llama, None, tiny_llama)
+    m = SpecPrefill(keep_rate=0.3, lookahead=2, chunk_size=8, pool_kernel=3)
+    prompts = [Prompt(_ids(n, seed=n)) for n in (48, 96, 70)]
+    calls: list[int] = []
+    capture = be._capture_batch
+
+    def counted(model, input_ids, lookahead):
+        calls.append(len(input_ids))
+        return capture(model, input_ids, lookahead)
+
+    monkeypatch.setattr(be, "_capture_batch", counted)
+    be.method_flops = 0
+    batch = m.plan_batch(prompts, be)
+    assert calls == [3]
+    assert be.method_flops == sum(speculator_flops(Shape.of(tiny_llama.config), p.n, 2) for p in prompts)
+    for p, b in zip(prompts, batch, strict=True):
+        one = m.plan(p, be)
+        assert one.kept_indices is not None and b.kept_indices is not None
+        assert torch.equal(one.kept_indices, b.kept_indices) and b.next_position == p.n
+        assert set(b.timings) == {"speculator_s", "selection_s"}
+    assert len({b.timings["speculator_s"] for b in batch}) == 1  # an equal share of the one forward

@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from harness import latency as lat
 from harness.models import load, model_config
 from harness.store import RunStore, read_results
+from harness.timing import flops
 from specprefill import SpecPrefill
 from specprefill.backends.transformers import TransformersBackend
 from specprefill.flops import Shape, causal_pairs, prefill_flops, speculator_flops
@@ -43,7 +44,7 @@ def test_ideal_flops_of_a_batch():
     from specprefill.plan import kept_plan, text_plan
 
     plans = [kept_plan(p, k, "original", {}) for p, k in zip(prompts, kept, strict=True)]
-    full, method = lat.flops(s, prompts, plans, overhead=1000)
+    full, method = flops(s, prompts, plans, overhead=1000)
     assert full == 2 * (10 * s.linear_per_token + 55 * s.attention_per_pair + 2 * 4 * 2)
     assert method == 1000 + 2 * (3 * s.linear_per_token + 6 * s.attention_per_pair + 2 * 4 * 2)
 
@@ -52,7 +53,7 @@ def test_ideal_flops_of_a_batch():
             return type("E", (), {"input_ids": [1, 2]})()
 
     rewritten = [text_plan(p, type("B", (), {"tokenizer": Tok()})(), "x", {}) for p in prompts]
-    assert math.isnan(lat.flops(s, prompts, rewritten, overhead=0)[1])  # its compressor is not counted
+    assert math.isnan(flops(s, prompts, rewritten, overhead=0)[1])  # its compressor is not counted
 
 
 @pytest.fixture(scope="module")

@@ -170,6 +170,8 @@ def test_stop_strings_cut_the_served_text_like_vllm():
         ("qps.growth=1", r"growth=1.0"),
         ("qps.max_points=0", r"max_points=0"),
         ("qps.timeout_s=0", r"timeout_s=0.0"),
+        ("qps.front.max_batch=0", r"front.max_batch=0; allowed: int >= 1"),
+        ("+qps.front.max_batchs=4", r"front settings \['max_batchs'\] are unknown"),
     ],
 )
 def test_bad_settings_are_named(override, match):

@@ -254,7 +254,7 @@ def test_dry_run_prints_the_plan_and_resources_without_loading(monkeypatch, caps
     main.__wrapped__(_cfg("model=llama405b", "backend=vllm", "dry_run=true"))  # type: ignore[attr-defined]
     out = capsys.readouterr().out
     assert "[dry run] llama405b specprefill" in out and "backend=vllm" in out
-    assert "needs 8 GPU(s) (tensor_parallel=8, pipeline_parallel=1)" in out and "GiB of weights" in out
+    assert "tensor_parallel 8, pipeline_parallel 1" in out and "needs 8 GPU(s)" in out and "base weights" in out
 
 
 def test_run_identity_is_stable_across_added_model_fields():
@@ -333,11 +333,16 @@ def test_multi_node_models_plan_ray_and_say_what_they_need(monkeypatch, capsys):
     from harness.run import main
 
     main.__wrapped__(_cfg("model=llama405b-bf16-2node", "backend=vllm", "dry_run=true"))  # type: ignore[attr-defined]
-    assert "needs 16 GPU(s) (tensor_parallel=8, pipeline_parallel=2) on 2 nodes (8 GPUs each" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "tensor_parallel 8, pipeline_parallel 2" in out and "needs 16 GPU(s) on 2 nodes" in out
     cfg = model_config("llama405b-bf16-2node")
     args = vllm_engine_args(cfg)
     assert args["distributed_executor_backend"] == "ray" and args["pipeline_parallel_size"] == 2
-    assert "distributed_executor_backend" not in vllm_engine_args(model_config("llama70b"))
+    import torch
+
+    with monkeypatch.context() as m:  # a one-node GPU run: vLLM's own executor choice (on CPU ranks: mp)
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        assert "distributed_executor_backend" not in vllm_engine_args(model_config("llama70b"))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: object())  # as if ray were installed
     with pytest.raises(RuntimeError, match=r"spans 2 nodes: RAY_ADDRESS is not set; start one \(`ray start --head`"):

@@ -70,7 +70,9 @@ from harness.config import (
     model_from,
     model_identity,
 )
-from harness.models import ModelConfig, check_runnable, resources, vllm_engine_args
+from harness.models import ModelConfig, check_runnable, vllm_engine_args
+from harness.placement import Placement
+from harness.placement import plan as place
 from harness.provenance import provenance
 from harness.store import RunStore, method_columns, record
 from harness.types import Sample
@@ -97,9 +99,14 @@ class QPSSettings:
     seed: int = 0
     server_timeout_s: float = 900.0
     point_timeout_s: float = 1800.0
+    #: How the planning front batches concurrent requests (harness.serving.front.FrontSettings).
+    front: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from harness.serving.front import FrontSettings
+
         check_choice("arrival", self.arrival, ARRIVALS)
+        FrontSettings.from_spec(self.front)  # bad or unknown keys fail before any server starts
         for r in self.rates:
             if isinstance(r, bool) or not isinstance(r, int | float) or not r > 0 or math.isinf(r):
                 raise ValueError(f"rates contains {r!r}; allowed: finite request rates > 0 (req/s)")
@@ -159,6 +166,7 @@ class QPSJob:
     benchmark: Benchmark
     config_hash: str
     folder: Path
+    placement: Placement
 
 
 def prepare(cfg: QPSConfig) -> QPSJob:
@@ -173,6 +181,7 @@ def prepare(cfg: QPSConfig) -> QPSJob:
         raise ValueError(f"method {method.name!r} needs a speculator, but model {cfg.model.name!r} has none")
     benchmark = build_benchmark(cfg.benchmark)
     benchmark.check_model(cfg.model.max_context)
+    placement = place(cfg.model, "vllm", method.needs_speculator)
     q = cfg.qps
     identity = {
         "model": model_identity(cfg.model),
@@ -185,12 +194,19 @@ def prepare(cfg: QPSConfig) -> QPSJob:
             "ttft_p90_slo_s": q.ttft_p90_slo_s,
             "warmups": q.warmups,
             "seed": q.seed,
+            **({} if method.identity else {"front": dataclasses.asdict(front_settings(q))}),
         },
         "decoding": "greedy",
     }
     h = config_hash(identity)
     folder = cfg.out / cfg.model.name / f"{cfg.benchmark.name}-{cfg.benchmark.length}" / f"qps-{method.name}-{h}"
-    return QPSJob(cfg=cfg, method=method, benchmark=benchmark, config_hash=h, folder=folder)
+    return QPSJob(cfg=cfg, method=method, benchmark=benchmark, config_hash=h, folder=folder, placement=placement)
+
+
+def front_settings(q: QPSSettings) -> Any:
+    from harness.serving.front import FrontSettings
+
+    return FrontSettings.from_spec(q.front)
 
 
 def validate(cfg: DictConfig) -> Path:
@@ -206,14 +222,18 @@ def plan_text(job: QPSJob) -> str:
         if q.rates
         else f"search from {q.start_rate} req/s x{q.growth} (<= {q.max_points} points) + {q.bisect_steps} bisection(s)"
     )
-    served = "vllm serve" if job.method.identity else f"vllm serve + a {job.method.name} front (the method plans there)"
+    served = (
+        "vllm serve"
+        if job.method.identity
+        else f"vllm serve + a {job.method.name} front (the method plans there, {front_settings(q)})"
+    )
     return (
         f"[qps plan] {c.model.name} {job.method.name} {json.dumps(job.method.options())} "
         f"{job.benchmark.name}-{c.benchmark.length} tasks={list(job.benchmark.tasks)} limit={c.benchmark.limit}\n"
         f"           {served}; {q.arrival} arrivals; {search}; every sample once per rate, {q.warmups} warm-up\n"
         f"           a rate passes with <= {q.max_timeouts} requests over {q.timeout_s:g} s (or failed) and "
         f"TTFT p90 <= {q.ttft_p90_slo_s:g} s\n"
-        f"           {resources(c.model, 'vllm')}; results: {job.folder}"
+        f"           {job.placement.describe()}; results: {job.folder}"
     )
 
 
@@ -226,9 +246,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve_command(model: ModelConfig, port: int) -> list[str]:
+def serve_command(model: ModelConfig, port: int, utilization: float | None = None) -> list[str]:
     """``vllm serve`` for the base model, from the same engine arguments the offline backend uses."""
-    args = vllm_engine_args(model)  # also sets vLLM's CPU environment defaults
+    args = vllm_engine_args(model, utilization)  # also sets vLLM's CPU environment defaults
     cmd = [
         sys.executable, "-m", "harness.serving.vllm_cli", "serve", str(args.pop("model_path")),
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
@@ -305,7 +325,7 @@ def serving(job: QPSJob, logs: Path) -> Iterator[tuple[str, Path | None]]:
         base_url = f"http://127.0.0.1:{port}"
         vlog = logs / "vllm_serve.log"
         with vlog.open("w") as f:
-            cmd = serve_command(job.cfg.model, port)
+            cmd = serve_command(job.cfg.model, port, job.placement.gpu_memory_utilization)
             procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
         wait_ready(base_url, procs[-1], vlog, job.cfg.qps.server_timeout_s, "vllm serve")
         assert_no_prefix_cache(vlog)
@@ -315,7 +335,8 @@ def serving(job: QPSJob, logs: Path) -> Iterator[tuple[str, Path | None]]:
         fport = free_port()
         spec = logs / "front_spec.json"
         method = {"name": job.method.name, **job.method.options()}
-        spec.write_text(json.dumps({"model": dataclasses.asdict(job.cfg.model), "method": method}))
+        front = dataclasses.asdict(front_settings(job.cfg.qps))
+        spec.write_text(json.dumps({"model": dataclasses.asdict(job.cfg.model), "method": method, "front": front}))
         flog, requests_log = logs / "front.log", logs / "front_requests.jsonl"
         requests_log.unlink(missing_ok=True)
         cmd = [
@@ -426,7 +447,8 @@ def request_rows(job: QPSJob, samples: list[Sample], result: dict[str, Any], fro
             "prediction": text, "score": job.benchmark.score(s, truncate_at_stop(text, s.stop)) if ok else None,
             "references": list(s.references), "front_queue_s": f.get("queue_s"),
             "speculator_s": f.get("speculator_s"), "selection_s": f.get("selection_s"),
-            "front_plan_s": f.get("plan_s"), "start_time": result["start_times"][i],
+            "front_plan_s": f.get("plan_s"), "front_batch_size": f.get("batch_size"),
+            "start_time": result["start_times"][i],
         })  # fmt: skip
     return rows
 
@@ -504,7 +526,7 @@ def execute(job: QPSJob) -> Path:
         common = {
             "run_id": folder.name,
             "config_hash": job.config_hash,
-            **provenance(cfg.model, "vllm"),
+            **provenance(cfg.model, "vllm", None, job.placement),
             **method_columns(job.method, cfg.reference),
             "speculator": cfg.model.speculator if job.method.needs_speculator else None,
             "benchmark": job.benchmark.name,

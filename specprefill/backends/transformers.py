@@ -116,7 +116,16 @@ class TransformersBackend:
 
     name = "transformers"
 
-    def __init__(self, base: Any, tokenizer: Any, speculator: Any | None = None) -> None:
+    def __init__(
+        self, base: Any, tokenizer: Any, speculator: Any | None = None, prefill_chunk: int | None = None
+    ) -> None:
+        """``prefill_chunk``: the speculator prefills long prompts this many tokens at a time
+        into its cache (None: in one forward). The result is the same; the activations of
+        one forward are a chunk's, not the whole prompt's (at 128K tokens an 8B model's MLP
+        would otherwise hold gigabytes)."""
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk={prefill_chunk!r}; allowed: None or int >= 1")
+        self.prefill_chunk = prefill_chunk
         self.base = base.eval()
         self.tokenizer = tokenizer
         self.speculator = speculator.eval() if speculator is not None else None
@@ -159,49 +168,126 @@ class TransformersBackend:
     def _capture(self, model: Any, input_ids: torch.Tensor, lookahead: int) -> SpeculatorCapture:
         return self._capture_batch(model, input_ids.unsqueeze(0), lookahead)[0]
 
-    def speculate_batch(self, input_ids: torch.Tensor, lookahead: int) -> list[SpeculatorCapture]:
-        """:meth:`speculate` for a batch of equal-length prompts ``[B, N]`` in one forward
-        (latency measurements); one capture per prompt."""
+    def speculate_batch(
+        self, input_ids: torch.Tensor | Sequence[torch.Tensor], lookahead: int
+    ) -> list[SpeculatorCapture]:
+        """:meth:`speculate` for a batch of prompts in one forward; one capture per prompt.
+
+        ``input_ids``: int64 ``[B, N]`` (equal lengths), or B int64 ``[n_i]`` tensors of any
+        lengths >= 1, padded in one batch (see :meth:`_capture_batch`).
+        Capture i is what :meth:`speculate` gives for prompt i alone (within float error):
+        ``queries`` ``[layers, heads, L, d]``, ``keys`` ``[layers, kv_heads, n_i, d]``."""
         if self.speculator is None:
             raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
         return self._capture_batch(self.speculator, input_ids, lookahead)
 
     @torch.inference_mode()
-    def _capture_batch(self, model: Any, input_ids: torch.Tensor, lookahead: int) -> list[SpeculatorCapture]:
+    def _capture_batch(
+        self, model: Any, input_ids: torch.Tensor | Sequence[torch.Tensor], lookahead: int
+    ) -> list[SpeculatorCapture]:
+        """Prefill ``model`` on B prompts at once (``[B, N]``, or B ``[n_i]`` tensors) and decode
+        ``lookahead - 1`` greedy tokens per prompt, capturing what SpecPrefill scores with.
+
+        Equal lengths: one (chunked) prefill of ``[B, N]``, whose last column is every
+        prompt's last token, where the query hook looks. Unequal lengths: each prompt's first
+        n_i - 1 tokens are prefilled right-padded to M = max n_i - 1 columns, at positions
+        0..M-1, with no padding mask: the padding comes after every real token of its row, so
+        causal attention already keeps it out of the real tokens, and SDPA keeps its fast
+        causal path (a left-padding mask costs ~30% more on CPU and the flash/GQA kernels on
+        GPU). Then every prompt's last token runs in one single-token step at its own position
+        n_i - 1, its 2-D mask showing it its own n_i - 1 tokens only: that step's query is the
+        captured one. No query ever has nothing to attend to, so the padding cannot make NaNs;
+        the last logits are checked finite anyway. Look-ahead token j of row i is decoded at
+        position n_i + j. Returns per row: ``queries`` ``[layers, heads, L, d]`` (last prompt
+        token, then the look-ahead tokens), ``keys`` ``[layers, kv_heads, n_i, d]`` (the
+        row's own prompt tokens only, padding and look-ahead excluded)."""
         from transformers import DynamicCache
 
-        b, n = int(input_ids.shape[0]), int(input_ids.shape[1])
-        self.method_flops += b * speculator_flops(Shape.of(model.config), n, lookahead)
-        ids = input_ids.to(self.device)
+        if isinstance(input_ids, torch.Tensor):
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids of shape {tuple(input_ids.shape)}; allowed: [B, N] or a list of [n_i]")
+            rows = list(input_ids.unbind(0))
+        else:
+            rows = list(input_ids)
+        if not rows or any(r.dim() != 1 or r.shape[0] < 1 for r in rows):
+            raise ValueError(
+                f"prompt shapes {[tuple(r.shape) for r in rows]}; allowed: one or more 1-D prompts of >= 1 token"
+            )
+        lengths = [int(r.shape[0]) for r in rows]
+        b, n = len(rows), max(lengths)
+        shape = Shape.of(model.config)
+        self.method_flops += sum(speculator_flops(shape, k, lookahead) for k in lengths)  # padding not counted
+        ragged = min(lengths) != n
+        m = n - 1 if ragged else n  # prefilled columns
+        ids = torch.zeros(b, m, dtype=torch.int64)  # [B, M]: row i's first n_i - 1 tokens, then padding
+        for i, r in enumerate(rows):
+            ids[i, : lengths[i] - 1 if ragged else n] = r[:-1] if ragged else r
+        ids = ids.to(self.device)
+        lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)  # [B]
+        mask = torch.ones(b, m, dtype=torch.int64, device=self.device)  # nothing to hide in the prefill
         cache = DynamicCache(config=model.config)
         generated: list[list[int]] = [[] for _ in range(b)]
+        chunk = self.prefill_chunk or m
         with capture_last_queries(model) as captured:
-            out = model(
-                input_ids=ids,
-                position_ids=torch.arange(n, device=self.device).unsqueeze(0).expand(b, n),
-                attention_mask=torch.ones(b, n, dtype=torch.long, device=self.device),
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            # Keys of the prompt only: later look-ahead steps append to the cache.
-            keys = torch.stack([layer.keys[:, :, :n, :] for layer in cache.layers], dim=1)  # type: ignore[union-attr,index]
-            for step in range(lookahead - 1):
-                nxt = out.logits[:, -1].argmax(-1)  # [B]
-                for row, t in zip(generated, nxt.tolist(), strict=True):
-                    row.append(int(t))
-                pos = n + step
+            for start in range(0, m, chunk):
+                end = min(m, start + chunk)
+                for per_layer in captured:  # only the prompt's last row (the last chunk's) counts
+                    per_layer.clear()
                 out = model(
-                    input_ids=nxt.unsqueeze(1),
-                    position_ids=torch.full((b, 1), pos, device=self.device),
-                    attention_mask=torch.ones(b, pos + 1, dtype=torch.long, device=self.device),
+                    input_ids=ids[:, start:end],
+                    position_ids=torch.arange(start, end, device=self.device).unsqueeze(0).expand(b, end - start),
+                    attention_mask=mask[:, :end],
                     past_key_values=cache,
                     use_cache=True,
                     logits_to_keep=1,
                 )
-        queries = torch.stack([torch.cat(per_layer, dim=2) for per_layer in captured], dim=1)  # [B, layers, H, L, d]
+            if ragged:  # the last tokens: [B, 1] at positions n_i - 1, each seeing its row's n_i - 1 tokens and itself
+                for per_layer in captured:
+                    per_layer.clear()
+                own = torch.arange(m, device=self.device).unsqueeze(0) < (lens - 1).unsqueeze(1)  # [B, M]
+                mask = torch.cat([own.to(torch.int64), mask.new_ones(b, 1)], dim=1)
+                last = torch.stack([r[-1] for r in rows]).to(self.device)
+                out = model(
+                    input_ids=last.unsqueeze(1),
+                    position_ids=(lens - 1).unsqueeze(1),
+                    attention_mask=mask,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+            if not bool(torch.isfinite(out.logits[:, -1]).all()):
+                bad = (~torch.isfinite(out.logits[:, -1])).any(-1).nonzero().flatten().tolist()
+                raise FloatingPointError(
+                    f"the speculator gave non-finite logits for the prompts of {[lengths[i] for i in bad]} tokens "
+                    f"(batch rows {bad}): an overflow in {next(model.parameters()).dtype}?"
+                )
+            # Keys of the prompt only (later look-ahead steps append to the cache), gathered on the first
+            # device when the model's layers are spread over several: [B, layers, kv_heads, M (+1), d].
+            p = m + 1 if ragged else n
+            keys = torch.stack([layer.keys[:, :, :p, :].to(self.device) for layer in cache.layers], dim=1)  # type: ignore[union-attr,index]
+            for step in range(lookahead - 1):
+                nxt = out.logits[:, -1].argmax(-1)  # [B]
+                for row, t in zip(generated, nxt.tolist(), strict=True):
+                    row.append(int(t))
+                mask = torch.cat([mask, mask.new_ones(b, 1)], dim=1)
+                out = model(
+                    input_ids=nxt.unsqueeze(1),
+                    position_ids=(lens + step).unsqueeze(1),
+                    attention_mask=mask,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+        queries = torch.stack(
+            [torch.cat([q.to(self.device) for q in per_layer], dim=2) for per_layer in captured], dim=1
+        )  # [B, layers, H, L, d]
         self._sync()
-        return [SpeculatorCapture(queries=queries[i], keys=keys[i], lookahead_ids=generated[i]) for i in range(b)]
+        if not ragged:
+            return [SpeculatorCapture(queries[i], keys[i], generated[i]) for i in range(b)]
+        return [  # row i's keys: its first n_i - 1 columns and its last token's (column M)
+            SpeculatorCapture(queries[i], torch.cat([keys[i, :, :, : k - 1], keys[i, :, :, m:]], dim=2), generated[i])
+            for i, k in enumerate(lengths)
+        ]
 
     @torch.inference_mode()
     def prefill(self, plans: Sequence[Plan]) -> float:

