@@ -13,7 +13,7 @@ VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm-cuda || echo vl
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup eval latency qps report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check
+.PHONY: setup eval latency qps report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept
 
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements-offline.txt
@@ -38,6 +38,16 @@ latency: setup
 
 qps: setup
 	$(PY) -m harness.serving.qps $(HYDRA_ARGS)
+
+# The regression gate (harness/regress.py): the quick suite of conf/regress.yaml against this
+# machine class's baseline in results/baseline/<class>/; exit 1 on a regression, 3 when the
+# class has no baseline yet (then `make regress-accept reason='...'`). suite=conf/regress-gpu.yaml
+# runs the GPU suite (a runner with the hub; .github/workflows/regress-gpu.yml).
+regress: setup
+	$(PY) -m harness.regress run $(if $(suite),--suite $(suite))
+
+regress-accept: setup
+	$(PY) -m harness.regress accept --reason "$(reason)"
 
 report: setup
 	$(PY) -m harness.report $(or $(out),results/default)

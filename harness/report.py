@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.intervals import intervals
+from harness.stats import ratio_of_medians_ci
 from harness.store import read_results
+
+#: The interval columns of the quality summary (harness.intervals), 95 %.
+INTERVALS = ["score_lo", "score_hi", "retention", "retention_lo", "retention_hi", "ttft_ratio_lo", "ttft_ratio_hi"]
 
 GROUP = ["model", "benchmark", "length", "task", "method", "keep_rate"]
 # One sweep point: a row of the per-task pivot.
@@ -28,6 +33,12 @@ CONFIG = [*POINT, "_bopts", "_run", "_base", "_ref"]
 # Run-level fields that tell apart runs sharing a method and keep rate; a method is
 # compared with the full prefill run that shares them.
 RUN_KEYS = ("dtype", "backend")
+
+
+def _options(v: Any) -> dict[str, Any]:
+    """A stored options column as a dict: ``{}`` where the row's kind has no such column
+    (a folder mixing eval and latency rows leaves it NaN on the other kind's rows)."""
+    return json.loads(v) if isinstance(v, str) and v else {}
 
 
 def label_variants(df: pd.DataFrame, point: list[str] = POINT) -> pd.Series:
@@ -41,8 +52,8 @@ def label_variants(df: pd.DataFrame, point: list[str] = POINT) -> pd.Series:
             continue
         opts = {
             h: {
-                **json.loads(r["method_options"] or "{}"),
-                **json.loads(r.get("benchmark_options") or "{}"),
+                **_options(r.get("method_options")),
+                **_options(r.get("benchmark_options")),
                 **{k: r.get(k) for k in RUN_KEYS},
             }
             for h, r in zip(runs["config_hash"], runs.to_dict("records"), strict=True)
@@ -108,7 +119,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         "speedup",
     ]
     if df.empty:
-        return pd.DataFrame(columns=[*cols, "method_name", "reference"])
+        return pd.DataFrame(columns=[*cols, *INTERVALS, "method_name", "reference"])
     df = df.reset_index(drop=True)
     df["keep_rate"] = df["keep_rate"].astype(float).fillna(1.0)
     for c in ("category", "bucket", "hardware", *RUN_KEYS):  # optional columns ("" where absent)
@@ -167,7 +178,8 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     out["speedup"] = 1.0 / out["ttft_ratio"]
     for c in ("n", "failed", "unsupported"):
         out[c] = out[c].astype(int)
-    out = out[[*cols, "_base", "_ref"]].rename(columns={"_base": "method_name", "_ref": "reference"})
+    out = intervals(df, out)
+    out = out[[*cols, *INTERVALS, "_base", "_ref"]].rename(columns={"_base": "method_name", "_ref": "reference"})
     return out.sort_values(["model", "benchmark", "length", "task", "method", "keep_rate"]).reset_index(drop=True)
 
 
@@ -179,22 +191,37 @@ def md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _with_ci(v: float, lo: float, hi: float, fmt: str) -> str:
+    if pd.isna(v):
+        return "-"
+    return fmt.format(v) + ("" if pd.isna(lo) else f" [{fmt.format(lo)}, {fmt.format(hi)}]")
+
+
 def to_markdown(summary: pd.DataFrame) -> str:
+    """The summary as markdown: score, retention and TTFT ratio with their 95 % intervals
+    (``value [lo, hi]``), and ``n``."""
     if summary.empty:
         return "(no results)\n"
     s = summary.drop(columns=["method_name", "reference"], errors="ignore")
     unpaired = summary["ttft_s"].notna() & summary["ttft_ratio"].isna()
+    s["score"] = [_with_ci(*r, "{:.1f}") for r in zip(s["score"], s["score_lo"], s["score_hi"], strict=True)]
+    s["retention"] = [
+        _with_ci(*r, "{:.2f}") for r in zip(s["retention"], s["retention_lo"], s["retention_hi"], strict=True)
+    ]
+    s["ttft_ratio"] = [
+        _with_ci(*r, "{:.2f}") for r in zip(s["ttft_ratio"], s["ttft_ratio_lo"], s["ttft_ratio_hi"], strict=True)
+    ]
+    s = s.drop(columns=[c for c in INTERVALS if c != "retention"])
     for c, fmt in (
-        ("score", "{:.1f}"),
         ("kept_fraction", "{:.3f}"),
         ("needle_kept", "{:.2f}"),
         ("ttft_s", "{:.2f}"),
-        ("ttft_ratio", "{:.2f}"),
         ("speedup", "{:.2f}x"),
         ("keep_rate", "{:g}"),
     ):
         s[c] = s[c].map(lambda v, f=fmt: "-" if pd.isna(v) else f.format(v))
-    lines = [md_table(s).rstrip("\n")]
+    lines = [md_table(s).rstrip("\n"), "", "Score, retention (score / the reference's, same samples) and TTFT ratio: "
+             "value [95 % bootstrap interval over samples, seeded]."]  # fmt: skip
     if unpaired.any():
         lines += [
             "",
@@ -311,15 +338,18 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
     """Latency rows: per grid point, method and keep: TTFT median/p90/p99 over the timed
     iterations, the method's own cost, and the speedup = median TTFT of the reference /
     median TTFT of the method *in the same run* (measured side by side on the same
-    prompts), the ideal speedup (FLOPs) and efficiency = speedup / ideal. The reference's
-    own line pools its rows of every run at that point."""
+    prompts) with its 95 % bootstrap interval (each side's timed iterations resampled;
+    with several runs at a point, the median run's), the ideal speedup (FLOPs) and
+    efficiency = speedup / ideal. The reference's own line pools its rows of every run at
+    that point."""
     cols = [*LATENCY_POINT, "n", "failed", "ttft_median_s", "ttft_p90_s", "ttft_p99_s", "method_median_s",
-            "base_prefill_median_s", "kept_fraction", "speedup", "ideal_speedup", "efficiency", "reference",
-            "is_reference"]  # fmt: skip
+            "base_prefill_median_s", "kept_fraction", "speedup", "speedup_lo", "speedup_hi", "ideal_speedup",
+            "efficiency", "reference", "is_reference"]  # fmt: skip
     if rows.empty:
         return pd.DataFrame(columns=cols)
     df = rows.reset_index(drop=True)
     df["keep_rate"] = df["keep_rate"].astype(float).fillna(1.0)
+    df[["batch", "length"]] = df[["batch", "length"]].astype(int)  # float where a folder mixes kinds
     df["_is_ref"] = df["method"] == df["reference_method"]
     df["method"] = label_variants(df, ["model", "backend", "prompt_source", "method", "keep_rate"])
     timed = df[~df["warmup"].astype(bool)]
@@ -343,6 +373,16 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
         st = _stats(good["ttft_s"])
         per_run = good.groupby(point)["ttft_s"].median().to_frame("_median").join(ref_med, how="left")
         speedup = float(np.nan) if item["_is_ref"] else float((per_run["_ref_median"] / per_run["_median"]).median())
+        lo = hi = float(np.nan)
+        if not item["_is_ref"]:
+            ests = []
+            for (run, b, n), gr in good.groupby(point):
+                ref = ok[ok["_is_ref"] & (ok["run_id"] == run) & (ok["batch"] == b) & (ok["length"] == n)]
+                if not ref.empty:
+                    ests.append(ratio_of_medians_ci(ref["ttft_s"].to_numpy(), gr["ttft_s"].to_numpy()))
+            if ests:
+                mid = sorted(ests, key=lambda e: e.value)[len(ests) // 2]
+                lo, hi = mid.lo, mid.hi
         ideal = float(good["ideal_speedup"].median())
         entry.update(
             ttft_median_s=st["median"],
@@ -352,6 +392,8 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
             base_prefill_median_s=float(good["base_prefill_s"].median()),
             kept_fraction=float(good["kept_fraction"].mean()),
             speedup=1.0 if item["_is_ref"] else speedup,
+            speedup_lo=lo,
+            speedup_hi=hi,
             ideal_speedup=1.0 if item["_is_ref"] else ideal,
             efficiency=1.0 if item["_is_ref"] else speedup / ideal,
         )

@@ -156,7 +156,8 @@ def test_summary_speedup_is_the_ratio_of_medians_in_the_same_run():
             {"run_id": run, "model": "m", "backend": "b", "prompt_source": "random", "batch": 1, "length": 8,
              "method": method, "keep_rate": None if method == "full" else 0.3, "reference_method": "full",
              "iteration": i, "warmup": i == 0, "status": "ok", "ttft_s": t, "method_s": 0.0, "base_prefill_s": t,
-             "kept_fraction": 1.0, "ideal_speedup": 4.0, "method_options": "{}", "config_hash": run, "dtype": "x"}
+             "kept_fraction": 1.0, "ideal_speedup": 4.0, "method_options": "{}", "config_hash": run, "dtype": "x",
+             "benchmark_options": float("nan")}  # NaN as in a folder that also holds eval rows
             for i, t in enumerate([warm, *ttfts])
         ]  # fmt: skip
 
@@ -166,6 +167,11 @@ def test_summary_speedup_is_the_ratio_of_medians_in_the_same_run():
     assert s.loc["x", "speedup"] == pytest.approx(2.5)  # 5 / 2, warm-up (9 s) left out
     assert s.loc["x", "efficiency"] == pytest.approx(2.5 / 4.0)
     assert s.loc["y", "speedup"] == pytest.approx(4.0)  # against run b's own reference
+    # the interval resamples each side's timed iterations: medians of {4,5,6} over {1,2,3}
+    # range from 4/3 to 6/1; identical iterations give a point interval
+    assert 4 / 3 - 1e-9 <= s.loc["x", "speedup_lo"] < 2.5 < s.loc["x", "speedup_hi"] <= 6.0 + 1e-9
+    assert s.loc["y", "speedup_lo"] == pytest.approx(4.0) and s.loc["y", "speedup_hi"] == pytest.approx(4.0)
+    assert math.isnan(s.loc["full", "speedup_lo"])
     assert s.loc["full", "n"] == 6 and s.loc["full", "ttft_median_s"] == pytest.approx(
         23.0
     )  # pooled: median of 4 5 6 40 40 40

@@ -11,15 +11,20 @@ from harness.report import summarize, to_markdown
 
 
 def _rows(method, keep, h, score, ttft, tasks, *, mopts=None, bopts=None, category="", bucket=""):
-    return [
-        {
-            "model": "m", "benchmark": "b", "length": 100, "task": t, "method": method, "keep_rate": keep,
-            "config_hash": h, "method_options": json.dumps(mopts or {}), "benchmark_options": json.dumps(bopts or {}),
-            "status": "ok", "score": score, "kept_fraction": keep or 1.0, "needle_kept": None, "ttft_s": ttft,
-            "category": category or None, "bucket": bucket or None, "reference_method": "full",
-        }
-        for t in tasks
-    ]  # fmt: skip
+    """One row per entry of ``tasks``; the i-th row of a task is its sample i (so a method's
+    rows pair with the reference's on the same samples)."""
+    seen: dict[str, int] = {}
+    rows = []
+    for t in tasks:
+        seen[t] = seen.get(t, -1) + 1
+        rows.append({
+            "model": "m", "benchmark": "b", "length": 100, "task": t, "sample_id": seen[t], "method": method,
+            "keep_rate": keep, "config_hash": h, "method_options": json.dumps(mopts or {}),
+            "benchmark_options": json.dumps(bopts or {}), "status": "ok", "score": score,
+            "kept_fraction": keep or 1.0, "needle_kept": None, "ttft_s": ttft, "category": category or None,
+            "bucket": bucket or None, "reference_method": "full",
+        })  # fmt: skip
+    return rows
 
 
 def test_ratio_to_full_and_variants_are_not_merged():
@@ -176,3 +181,50 @@ def test_the_plot_marks_partial_points(tmp_path):
         plt.Axes.plot = real  # type: ignore[method-assign]
     hollow = {x[0] for x, face in drawn if x and len(x) == 1 and face == "none"}
     assert hollow == {0.3}
+
+
+def _samples(method, keep, h, scores, ttfts, task="t", **kw):
+    rows = _rows(method, keep, h, 0.0, 0.0, [task] * len(scores), **kw)
+    return [{**r, "score": s, "ttft_s": t} for r, s, t in zip(rows, scores, ttfts, strict=True)]
+
+
+def test_score_intervals_collapse_on_constant_scores_and_widen_on_few_samples():
+    df = pd.DataFrame(
+        _samples("full", None, "f", [70.0] * 8, [1.0] * 8, "a")
+        + _samples("full", None, "f", [0.0] * 9 + [100.0], [1.0] * 10, "b")
+        + _samples("full", None, "f", ([0.0] * 9 + [100.0]) * 4, [1.0] * 40, "c")
+    )
+    s = summarize(df).set_index("task")
+    assert (s.loc["a", "score_lo"], s.loc["a", "score_hi"]) == (70.0, 70.0)
+    assert s.loc["b", "score"] == pytest.approx(10.0) and s.loc["b", "score_lo"] == 0.0 and s.loc["b", "score_hi"] >= 20
+    assert s.loc["c", "score_hi"] - s.loc["c", "score_lo"] < s.loc["b", "score_hi"] - s.loc["b", "score_lo"]
+    assert "70.0 [70.0, 70.0]" in to_markdown(summarize(df))
+
+
+def test_all_resamples_within_each_task():
+    """ALL over a task always 100 and a task always 0 is exactly 50: resampling within each
+    task (stratified), not pooling the samples, whose mean would wander."""
+    df = pd.DataFrame(_samples("full", None, "f", [100.0] * 10, [1.0] * 10, "a")
+                      + _samples("full", None, "f", [0.0] * 10, [1.0] * 10, "b"))  # fmt: skip
+    s = summarize(df).set_index("task")
+    assert (s.loc["ALL", "score"], s.loc["ALL", "score_lo"], s.loc["ALL", "score_hi"]) == (50.0, 50.0, 50.0)
+
+
+def test_retention_and_ttft_ratio_are_paired_on_the_same_samples():
+    ref_ttft = [1.0, 2.0, 3.0, 4.0, 8.0, 16.0]
+    df = pd.DataFrame(
+        _samples("full", None, "f", [100.0, 100.0, 0.0, 100.0, 100.0, 0.0], ref_ttft)
+        # half the reference's correct answers kept, at a quarter of each sample's TTFT
+        + _samples("specprefill", 0.3, "s", [100.0, 0.0, 0.0, 100.0, 0.0, 0.0], [t / 4 for t in ref_ttft])
+    )
+    s = summarize(df).set_index(["task", "method"])
+    row = s.loc[("t", "specprefill")]
+    assert row["retention"] == pytest.approx(0.5)
+    assert row["retention_lo"] < 0.5 < row["retention_hi"] <= 1.0
+    # every sample's ratio is 0.25: paired resampling keeps it exactly; independent would not
+    assert (row["ttft_ratio"], row["ttft_ratio_lo"], row["ttft_ratio_hi"]) == pytest.approx((0.25, 0.25, 0.25))
+    ref = s.loc[("t", "full")]
+    assert (ref["retention"], ref["retention_lo"], ref["retention_hi"]) == (1.0, 1.0, 1.0)
+    # only samples both ran are paired: a sample the method lacks is left out of its retention
+    fewer = df.drop(index=df[(df["method"] == "specprefill") & (df["sample_id"] == 0)].index)
+    assert summarize(fewer).set_index(["task", "method"]).loc[("t", "specprefill"), "retention"] == pytest.approx(1 / 3)
