@@ -13,7 +13,7 @@ VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm-cuda || echo vl
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup eval latency qps report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept
+.PHONY: setup eval latency qps report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
 
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements-offline.txt
@@ -48,6 +48,15 @@ regress: setup
 
 regress-accept: setup
 	$(PY) -m harness.regress accept --reason "$(reason)"
+
+# The paper's tables (harness/paper.py): `make paper table=latency_grid [variant=cpu] [dry_run=true]`
+# runs conf/experiment/paper_<table>.yaml into results/paper/<table>/<variant>/;
+# `make paper-report` renders results/paper/<table>.md from whatever rows exist.
+paper: setup
+	$(PY) -m harness.paper run --table "$(table)" --variant $(or $(variant),paper) $(if $(filter true,$(dry_run)),--dry-run)
+
+paper-report: setup
+	$(PY) -m harness.paper report
 
 report: setup
 	$(PY) -m harness.report $(or $(out),results/default)

@@ -221,5 +221,5 @@ def test_every_suite_command_plans(suite, tmp_path):
 
 
 def test_a_missing_suite_file_is_one_line(tmp_path):
-    with pytest.raises(SystemExit, match="suite file .*nope.yaml does not exist"):
+    with pytest.raises(SystemExit, match=r"suite file .*nope.yaml does not exist"):
         main(["run", "--suite", str(tmp_path / "nope.yaml"), "--candidate", str(tmp_path / "c")])
