@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from harness.stats import RESAMPLES, SEED
+from harness.stats import RESAMPLES, estimate, mean_draws, task_seed
 
 #: The columns that identify a summary point (besides its task label).
 POINT_KEYS = ["model", "benchmark", "length", "method", "keep_rate", "_bopts", "_run", "_base", "_ref"]
@@ -23,15 +23,8 @@ PAIR_KEYS = ["model", "benchmark", "length", "_bopts", "_run", "_ref"]
 Draws = dict[str, np.ndarray]  # task -> [RESAMPLES] resampled means
 
 
-def _seed(task: str) -> int:
-    return SEED + sum(map(ord, task))  # the same resampled indices for a task in every point
-
-
 def _task_draws(values: np.ndarray, task: str) -> np.ndarray:
-    if values.size == 0:
-        return np.full(RESAMPLES, np.nan)
-    idx = np.random.default_rng(_seed(task)).integers(0, values.size, size=(RESAMPLES, values.size))
-    return values[idx].mean(axis=1)
+    return mean_draws(values, task_seed(task))
 
 
 def _combine(draws: Draws, names: list[str]) -> np.ndarray:
@@ -59,10 +52,8 @@ def _rows_draws(label: str, tasks: Draws, cats: dict[str, list[str]], buckets: d
 
 
 def _interval(d: np.ndarray) -> tuple[float, float]:
-    if np.isnan(d).all():
-        return float("nan"), float("nan")
-    lo, hi = np.nanpercentile(d, [2.5, 97.5])
-    return float(lo), float(hi)
+    e = estimate(float("nan"), d, 0)
+    return e.lo, e.hi
 
 
 def _draws_of(rows: pd.DataFrame, column: str, sample_ids: Callable[[str], set] | None = None) -> tuple[Draws, dict]:

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from harness.stats import RESAMPLES, SEED, Estimate
+from harness.stats import Estimate, estimate, mean_draws, task_seed
 from harness.store import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,20 +173,6 @@ def run(table: str, variant: str, dry_run: bool, root: Path = RESULTS) -> int:
 # --------------------------------------------------------------------------- our numbers
 
 
-def _draws(values: np.ndarray, seed: int) -> np.ndarray:
-    if values.size == 0:
-        return np.full(RESAMPLES, np.nan)
-    idx = np.random.default_rng(seed).integers(0, values.size, size=(RESAMPLES, values.size))
-    return values[idx].mean(axis=1)
-
-
-def _est(value: float, draws: np.ndarray, n: int) -> Estimate:
-    d = draws[~np.isnan(draws)]
-    if not d.size:
-        return Estimate(value, math.nan, math.nan, n)
-    return Estimate(value, float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5)), n)
-
-
 def category_of(row: pd.Series) -> str:
     """A sample's category: the benchmark's own (LongBench), else RULER's task family."""
     if isinstance(row.get("category"), str) and row["category"]:
@@ -242,12 +228,12 @@ class Ours:
         if not names or any(n not in gs for n in names):
             return None
         tasks = {(g, t): s for g in names for t, s in gs[g].items()}
-        draws = {k: _draws(s.to_numpy(), SEED + sum(map(ord, k[1]))) for k, s in tasks.items()}
+        draws = {k: mean_draws(s.to_numpy(), task_seed(k[1])) for k, s in tasks.items()}
         means = {k: float(s.mean()) for k, s in tasks.items()}
         cat_val = {g: np.mean([means[(g, t)] for t in gs[g]]) for g in names}
         cat_draws = {g: np.mean([draws[(g, t)] for t in gs[g]], axis=0) for g in names}
         value = float(np.mean(list(cat_val.values())))
-        return _est(value, np.mean(list(cat_draws.values()), axis=0), sum(len(s) for s in tasks.values()))
+        return estimate(value, np.mean(list(cat_draws.values()), axis=0), sum(len(s) for s in tasks.values()))
 
     def retention(self, method: str, keep: float, group: str, key, reference: str = "full", model=None):
         """score(method) / score(reference) on the samples both ran, each task resampled
@@ -266,11 +252,11 @@ class Ours:
                 if not len(common):
                     return None
                 a, b = s.loc[common].to_numpy(), r[g][t].loc[common].to_numpy()
-                seed = SEED + sum(map(ord, t))
+                seed = task_seed(t)
                 tv.append(a.mean())
                 rv.append(b.mean())
-                td.append(_draws(a, seed))  # the same seed for both: the same resampled indices
-                rd.append(_draws(b, seed))
+                td.append(mean_draws(a, seed))  # the same seed for both: the same resampled indices
+                rd.append(mean_draws(b, seed))
                 n += len(common)
             num_v.append(np.mean(tv))
             den_v.append(np.mean(rv))
@@ -282,7 +268,7 @@ class Ours:
         with np.errstate(divide="ignore", invalid="ignore"):
             draws = np.mean(num_d, axis=0) / np.mean(den_d, axis=0)
         draws[~np.isfinite(draws)] = np.nan
-        return _est(float(np.mean(num_v)) / den, draws, n)
+        return estimate(float(np.mean(num_v)) / den, draws, n)
 
     def ttft_speedup(self, method: str, keep: float, model: str | None = None) -> Estimate | None:
         """From eval rows: the reference's mean TTFT over the method's on the same samples."""

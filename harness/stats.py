@@ -46,6 +46,27 @@ def _interval(draws: np.ndarray, level: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def task_seed(task: str) -> int:
+    """A task's bootstrap seed: the same resampled indices for a task in every point, so
+    two points' draws of one task are paired."""
+    return SEED + sum(map(ord, task))
+
+
+def mean_draws(values: np.ndarray, seed: int, resamples: int = RESAMPLES) -> np.ndarray:
+    """``resamples`` bootstrap means of ``values`` (all NaN when there are none)."""
+    if values.size == 0:
+        return np.full(resamples, np.nan)
+    return np.asarray(values[_indices(values.size, resamples, seed)].mean(axis=1))
+
+
+def estimate(value: float, draws: np.ndarray, n: int, level: float = LEVEL) -> Estimate:
+    """``value`` with the percentile interval of its bootstrap ``draws`` (NaN draws left
+    out; no interval when every draw is NaN)."""
+    if np.isnan(draws).all():
+        return Estimate(value, float("nan"), float("nan"), n)
+    return Estimate(value, *_interval(draws, level), n)
+
+
 def mean_ci(
     x: Sequence[float] | np.ndarray, resamples: int = RESAMPLES, seed: int = SEED, level: float = LEVEL
 ) -> Estimate:
