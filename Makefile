@@ -13,7 +13,7 @@ VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm-cuda || echo vl
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup eval latency qps report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
+.PHONY: setup setup-browser eval latency qps report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
 
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements-offline.txt
@@ -58,10 +58,21 @@ paper: setup
 paper-report: setup
 	$(PY) -m harness.paper report
 
+# `make report out=<folder>`: summaries, <folder>/plots/*.png and <folder>/report.html from the stored
+# rows; `screenshot=<png>` also opens the page in headless Chromium (make setup-browser), checks it
+# (console errors, broken images) and saves a screenshot.
 report: setup
 	$(PY) -m harness.report $(or $(out),results/default)
+	$(if $(screenshot),$(PY) -m harness.browser $(or $(out),results/default)/report.html --screenshot $(screenshot) --max-height 6000)
 
-test: setup
+# Debian's Chromium for the report's browser test (playwright drives it; installed by make setup).
+setup-browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { $(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq && \
+	    $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -qq --no-install-recommends chromium; }
+	@chromium --version 2>/dev/null || chromium-browser --version
+
+test: setup setup-browser
 	$(PY) -m pytest -q
 
 test-fast: setup

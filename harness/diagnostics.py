@@ -18,3 +18,14 @@ def needle_kept(kept: torch.Tensor | None, needles: torch.Tensor) -> float | Non
     if needles.numel() == 0 or kept is None:
         return None
     return float(torch.isin(needles, kept).float().mean())
+
+
+def needle_depth(prompt: str, context: str, spans: tuple[tuple[int, int], ...]) -> float | None:
+    """Where the evidence sits in the context: the mean start of its spans as a fraction of
+    the context (0 = its first character, 1 = its end), as RULER's needle depth is a share of
+    the haystack. None without spans or when the context is not found in the prompt."""
+    start = prompt.find(context) if context else -1
+    if not spans or start < 0:
+        return None
+    depths = [(s - start) / len(context) for s, _ in spans]
+    return float(min(1.0, max(0.0, sum(depths) / len(depths))))

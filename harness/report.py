@@ -2,8 +2,9 @@
 
 ``python -m harness.report results/default`` rewrites, in that folder, ``summary.md``
 (one section per kind of row present: quality, latency, serving) with ``summary.csv``
-(quality), ``latency_summary.csv`` and ``qps_summary.csv``, and the plots under
-``plots/<folder name>/``. Nothing here knows a method by name: ratios are taken against
+(quality), ``latency_summary.csv`` and ``qps_summary.csv``, the figures under
+``<folder>/plots/`` (:mod:`harness.plots`) and ``report.html``, one self-contained page of
+all of it (:mod:`harness.html_report`). Nothing here knows a method by name: ratios are taken against
 each row's ``reference_method`` (the config's ``reference``).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import pandas as pd
 
 from harness.intervals import intervals
 from harness.stats import ratio_of_medians_ci
-from harness.store import read_results
+from harness.store import read_results, run_folders
 
 #: The interval columns of the quality summary (harness.intervals), 95 %.
 INTERVALS = ["score_lo", "score_hi", "retention", "retention_lo", "retention_hi", "ttft_ratio_lo", "ttft_ratio_hi"]
@@ -197,13 +199,10 @@ def _with_ci(v: float, lo: float, hi: float, fmt: str) -> str:
     return fmt.format(v) + ("" if pd.isna(lo) else f" [{fmt.format(lo)}, {fmt.format(hi)}]")
 
 
-def to_markdown(summary: pd.DataFrame) -> str:
-    """The summary as markdown: score, retention and TTFT ratio with their 95 % intervals
-    (``value [lo, hi]``), and ``n``."""
-    if summary.empty:
-        return "(no results)\n"
-    s = summary.drop(columns=["method_name", "reference"], errors="ignore")
-    unpaired = summary["ttft_s"].notna() & summary["ttft_ratio"].isna()
+def format_summary(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary's cells as text: score, retention and TTFT ratio as ``value [lo, hi]``
+    (95 % intervals), the other measures rounded, ``-`` where a value is missing."""
+    s = summary.drop(columns=["method_name", "reference"], errors="ignore").copy()
     s["score"] = [_with_ci(*r, "{:.1f}") for r in zip(s["score"], s["score_lo"], s["score_hi"], strict=True)]
     s["retention"] = [
         _with_ci(*r, "{:.2f}") for r in zip(s["retention"], s["retention_lo"], s["retention_hi"], strict=True)
@@ -220,14 +219,31 @@ def to_markdown(summary: pd.DataFrame) -> str:
         ("keep_rate", "{:g}"),
     ):
         s[c] = s[c].map(lambda v, f=fmt: "-" if pd.isna(v) else f.format(v))
-    lines = [md_table(s).rstrip("\n"), "", "Score, retention (score / the reference's, same samples) and TTFT ratio: "
-             "value [95 % bootstrap interval over samples, seeded]."]  # fmt: skip
-    if unpaired.any():
-        lines += [
-            "",
-            "TTFT ratio `-` with a TTFT: no rows of the reference method for that task with the same dtype and "
-            "backend ran on the same machine (the rows' `hardware`), so no side-by-side ratio exists.",
-        ]
+    return s
+
+
+#: What the summary's intervals are, under every rendering of it.
+INTERVAL_NOTE = ("Score, retention (score / the reference's, same samples) and TTFT ratio: "
+                 "value [95 % bootstrap interval over samples, seeded].")  # fmt: skip
+UNPAIRED_NOTE = (
+    "TTFT ratio `-` with a TTFT: no rows of the reference method for that task with the same dtype and "
+    "backend ran on the same machine (the rows' `hardware`), so no side-by-side ratio exists."
+)
+
+
+def unpaired(summary: pd.DataFrame) -> bool:
+    """Whether some row has a TTFT but no side-by-side ratio to its reference."""
+    return bool((summary["ttft_s"].notna() & summary["ttft_ratio"].isna()).any())
+
+
+def to_markdown(summary: pd.DataFrame) -> str:
+    """The summary as markdown: score, retention and TTFT ratio with their 95 % intervals
+    (``value [lo, hi]``), and ``n``."""
+    if summary.empty:
+        return "(no results)\n"
+    lines = [md_table(format_summary(summary)).rstrip("\n"), "", INTERVAL_NOTE]
+    if unpaired(summary):
+        lines += ["", UNPAIRED_NOTE]
     return "\n".join(lines) + "\n"
 
 
@@ -264,64 +280,6 @@ def by_task_markdown(summary: pd.DataFrame) -> str:
         return ""
     wide["keep_rate"] = wide["keep_rate"].map(lambda v: "-" if pd.isna(v) else f"{v:g}")
     return md_table(wide)
-
-
-def _partial(s: pd.DataFrame) -> pd.Series:
-    """Points averaging fewer samples than the fullest point of their task."""
-    return s["n"] < s.groupby(["model", "benchmark", "length", "task"])["n"].transform("max")
-
-
-def plot_score_vs_keep(summary: pd.DataFrame, path: Path) -> Path | None:
-    """Score vs keep rate, one line per method and task (the reference method at keep
-    1.0); a point averaging fewer samples than the fullest one of its task is hollow."""
-    if summary.empty:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    s = summary[~summary["task"].str.startswith(("ALL", "["))]
-    s = s[~s["task"].str.contains(" @", regex=False)]
-    s = s.assign(_partial=_partial(s))
-    groups = list(s.groupby(["model", "benchmark", "length"]))
-    if not groups:
-        return None
-    fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.5), squeeze=False)
-    for ax, ((model, bench, length), g) in zip(axes[0], groups, strict=True):
-        is_ref = g["method_name"] == g["reference"]
-        ref = g[is_ref].drop_duplicates("task").set_index("task")
-        for method, gm in g[~is_ref].groupby("method"):
-            for task, gt in gm.groupby("task"):
-                gt = gt.sort_values("keep_rate")
-                xs, ys, hollow = list(gt["keep_rate"]), list(gt["score"]), list(gt["_partial"])
-                if task in ref.index:
-                    xs, ys, hollow = (
-                        [*xs, 1.0],
-                        [*ys, float(ref.loc[task, "score"])],
-                        [*hollow, ref.loc[task, "_partial"]],
-                    )
-                line = ax.plot(xs, ys, label=f"{task} ({method})")[0]
-                for x, y, h in zip(xs, ys, hollow, strict=True):
-                    ax.plot(
-                        [x], [y], marker="o", color=line.get_color(), markerfacecolor="none" if h else line.get_color()
-                    )
-        if is_ref.all():
-            ax.scatter([1.0] * len(ref), ref["score"].to_numpy(), label=f"{ref['method'].iloc[0]} (reference)")
-        ax.set_xlabel("keep rate (fraction of prompt tokens prefilled; the reference at 1.0)")
-        ax.set_ylabel("score (0-100)")
-        title = f"{model} · {bench} {length}"
-        if g["_partial"].any():
-            title += "\nhollow: fewer samples than the fullest point (partial or failing run)"
-        ax.set_title(title, fontsize=9)
-        ax.set_ylim(-3, 103)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 # --------------------------------------------------------------------------- latency
@@ -401,35 +359,6 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out).reindex(columns=cols)
 
 
-def plot_latency(s: pd.DataFrame, path: Path) -> Path | None:
-    """Measured and ideal TTFT speedup over the reference vs keep rate, per grid point and method."""
-    lines = s[~s["is_reference"].astype(bool)].dropna(subset=["speedup"])
-    if lines.empty:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for (method, b, n), g in lines.groupby(["method", "batch", "length"]):
-        g = g.sort_values("keep_rate")
-        line = ax.plot(g["keep_rate"], g["speedup"], marker="o", label=f"{method} {b}x{n}")
-        if g["ideal_speedup"].notna().any():
-            ax.plot(g["keep_rate"], g["ideal_speedup"], ls="--", color=line[0].get_color(), label=f"ideal {b}x{n}")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xlabel("keep rate")
-    ax.set_ylabel(f"TTFT speedup over {lines['reference'].iloc[0]}")
-    ax.set_title(f"{lines['model'].iloc[0]} ({', '.join(sorted(set(lines['backend'])))})")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 # --------------------------------------------------------------------------- serving (qps)
 
 
@@ -491,6 +420,8 @@ def summarize_qps(rows: pd.DataFrame) -> pd.DataFrame:
 
         best.update(max_qps=highest("passed"), max_qps_timeout_rule=highest("pass_timeout_rule"),
                     max_qps_ttft_slo=highest("pass_ttft_slo"), rates_tested=len(pts))  # fmt: skip
+        # The highest rate tried passed: the search ran out of points, the true max is higher.
+        best["max_qps_censored"] = bool(pts.loc[pts["rate"].idxmax(), "passed"])
         at = pts[pts["rate"] == best["max_qps"]]
         best["score_at_max_qps"] = float(at["score"].iloc[0]) if len(at) else float("nan")
         best["ttft_p90_at_max_qps_s"] = float(at["ttft_p90_s"].iloc[0]) if len(at) else float("nan")
@@ -500,11 +431,24 @@ def summarize_qps(rows: pd.DataFrame) -> pd.DataFrame:
         out.append(best)
     df = pd.DataFrame(out)
     keys = ["model", "benchmark", "length", "arrival", "hardware", "dtype"]
-    ref = df[df["method"] == df["reference"]][[*keys, "max_qps"]].rename(columns={"max_qps": "_ref"})
+    ref = df[df["method"] == df["reference"]][[*keys, "max_qps", "max_qps_censored"]].rename(
+        columns={"max_qps": "_ref", "max_qps_censored": "_ref_censored"}
+    )
     ref = ref.drop_duplicates(keys, keep="last")
     df = df.merge(ref, on=keys, how="left")
     df["qps_ratio_to_reference"] = (df["max_qps"] / df["_ref"].where(df["_ref"] > 0)).astype(float)
-    return df.drop(columns="_ref").sort_values([*keys, "method", "keep_rate"]).reset_index(drop=True)
+    # A ratio over a censored reference is unknown (both could be anything above); over an
+    # exact one, a censored method's ratio is a lower bound.
+    df["qps_ratio_bound"] = np.select(
+        [df["_ref"].isna(), df["_ref_censored"].fillna(False).astype(bool), df["max_qps_censored"]],
+        ["", "unknown", "lower bound"],
+        "exact",
+    )
+    df.loc[df["qps_ratio_bound"] == "unknown", "qps_ratio_to_reference"] = np.nan
+    own = (df["method"] == df["reference"]) & (df["_ref"] > 0)
+    df.loc[own, ["qps_ratio_to_reference", "qps_ratio_bound"]] = [1.0, "exact"]
+    out = df.drop(columns=["_ref", "_ref_censored"]).sort_values([*keys, "method", "keep_rate"])
+    return out.reset_index(drop=True)
 
 
 def _md(df: pd.DataFrame) -> str:
@@ -513,48 +457,126 @@ def _md(df: pd.DataFrame) -> str:
     return md_table(df.astype(object).map(lambda v: f"{v:.3f}" if isinstance(v, float) else v))
 
 
-def write_all(out: Path, plots_root: Path = Path("plots")) -> pd.DataFrame:
-    """Rewrite ``out``'s summaries (one section per kind of row present) and plots; print them.
-    Returns the quality summary."""
+@dataclass
+class Report:
+    """Everything one results folder's pages are made of (summaries, figures, rows)."""
+
+    out: Path
+    rows: pd.DataFrame
+    summary: pd.DataFrame
+    latency: pd.DataFrame
+    qps: pd.DataFrame
+    qps_rates: pd.DataFrame
+    figures: list[tuple[str, Path]] = field(default_factory=list)  # (title, png)
+    markdown: str = ""
+
+
+def run_configs(out: Path) -> dict[str, dict[str, Any]]:
+    """Each run folder's ``config.yaml`` under ``out``, by run id (the folder's name)."""
+    from omegaconf import OmegaConf
+
+    configs: dict[str, dict[str, Any]] = {}
+    for folder in run_folders(out):
+        try:
+            cfg = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"))
+        except Exception:  # an unreadable config must not cost the report; the rows still show
+            cfg = {}
+        configs[folder.name] = {str(k): v for k, v in cfg.items()} if isinstance(cfg, dict) else {}
+    return configs
+
+
+def _eval_labels(ev: pd.DataFrame) -> pd.DataFrame:
+    """Eval rows with ``method`` as the summary labels it (variants told apart)."""
+    if ev.empty:
+        return ev
+    ev = ev.reset_index(drop=True).copy()
+    ev["keep_rate"] = ev["keep_rate"].astype(float)
+    for c in RUN_KEYS:
+        ev[c] = ev[c].fillna("") if c in ev else ""
+    ev["method"] = label_variants(ev)
+    return ev
+
+
+def build(out: Path, plots_dir: Path | None = None) -> Report:
+    """Summaries and figures of ``out``; figures go to ``plots_dir`` (``<out>/plots``)."""
+    from harness import plots
+
     out = Path(out)
     rows = read_results(out)
-    out.mkdir(parents=True, exist_ok=True)
-    sections, plots = [], []
-    summary = summarize(rows[rows["kind"] == "eval"])
+    figs = Path(plots_dir) if plots_dir is not None else out / "plots"
+    ev = rows[rows["kind"] == "eval"]
+    summary = summarize(ev)
+    lat = summarize_latency(rows[rows["kind"] == "latency"])
+    qrows = rows[rows["kind"] == "qps"]
+    qps = summarize_qps(qrows)
+    rates = summarize_qps_rates(qrows) if not qrows.empty else pd.DataFrame()
+    if not rates.empty:
+        slo = {k: (c.get("qps") or {}).get("ttft_p90_slo_s") for k, c in run_configs(out).items()}
+        rates["slo_s"] = rates["run_id"].map(slo).astype(float)
+    report = Report(out, rows, summary, lat, qps, rates)
+    drawn: list[tuple[str, Path | None]] = []
     if not summary.empty:
-        md = to_markdown(summary)
-        wide = by_task_markdown(summary)
+        drawn += [
+            ("Quality vs speed: retention vs measured TTFT speedup", plots.pareto(summary, figs / "pareto.png")),
+            ("Score vs keep rate", plots.score_vs_keep(summary, figs / "score_vs_keep.png")),
+            ("Needle tokens kept vs keep rate", plots.needle_vs_keep(summary, figs / "needle_vs_keep.png")),
+            ("Score vs context length", plots.score_vs_length(summary, figs / "score_vs_length.png")),
+            ("NIAH: score by needle depth and context length",
+             plots.needle_heatmap(_eval_labels(ev), figs / "needle_heatmap.png")),
+        ]  # fmt: skip
+    if not lat.empty:
+        drawn += [
+            ("TTFT speedup vs keep rate", plots.latency_vs_keep(lat, figs / "latency.png")),
+            ("TTFT over the batch x length grid", plots.latency_grid(lat, figs / "latency_grid.png")),
+        ]
+    if not rates.empty:
+        drawn.append(("Serving: TTFT p90 vs request rate", plots.qps_curves(rates, figs / "qps.png")))
+    report.figures = [(t, p) for t, p in drawn if p is not None]
+    return report
+
+
+def write_all(out: Path, plots_dir: Path | None = None, html: bool = True) -> pd.DataFrame:
+    """Rewrite ``out``'s summaries (one section per kind of row present), its figures (under
+    ``<out>/plots/``) and ``report.html``; print the summaries. Returns the quality summary."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    r = build(out, plots_dir)
+    sections = []
+    if not r.summary.empty:
+        md = to_markdown(r.summary)
+        wide = by_task_markdown(r.summary)
         if wide:
             md += "\nScore per task (`(n=K)`: fewer samples than the fullest point for that task):\n\n" + wide
         sections.append("## Quality\n\n" + md)
-        summary.to_csv(out / "summary.csv", index=False)
-        plots.append(plot_score_vs_keep(summary, plots_root / out.name / "score_vs_keep.png"))
-    lat = summarize_latency(rows[rows["kind"] == "latency"])
-    if not lat.empty:
+        r.summary.to_csv(out / "summary.csv", index=False)
+    if not r.latency.empty:
         sections.append(
-            "## Latency (TTFT; speedups side by side in one run, medians of timed iterations)\n\n" + _md(lat)
+            "## Latency (TTFT; speedups side by side in one run, medians of timed iterations)\n\n" + _md(r.latency)
         )
-        lat.to_csv(out / "latency_summary.csv", index=False)
-        plots.append(plot_latency(lat, plots_root / out.name / "latency.png"))
-    qps = summarize_qps(rows[rows["kind"] == "qps"])
-    if not qps.empty:
-        sections.append("## Serving (max QPS under the SLOs)\n\n" + _md(qps.drop(columns=["run_id"])))
-        qps.to_csv(out / "qps_summary.csv", index=False)
-        summarize_qps_rates(rows[rows["kind"] == "qps"]).to_csv(out / "qps_rates.csv", index=False)
-    md = "\n".join(sections) if sections else "(no results)\n"
-    (out / "summary.md").write_text(md)
-    drawn = [str(p) for p in plots if p]
-    print(f"\nSummary of {out} (also {out / 'summary.md'}{'; plots ' + ', '.join(drawn) if drawn else ''}):\n")
-    print(md)
-    return summary
+        r.latency.to_csv(out / "latency_summary.csv", index=False)
+    if not r.qps.empty:
+        sections.append("## Serving (max QPS under the SLOs)\n\n" + _md(r.qps.drop(columns=["run_id"])))
+        r.qps.to_csv(out / "qps_summary.csv", index=False)
+        r.qps_rates.to_csv(out / "qps_rates.csv", index=False)
+    r.markdown = "\n".join(sections) if sections else "(no results)\n"
+    (out / "summary.md").write_text(r.markdown)
+    written = [str(p) for _, p in r.figures]
+    if html:
+        from harness.html_report import write_html
+
+        written.insert(0, str(write_html(r)))
+    print(f"\nSummary of {out} (also {out / 'summary.md'}{'; ' + ', '.join(written) if written else ''}):\n")
+    print(r.markdown)
+    return r.summary
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("out", type=Path, help="results folder (the out= of a run)")
-    ap.add_argument("--plots", type=Path, default=Path("plots"))
+    ap.add_argument("--plots", type=Path, default=None, help="folder of the figures (default: <out>/plots)")
+    ap.add_argument("--no-html", action="store_true", help="skip report.html")
     a = ap.parse_args()
-    write_all(a.out, a.plots)
+    write_all(a.out, a.plots, html=not a.no_html)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from harness.config import (
     model_from,
     model_identity,
 )
-from harness.diagnostics import needle_kept, needle_tokens
+from harness.diagnostics import needle_depth, needle_kept, needle_tokens
 from harness.models import ModelConfig, check_runnable, load_tokenizer, tokenizer_id
 from harness.placement import Placement
 from harness.placement import plan as place
@@ -168,6 +168,7 @@ def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> di
         "prediction": gen.text,
         "score": job.benchmark.score(sample, gen.text),
         "needle_kept": needle_kept(plan.kept_indices, needle_tokens(offsets, sample.spans)),
+        "needle_depth": needle_depth(sample.prompt, sample.context, sample.spans),
         "ttft_s": plan.method_s + gen.prefill_s,
         "method_s": plan.method_s,
         "speculator_s": t.get("speculator_s"),

@@ -103,6 +103,7 @@ class EvalRecord(RunRecord):
     references: list[str]
     score: float | None
     needle_kept: float | None
+    needle_depth: float | None  # mean position of the evidence in the context, 0..1 (harness.diagnostics)
     ttft_s: float | None
     method_s: float | None
     speculator_s: float | None

@@ -110,6 +110,19 @@ def test_ratio_to_the_reference_only_on_the_same_machine_and_dtype():
     assert pd.isna(s.loc["spec-bf16", "qps_ratio_to_reference"])
 
 
+def test_a_max_qps_at_the_top_of_the_search_is_a_lower_bound():
+    exact_full = _served("full", [(0.1, True, 80.0), (0.2, False, 80.0)])
+    top = _served("specprefill", [(0.1, True, 70.0), (0.2, True, 70.0), (0.4, True, 70.0)])  # never failed
+    s = summarize_qps(pd.concat([exact_full, top], ignore_index=True)).set_index("run_id")
+    assert not s.loc["full", "max_qps_censored"] and s.loc["specprefill", "max_qps_censored"]
+    assert s.loc["specprefill", "qps_ratio_to_reference"] == pytest.approx(4.0)
+    assert s.loc["specprefill", "qps_ratio_bound"] == "lower bound" and s.loc["full", "qps_ratio_bound"] == "exact"
+    # over a reference that never failed either, the ratio is unknown, not 1.0
+    top_full = _served("full", [(0.1, True, 80.0), (0.2, True, 80.0), (0.4, True, 80.0)])
+    s = summarize_qps(pd.concat([top_full, top], ignore_index=True)).set_index("run_id")
+    assert pd.isna(s.loc["specprefill", "qps_ratio_to_reference"]) and s.loc["specprefill", "qps_ratio_bound"] == "unknown"
+
+
 def test_a_request_the_front_did_not_log_has_no_kept_count():
     job = prepare(_cfg("method=specprefill", "keep=0.3", "length=1024", "tasks=[niah_single_1]"))
     samples = [

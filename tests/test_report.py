@@ -160,7 +160,7 @@ def test_the_plot_marks_partial_points(tmp_path):
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    from harness.report import plot_score_vs_keep
+    from harness.plots import score_vs_keep as plot_score_vs_keep
 
     df = pd.DataFrame(
         _rows("full", None, "f", 80.0, 4.0, ["t1"]) * 2

@@ -108,10 +108,11 @@ def test_end_to_end_rows_resume_and_failures(tiny_run, monkeypatch):
     assert 0.3 <= row["kept_fraction"] <= 0.45  # chunk mode rounds up to whole chunks
     assert row["ttft_s"] == pytest.approx(row["speculator_s"] + row["selection_s"] + row["base_prefill_s"])
     assert 0.0 <= row["needle_kept"] <= 1.0 and row["git_sha"] and row["hardware"]
+    assert df["needle_depth"].between(0.0, 1.0).all()  # where the evidence sits in the context, every task
     assert "torch" in json.loads(row["versions"])
     summary = (out / "summary.md").read_text()
     assert "| tiny-random | ruler | 1024 | niah_single_1 | specprefill | 0.3 |" in summary
-    assert (Path("plots") / "res" / "score_vs_keep.png").exists()
+    assert (out / "plots" / "score_vs_keep.png").exists() and (out / "report.html").exists()
 
     # Resume: nothing is redone, nothing duplicated.
     calls = []

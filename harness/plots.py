@@ -1,0 +1,393 @@
+"""The figures of a results folder, drawn only from its stored rows and their summaries.
+
+Each function writes one PNG and returns its path, or ``None`` when the folder holds nothing
+that figure shows. Intervals are the summaries' 95 % bootstrap intervals
+(:mod:`harness.intervals`, :func:`harness.stats.ratio_of_medians_ci`); every figure names
+its sample counts.
+
+- :func:`pareto`: quality retention vs measured TTFT speedup, one point per method and keep
+  rate, with the ideal speedup of what each kept;
+- :func:`score_vs_keep`: score vs keep rate per task and overall (``ALL``, bold);
+- :func:`needle_vs_keep`: the fraction of needle (evidence) tokens kept vs keep rate;
+- :func:`score_vs_length`: score vs context length per method (RULER's 4K -> 128K view);
+- :func:`needle_heatmap`: score by needle depth x context length for the NIAH tasks;
+- :func:`latency_vs_keep`: measured and ideal TTFT speedup vs keep rate per grid point;
+- :func:`latency_grid`: TTFT vs length, one panel per batch size (the paper's grid), with
+  the ideal TTFT (the reference's / the FLOP model's ideal speedup);
+- :func:`qps_curves`: TTFT p90 vs request rate, passing and failing rates marked, the SLO line.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+#: Depth bins of the needle heatmap (fraction of the context before the needle).
+DEPTH_BINS = np.linspace(0.0, 1.0, 6)
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> Path:
+    plt = _plt()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _panels(n: int, width: float = 6.0, height: float = 4.5, rows: int = 1) -> tuple[Any, np.ndarray]:
+    plt = _plt()
+    cols = int(np.ceil(n / rows))
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, axes.flat
+
+
+def _yerr(v: pd.Series, lo: pd.Series, hi: pd.Series) -> np.ndarray | None:
+    """Asymmetric error bars from an interval (``None`` where no point has one)."""
+    if lo.isna().all():
+        return None
+    down = (v - lo).clip(lower=0).fillna(0).to_numpy(dtype=float)
+    up = (hi - v).clip(lower=0).fillna(0).to_numpy(dtype=float)
+    return np.vstack([down, up])
+
+
+def _n_range(n: pd.Series) -> str:
+    n = n[n > 0]
+    if n.empty:
+        return "n=0"
+    return f"n={int(n.min())}" if n.min() == n.max() else f"n={int(n.min())}-{int(n.max())}"
+
+
+def _quality_points(summary: pd.DataFrame) -> pd.DataFrame:
+    """Task rows and ``ALL`` rows of the summary (no category, no length bucket rows)."""
+    s = summary[~summary["task"].str.contains(" @", regex=False)]
+    return s[~s["task"].str.startswith("[")]
+
+
+def _partial(s: pd.DataFrame) -> pd.Series:
+    """Points averaging fewer samples than the fullest point of their task."""
+    return s["n"] < s.groupby(["model", "benchmark", "length", "task"])["n"].transform("max")
+
+
+def score_vs_keep(summary: pd.DataFrame, path: Path) -> Path | None:
+    """Score vs keep rate, one line per method and task, and a bold one per method for
+    ``ALL``; the reference method at keep 1.0. Bars: the 95 % interval of each mean. A point
+    averaging fewer samples than the fullest point of its task is hollow."""
+    s = _quality_points(summary)
+    s = s[s.groupby(["model", "benchmark", "length", "method"])["score"].transform("count") > 0]  # drawable
+    if s.empty:
+        return None
+    s = s.assign(_partial=_partial(s))
+    groups = list(s.groupby(["model", "benchmark", "length"]))
+    fig, axes = _panels(len(groups), 6.5)
+    for ax, ((model, bench, length), g) in zip(axes, groups, strict=False):
+        is_ref = g["method_name"] == g["reference"]
+        ref = g[is_ref].drop_duplicates("task").set_index("task")
+        tasks = sorted(set(g["task"]) - {"ALL"}) + (["ALL"] if "ALL" in set(g["task"]) else [])
+        for method, gm in g[~is_ref].groupby("method"):
+            for task in tasks:
+                gt = gm[gm["task"] == task].sort_values("keep_rate")
+                if task in ref.index:
+                    gt = pd.concat([gt, ref.loc[[task]].reset_index().assign(keep_rate=1.0)], ignore_index=True)
+                if gt.empty:
+                    continue
+                bold = task == "ALL"
+                line = ax.errorbar(
+                    gt["keep_rate"], gt["score"], yerr=_yerr(gt["score"], gt["score_lo"], gt["score_hi"]),
+                    lw=2.6 if bold else 1.0, capsize=3 if bold else 0, alpha=1.0 if bold else 0.55,
+                    label=f"{task} ({method})",
+                )  # fmt: skip
+                color = line[0].get_color()
+                for x, y, h in zip(gt["keep_rate"], gt["score"], gt["_partial"], strict=True):
+                    ax.plot(
+                        [x], [y], marker="o", ms=6 if bold else 4, color=color, markerfacecolor="none" if h else color
+                    )
+        if is_ref.all():
+            ax.errorbar([1.0] * len(ref), ref["score"], yerr=_yerr(ref["score"], ref["score_lo"], ref["score_hi"]),
+                        fmt="o", label=f"{ref['method'].iloc[0]} (reference)")  # fmt: skip
+        ax.set_xlabel("keep rate (fraction of prompt tokens prefilled; the reference at 1.0)")
+        ax.set_ylabel("score (0-100), 95 % interval")
+        title = f"{model} · {bench} {length} · {_n_range(g[g['task'] != 'ALL']['n'])} per task"
+        if g["_partial"].any():
+            title += "\nhollow: fewer samples than the fullest point (partial or failing run)"
+        ax.set_title(title, fontsize=9)
+        ax.set_ylim(-3, 103)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2 if len(tasks) > 6 else 1)
+    return _save(fig, path)
+
+
+def needle_vs_keep(summary: pd.DataFrame, path: Path) -> Path | None:
+    """The mean fraction of needle (evidence) tokens each method kept vs keep rate, per task
+    that has needles and over them (``ALL``); 1.0 means every evidence token was prefilled."""
+    s = _quality_points(summary).dropna(subset=["needle_kept"])
+    s = s[s["method_name"] != s["reference"]]
+    if s.empty:
+        return None
+    groups = list(s.groupby(["model", "benchmark", "length"]))
+    fig, axes = _panels(len(groups), 6.5)
+    for ax, ((model, bench, length), g) in zip(axes, groups, strict=False):
+        for (method, task), gt in g.groupby(["method", "task"]):
+            gt = gt.sort_values("keep_rate")
+            bold = task == "ALL"
+            ax.plot(gt["keep_rate"], gt["needle_kept"], marker="o", lw=2.6 if bold else 1.0,
+                    alpha=1.0 if bold else 0.55, label=f"{task} ({method})")  # fmt: skip
+        ax.plot([0, 1], [0, 1], ls=":", color="grey", lw=1, label="kept at random (= keep rate)")
+        ax.set_xlabel("keep rate")
+        ax.set_ylabel("needle tokens kept (fraction)")
+        ax.set_title(f"{model} · {bench} {length} · {_n_range(g[g['task'] != 'ALL']['n'])} per task", fontsize=9)
+        ax.set_xlim(0, 1.02)
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    return _save(fig, path)
+
+
+def pareto_points(summary: pd.DataFrame) -> pd.DataFrame:
+    """The points of :func:`pareto`: each non-reference method and keep rate over all tasks
+    (``ALL``) with its retention and speedup, their 95 % intervals (the speedup's from the
+    TTFT ratio's: ``1 / hi .. 1 / lo``), and its ideal speedup ``1 / kept_fraction``."""
+    s = summary[(summary["task"] == "ALL") & (summary["method_name"] != summary["reference"])]
+    s = s.dropna(subset=["retention", "speedup"])
+    return s.assign(
+        speedup_lo=1.0 / s["ttft_ratio_hi"],
+        speedup_hi=1.0 / s["ttft_ratio_lo"],
+        ideal_speedup=1.0 / s["kept_fraction"],
+    )
+
+
+def pareto(summary: pd.DataFrame, path: Path) -> Path | None:
+    """Quality retention (score / the reference's on the same samples) vs measured TTFT
+    speedup over the reference, one point per method and keep rate (``ALL``), both with
+    their paired 95 % intervals. The hollow marker joined to each point is its ideal
+    speedup, 1 / kept fraction: the base prefill shrunk in proportion to the tokens kept,
+    at no cost for choosing them (attention's quadratic part would give more, the method's
+    own cost less)."""
+    s = pareto_points(summary)
+    if s.empty:
+        return None
+    groups = list(s.groupby(["model", "benchmark", "length"]))
+    fig, axes = _panels(len(groups), 6.5)
+    for ax, ((model, bench, length), g) in zip(axes, groups, strict=False):
+        for method, gm in g.groupby("method"):
+            gm = gm.sort_values("keep_rate")
+            sp = gm["speedup"]
+            line = ax.errorbar(sp, gm["retention"], xerr=_yerr(sp, gm["speedup_lo"], gm["speedup_hi"]),
+                               yerr=_yerr(gm["retention"], gm["retention_lo"], gm["retention_hi"]),
+                               fmt="o-", capsize=3, label=str(method))  # fmt: skip
+            color = line[0].get_color()
+            for x, xi, y, k in zip(sp, gm["ideal_speedup"], gm["retention"], gm["keep_rate"], strict=True):
+                ax.annotate(f"{k:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+                if np.isfinite(xi):
+                    ax.plot([x, xi], [y, y], ls=":", color=color, lw=1)
+                    ax.plot([xi], [y], marker="o", mfc="none", color=color)
+        ax.plot(
+            [1.0], [1.0], marker="*", ms=12, color="black", ls="none", label=f"{g['reference'].iloc[0]} (reference)"
+        )
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.axvline(1.0, color="grey", lw=0.8)
+        ax.plot([], [], marker="o", mfc="none", color="grey", ls=":", label="ideal speedup (1 / kept fraction)")
+        ax.set_xlabel("TTFT speedup over the reference (measured side by side)")
+        ax.set_ylabel("quality retention (score / reference score)")
+        ax.set_title(f"{model} · {bench} {length} · ALL · {_n_range(g['n'])} samples per point; labels: keep rate",
+                     fontsize=9)  # fmt: skip
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def score_vs_length(summary: pd.DataFrame, path: Path) -> Path | None:
+    """Score (``ALL``) vs context length, one line per method and keep rate, with 95 %
+    intervals; drawn for each model and benchmark run at more than one length."""
+    s = summary[summary["task"] == "ALL"].dropna(subset=["score"])
+    s = s[s.groupby(["model", "benchmark"])["length"].transform("nunique") > 1]
+    if s.empty:
+        return None
+    groups = list(s.groupby(["model", "benchmark"]))
+    fig, axes = _panels(len(groups), 6.5)
+    for ax, ((model, bench), g) in zip(axes, groups, strict=False):
+        for (method, keep), gm in g.groupby(["method", "keep_rate"], dropna=False):
+            gm = gm.sort_values("length")
+            is_ref = bool((gm["method_name"] == gm["reference"]).all())
+            ax.errorbar(gm["length"], gm["score"], yerr=_yerr(gm["score"], gm["score_lo"], gm["score_hi"]),
+                        fmt="o-", capsize=3, lw=2.4 if is_ref else 1.2, color="black" if is_ref else None,
+                        label=str(method) if is_ref else f"{method} keep {keep:g}")  # fmt: skip
+        ax.set_xscale("log", base=2)
+        lengths = sorted(set(g["length"]))
+        ax.set_xticks(lengths, [f"{x // 1024}K" if x >= 1024 else str(x) for x in lengths])
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("score (0-100), ALL, 95 % interval")
+        ax.set_title(f"{model} · {bench} · {_n_range(g['n'])} samples per point", fontsize=9)
+        ax.set_ylim(-3, 103)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def needle_grid(rows: pd.DataFrame) -> pd.DataFrame:
+    """The cells of :func:`needle_heatmap`: NIAH rows that are ok and carry a needle depth,
+    by model, benchmark, method, keep rate (1.0 for the reference), depth bin (index into
+    :data:`DEPTH_BINS`) and length: mean score and n."""
+    cols = ["model", "benchmark", "method", "keep", "depth_bin", "length", "score", "n"]
+    if rows.empty or "needle_depth" not in rows:
+        return pd.DataFrame(columns=cols)
+    r = rows[(rows["status"] == "ok") & rows["task"].astype(str).str.startswith("niah")]
+    r = r.dropna(subset=["needle_depth", "score"])
+    if r.empty:
+        return pd.DataFrame(columns=cols)
+    r = r.assign(
+        depth_bin=pd.cut(r["needle_depth"].astype(float).clip(0, 1), DEPTH_BINS, include_lowest=True, labels=False),
+        keep=r["keep_rate"].astype(float).fillna(1.0),
+        length=r["length"].astype(int),
+    )
+    g = r.groupby(["model", "benchmark", "method", "keep", "depth_bin", "length"])["score"]
+    return g.agg(score="mean", n="size").reset_index()[cols]
+
+
+def needle_heatmap(rows: pd.DataFrame, path: Path) -> Path | None:
+    """Mean score by needle depth (the needle's position in the context, binned) x context
+    length for the NIAH tasks, one panel per method and keep rate; each cell prints its
+    score and n. ``rows``: eval rows with a ``needle_depth`` column and ``method`` labels."""
+    cells = needle_grid(rows)
+    if cells.empty:
+        return None
+    panels = list(cells.groupby(["model", "benchmark", "method", "keep"]))
+    rows_n = int(np.ceil(len(panels) / 4))
+    cols_n = int(np.ceil(len(panels) / rows_n))
+    fig, axes = _panels(len(panels), 4.8, 4.2, rows=rows_n)
+    lengths = sorted(set(cells["length"]))
+    image = None
+    for k, (ax, ((model, bench, method, keep), g)) in enumerate(zip(axes, panels, strict=False)):
+        grid = np.full((len(DEPTH_BINS) - 1, len(lengths)), np.nan)
+        counts = np.zeros_like(grid, dtype=int)
+        for c in g.itertuples():
+            grid[int(c.depth_bin), lengths.index(int(c.length))] = c.score
+            counts[int(c.depth_bin), lengths.index(int(c.length))] = c.n
+        image = ax.imshow(grid, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto", origin="upper")
+        for i in range(grid.shape[0]):
+            for j in range(grid.shape[1]):
+                if counts[i, j]:
+                    ax.text(j, i, f"{grid[i, j]:.0f}\nn={counts[i, j]}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(lengths)), [f"{x // 1024}K" if x >= 1024 else str(x) for x in lengths])
+        ax.set_yticks(range(len(DEPTH_BINS) - 1),
+                      [f"{a:.0%}-{b:.0%}" for a, b in itertools.pairwise(DEPTH_BINS)])  # fmt: skip
+        ax.set_xlabel("context length")
+        if k % cols_n == 0:
+            ax.set_ylabel("needle depth in the context")
+        label = method if keep >= 1.0 else f"{method} keep {keep:g}"
+        ax.set_title(f"{model} · {bench}\n{label} (NIAH tasks)", fontsize=8)
+    if image is not None:
+        fig.colorbar(image, ax=list(axes[: len(panels)]), shrink=0.8, label="score")
+    plt = _plt()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def latency_vs_keep(lat: pd.DataFrame, path: Path) -> Path | None:
+    """Measured TTFT speedup over the reference (95 % interval) and the FLOP model's ideal
+    (dashed) vs keep rate, per grid point and method."""
+    lines = lat[~lat["is_reference"].astype(bool)].dropna(subset=["speedup"])
+    if lines.empty:
+        return None
+    fig, axes = _panels(1, 6.5)
+    ax = axes[0]
+    for (method, b, n), g in lines.groupby(["method", "batch", "length"]):
+        g = g.sort_values("keep_rate")
+        line = ax.errorbar(g["keep_rate"], g["speedup"], yerr=_yerr(g["speedup"], g["speedup_lo"], g["speedup_hi"]),
+                           fmt="o-", capsize=3, label=f"{method} {b}x{n}")  # fmt: skip
+        if g["ideal_speedup"].notna().any():
+            ax.plot(g["keep_rate"], g["ideal_speedup"], ls="--", color=line[0].get_color(), label=f"ideal {b}x{n}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("keep rate")
+    ax.set_ylabel(f"TTFT speedup over {lines['reference'].iloc[0]}")
+    ax.set_title(f"{lines['model'].iloc[0]} ({', '.join(sorted(set(lines['backend'])))}) · "
+                 f"{_n_range(lines['n'])} timed iterations per point", fontsize=9)  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def latency_grid(lat: pd.DataFrame, path: Path) -> Path | None:
+    """TTFT vs prompt length, one panel per batch size (the paper's batch x length grid):
+    the median over timed iterations with the p90 as the upper whisker, one line per method
+    and keep rate, the reference in black, and each method's ideal TTFT (the reference's
+    median / the FLOP model's ideal speedup) dashed."""
+    s = lat.dropna(subset=["ttft_median_s"])
+    if s.empty:
+        return None
+    batches = sorted(set(s["batch"].astype(int)))
+    fig, axes = _panels(len(batches), 5.0)
+    ref = s[s["is_reference"].astype(bool)].groupby(["model", "backend", "batch", "length"])["ttft_median_s"].median()
+    for ax, b in zip(axes, batches, strict=False):
+        g = s[s["batch"] == b]
+        for (method, keep, is_ref), gm in g.groupby(["method", "keep_rate", "is_reference"], dropna=False):
+            gm = gm.sort_values("length")
+            up = (gm["ttft_p90_s"] - gm["ttft_median_s"]).clip(lower=0).to_numpy(dtype=float)
+            label = str(method) if is_ref else f"{method} keep {keep:g}"
+            line = ax.errorbar(gm["length"], gm["ttft_median_s"], yerr=np.vstack([np.zeros_like(up), up]),
+                               fmt="o-", capsize=3, color="black" if is_ref else None, lw=2 if is_ref else 1.2,
+                               label=label)  # fmt: skip
+            if not is_ref and gm["ideal_speedup"].notna().any():
+                keys = pd.MultiIndex.from_frame(gm[["model", "backend", "batch", "length"]])
+                base = ref.reindex(keys).to_numpy(dtype=float)
+                ax.plot(gm["length"], base / gm["ideal_speedup"].to_numpy(dtype=float), ls="--", lw=1, marker="_",
+                        ms=16, mew=2, color=line[0].get_color(), label=f"ideal, keep {keep:g}")  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(_plt().matplotlib.ticker.FormatStrFormatter("%.3g"))
+        ax.yaxis.set_minor_formatter(_plt().matplotlib.ticker.FormatStrFormatter("%.3g"))
+        lengths = sorted(set(g["length"].astype(int)))
+        ax.set_xticks(lengths, [f"{x // 1024}K" if x >= 1024 else str(x) for x in lengths])
+        ax.set_xlabel("prompt length (tokens)")
+        ax.set_ylabel("TTFT (s): median, whisker to p90")
+        ax.set_title(f"batch {b} · {_n_range(g['n'])} timed iterations per point", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6)
+    fig.suptitle(f"{s['model'].iloc[0]} ({', '.join(sorted(set(s['backend'])))})", fontsize=10)
+    return _save(fig, path)
+
+
+def qps_curves(rates: pd.DataFrame, path: Path) -> Path | None:
+    """TTFT p90 vs request rate, one line per serving run (method and keep rate); a filled
+    marker is a rate that passed both rules (timeouts and the TTFT SLO), a cross one that
+    failed; the dashed line is the run's TTFT p90 SLO (``slo_s`` column, from its config)."""
+    if rates.empty:
+        return None
+    groups = list(rates.groupby(["model", "benchmark", "length"], dropna=False))
+    fig, axes = _panels(len(groups), 6.5)
+    for ax, ((model, bench, length), g) in zip(axes, groups, strict=False):
+        for (method, keep, _run), gm in g.groupby(["method", "keep_rate", "run_id"], dropna=False):
+            gm = gm.sort_values("rate")
+            label = str(method) if pd.isna(keep) else f"{method} keep {keep:g}"
+            line = ax.plot(gm["rate"], gm["ttft_p90_s"], "-", label=f"{label} ({_n_range(gm['requests'])} req/rate)")
+            color = line[0].get_color()
+            ok = gm["passed"].astype(bool)
+            ax.plot(gm.loc[ok, "rate"], gm.loc[ok, "ttft_p90_s"], "o", color=color)
+            ax.plot(gm.loc[~ok, "rate"], gm.loc[~ok, "ttft_p90_s"].fillna(0), "x", ms=9, mew=2, color=color)
+        for slo in sorted(set(g["slo_s"].dropna())) if "slo_s" in g else []:
+            ax.axhline(slo, ls="--", color="red", lw=1, label=f"TTFT p90 SLO {slo:g} s")
+        ax.plot([], [], "o", color="grey", label="rate passed")
+        ax.plot([], [], "x", color="grey", mew=2, label="rate failed (timeouts or SLO)")
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel("TTFT p90 (s)")
+        ax.set_title(f"{model} · {bench} {length}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
