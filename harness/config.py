@@ -16,11 +16,15 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import CompactHydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from harness.benchmarks.base import BenchmarkConfig
@@ -42,6 +46,7 @@ class CommonSchema:
     backend: str = "transformers"
     reference: str = "full"  # the method ratios are taken against (a conf/method name)
     dry_run: bool = False
+    allow_failures: bool = False  # exit 0 even when samples (or requests, grid points) failed
 
 
 @dataclass
@@ -75,6 +80,131 @@ class QPSSchema(EvalSchema):
     rates: Any = None
     arrival: str = "poisson"
     qps: Any = MISSING
+
+
+class ConfigError(CompactHydraException, ValueError):
+    """A bad value in a config: Hydra prints its message alone (no traceback) and exits 1;
+    ``HYDRA_FULL_ERROR=1`` shows the traceback."""
+
+
+class RunFailures(CompactHydraException):
+    """Rows of a finished run (or sweep) failed: the exit status is 1 unless ``allow_failures=true``."""
+
+
+def check_out(out: str | Path) -> Path:
+    """``out``: a folder that exists or can be made, and can be written; a file, or a place
+    that cannot be written, is a :class:`ConfigError` before anything runs."""
+    path = Path(str(out)).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"out={str(out)!r} is a file; allowed: a folder (existing, or one to create)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-check-{uuid.uuid4().hex[:8]}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(
+            f"out={str(out)!r} cannot be written ({e.strerror or e}); allowed: a folder this user can create and write"
+        ) from None
+    return path
+
+
+def check_common(c: dict[str, Any]) -> None:
+    """The shorthands every entry point shares, whichever method reads them: ``keep`` in
+    (0, 1] (even for full prefill, which ignores it: a typo must not pass silently),
+    ``lookahead`` >= 1, ``allow_failures`` a bool, ``out`` a writable folder."""
+    keep = c.get("keep")
+    if isinstance(keep, bool) or not isinstance(keep, int | float) or not 0 < keep <= 1:
+        raise ConfigError(f"keep={keep!r}; allowed: a fraction in (0, 1] (of prompt tokens the base prefills)")
+    la = c.get("lookahead")
+    if isinstance(la, bool) or not isinstance(la, int) or la < 1:
+        raise ConfigError(f"lookahead={la!r}; allowed: int >= 1 (look-ahead steps; 1 = the last prompt token)")
+    if not isinstance(c.get("allow_failures", False), bool):
+        raise ConfigError(f"allow_failures={c.get('allow_failures')!r}; allowed: true or false")
+    check_out(c["out"])
+
+
+def check_model_fits(model: Any, methods: list[Any], longest_prompt: int) -> None:
+    """What needs the model's shape, checked from its config before anything loads: an
+    early-exit speculator (``self_layers:M``) and a layer option (GemFilter's
+    ``filter_layer``) within the base's layers; the look-ahead's extra tokens within the
+    context window after the longest prompt."""
+    from harness.models import parse_speculator
+    from harness.placement import layer_count
+
+    layers = layer_count(model)
+    spec = parse_speculator(model.speculator) if any(m.needs_speculator for m in methods) else None
+    if layers is not None and spec is not None and spec[0] == "self_layers" and int(spec[1]) > layers:
+        raise ConfigError(
+            f"speculator={model.speculator!r}: model {model.name!r} has {layers} layers; "
+            f"allowed: self_layers:1 .. self_layers:{layers}"
+        )
+    for m in methods:
+        opts = m.options()
+        layer = opts.get("filter_layer")
+        if layers is not None and isinstance(layer, int) and layer > layers:
+            raise ConfigError(
+                f"method {m.name!r}: filter_layer={layer}: model {model.name!r} has {layers} layers; "
+                f"allowed: 1 .. {layers}"
+            )
+        la = int(opts.get("lookahead", 1) or 1)
+        if la > 1 and longest_prompt + la - 1 > model.max_context:  # la = 1: the benchmark's own check
+            raise ConfigError(
+                f"lookahead={la}: {la - 1} look-ahead tokens after a prompt of up to {longest_prompt} tokens pass "
+                f"model {model.name!r}'s context window ({model.max_context}); allowed: lookahead <= "
+                f"{max(1, model.max_context - longest_prompt + 1)}"
+            )
+
+
+def longest_prompt(model: Any, benchmark: BenchmarkConfig) -> int:
+    """The longest prompt a benchmark config can give this model, in tokens: the benchmark's
+    length (RULER's target), never past the model's input budget (LongBench's truncation)."""
+    return min(int(benchmark.length), int(model.max_input_length or model.max_context))
+
+
+@contextmanager
+def config_errors() -> Iterator[None]:
+    """Validation inside a job (a single run, or a library call): a ``ValueError`` becomes a
+    :class:`ConfigError`, printed by Hydra as one line."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
+def failed_rows(folder: Path) -> int:
+    """Rows of a run folder whose status is ``failed`` (``unsupported`` is a result, not a failure)."""
+    from harness.store import RunStore
+
+    df = RunStore(folder).read()
+    return 0 if df.empty else int((df["status"] == "failed").sum())
+
+
+def finish(folder: Path, allow_failures: bool) -> dict[str, Any]:
+    """A job's outcome for the sweeper (``{"folder", "failed"}``); in a single run (not a
+    sweep) failed rows raise :class:`RunFailures` here unless ``allow_failures``."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    n = failed_rows(folder)
+    outcome = {"folder": str(folder), "failed": n}
+    sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    if n and not allow_failures and not sweep:  # a sweep's sweeper decides after its last job
+        raise RunFailures(failure_message([outcome]))
+    return outcome
+
+
+def failure_message(outcomes: list[dict[str, Any]]) -> str:
+    bad = [o for o in outcomes if o.get("failed")]
+    total = sum(int(o["failed"]) for o in bad)
+    where = "".join(f"\n  {o['failed']} in {o['folder']}" for o in bad)
+    return (
+        f"{total} failed row(s) in {len(bad)} run(s) (status=failed, with the error in the row's `error`; "
+        f"`make report` lists them):{where}\nRun the same command again to retry them, or pass "
+        f"allow_failures=true to exit 0 anyway."
+    )
 
 
 SCHEMAS: dict[str, type] = {"eval_schema": EvalSchema, "latency_schema": LatencySchema, "qps_schema": QPSSchema}

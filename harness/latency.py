@@ -52,9 +52,13 @@ from harness.benchmarks.base import BenchmarkConfig, build_benchmark
 from harness.config import (
     LatencySchema,
     check_backend,
+    check_common,
     check_keys,
+    check_model_fits,
+    config_errors,
     config_hash,
     container,
+    finish,
     method_conf,
     method_spec,
     model_from,
@@ -107,6 +111,7 @@ class LatencyConfig:
     def from_hydra(cls, cfg: DictConfig) -> LatencyConfig:
         c = container(cfg)
         check_keys(c, LatencySchema)
+        check_common(c)
         name, options = method_spec(c["method"])
         ref_name, ref_options = method_conf(str(c["reference"]), float(c["keep"]), int(c["lookahead"]))
         grid = c["grid"]
@@ -162,6 +167,7 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
                 f"grid length {n} (+{lookahead - 1} look-ahead tokens) is beyond the model's context window "
                 f"({cfg.model.max_context} tokens)"
             )
+    check_model_fits(cfg.model, methods, max(n for _, n in cfg.grid))
     placement = place(cfg.model, cfg.backend, any(m.needs_speculator for m in methods))
     needs_text = [m.name for m in methods if m.scope != "prompt"]
     if cfg.prompts == "random" and needs_text:
@@ -328,12 +334,13 @@ def execute(job: LatencyJob) -> Path:
 
 
 @hydra.main(config_path="../conf", config_name="latency", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    job = prepare(LatencyConfig.from_hydra(cfg))
+def main(cfg: DictConfig) -> dict[str, Any] | None:
+    with config_errors():
+        job = prepare(LatencyConfig.from_hydra(cfg))
     if cfg.dry_run:
         print(plan_text(job))
-        return
-    execute(job)
+        return None
+    return finish(execute(job), bool(cfg.get("allow_failures", False)))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,21 @@ def fast_bf16() -> bool:
     except OSError:
         return False
     return any(f in flags for f in ("amx_bf16", "avx512_bf16"))
+
+
+#: A value that becomes one component of a results path (model, method, benchmark, task names).
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")
+
+
+def check_path_part(what: str, value: Any) -> str:
+    """``value`` as one safe path component, or a ``ValueError`` naming it: results, plots
+    and logs must never leave the results folder."""
+    if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or ".." in value:
+        raise ValueError(
+            f"{what}={value!r} becomes part of a results path; allowed: letters, digits and . _ + = - "
+            f"(starting with a letter or digit; no '/', no '..')"
+        )
+    return value
 
 
 def resolve_dtype(dtype: str) -> str:
@@ -96,6 +112,7 @@ class ModelConfig:
     speculator_chunk: int | None = None
 
     def __post_init__(self) -> None:
+        check_path_part("model.name", self.name)
         # ``auto`` is resolved here, so rows and run identities record the dtype that ran.
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
         if self.source not in SOURCES:

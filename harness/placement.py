@@ -232,3 +232,20 @@ def plan(model: ModelConfig, backend: str, needs_speculator: bool) -> Placement:
         speculator_gpu0_gib=gpu0,
         gpu_memory_utilization=util,
     )
+
+
+#: Decoder layers of the packaged checkpoints whose config is not transcribed in conf/model/arch
+#: (SmolLM2-135M-Instruct's config.json: num_hidden_layers 30).
+PACKAGED_LAYERS = {"smollm2_gguf": 30}
+
+
+def layer_count(model: ModelConfig) -> int | None:
+    """The base model's decoder layers, from its config alone (nothing loaded): the random
+    shape, the transcribed architecture, or the packaged checkpoint's; None where only the
+    checkpoint knows (a hub model without ``architecture:``)."""
+    if model.shape.get("num_hidden_layers"):
+        return int(model.shape["num_hidden_layers"])
+    arch = model_architecture(model)
+    if arch is not None and arch.get("num_hidden_layers"):
+        return int(arch["num_hidden_layers"])
+    return PACKAGED_LAYERS.get(model.source)

@@ -31,9 +31,14 @@ from harness.config import (
     EvalSchema,
     benchmark_config,
     check_backend,
+    check_common,
     check_keys,
+    check_model_fits,
+    config_errors,
     config_hash,
     container,
+    finish,
+    longest_prompt,
     method_spec,
     model_from,
     model_identity,
@@ -65,6 +70,7 @@ class RunConfig:
     def from_hydra(cls, cfg: DictConfig) -> RunConfig:
         c = container(cfg)
         check_keys(c, EvalSchema)
+        check_common(c)
         name, options = method_spec(c["method"])
         check_backend(str(c["backend"]))
         return cls(
@@ -103,6 +109,7 @@ def prepare(cfg: RunConfig) -> Job:
         )
     benchmark = build_benchmark(cfg.benchmark)
     benchmark.check_model(cfg.model.max_context)
+    check_model_fits(cfg.model, [method], longest_prompt(cfg.model, cfg.benchmark))
     placement = place(cfg.model, cfg.backend, method.needs_speculator)
     identity = {
         "model": model_identity(cfg.model),
@@ -262,12 +269,13 @@ def execute(job: Job) -> Path:
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    job = prepare(RunConfig.from_hydra(cfg))
+def main(cfg: DictConfig) -> dict[str, Any] | None:
+    with config_errors():
+        job = prepare(RunConfig.from_hydra(cfg))
     if cfg.dry_run:
         print(plan_text(job))
-        return
-    execute(job)
+        return None
+    return finish(execute(job), bool(cfg.get("allow_failures", False)))
 
 
 if __name__ == "__main__":

@@ -214,7 +214,7 @@ def test_a_failing_method_is_a_failed_row_and_the_grid_goes_on(tmp_path, monkeyp
 def test_config_errors_name_the_value(tmp_path):
     with pytest.raises(ValueError, match=r"grid point \[0, 96\]"):
         _lat(tmp_path, "grid=[[0,96]]")
-    with pytest.raises(ValueError, match=r"keep_rate=1\.5"):
+    with pytest.raises(ValueError, match=r"keep=1\.5; allowed"):
         _lat(tmp_path, "keep=1.5")
     with pytest.raises(ValueError, match="beyond the model's context window"):
         _lat(tmp_path, "grid=[[1,10000000]]")

@@ -65,8 +65,10 @@ def test_a_bad_sweep_point_stops_the_sweep_before_anything_runs(tmp_path):
     proc = _run("harness.run", "model=tiny-random", "method=full,specprefill", "keep=0.3,1.5", "limit=1",
                 "length=1024", f"out={tmp_path}")  # fmt: skip
     assert proc.returncode != 0
-    assert "1 of 4 sweep point(s) are invalid; nothing ran" in proc.stderr
-    assert "method=specprefill keep=1.5" in proc.stderr and "keep_rate=1.5 is outside (0, 1]" in proc.stderr
+    # full prefill ignores keep, but a keep of 1.5 is refused for it too (a typo must not pass)
+    assert "2 of 4 sweep point(s) are invalid; nothing ran" in proc.stderr
+    assert "method=specprefill keep=1.5" in proc.stderr and "keep=1.5; allowed: a fraction in (0, 1]" in proc.stderr
+    assert "method=full keep=1.5" in proc.stderr and "Traceback" not in proc.stderr
     assert not list(tmp_path.rglob("*.parquet"))  # full prefill did not run first
 
 

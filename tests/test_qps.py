@@ -120,7 +120,9 @@ def test_a_max_qps_at_the_top_of_the_search_is_a_lower_bound():
     # over a reference that never failed either, the ratio is unknown, not 1.0
     top_full = _served("full", [(0.1, True, 80.0), (0.2, True, 80.0), (0.4, True, 80.0)])
     s = summarize_qps(pd.concat([top_full, top], ignore_index=True)).set_index("run_id")
-    assert pd.isna(s.loc["specprefill", "qps_ratio_to_reference"]) and s.loc["specprefill", "qps_ratio_bound"] == "unknown"
+    assert (
+        pd.isna(s.loc["specprefill", "qps_ratio_to_reference"]) and s.loc["specprefill", "qps_ratio_bound"] == "unknown"
+    )
 
 
 def test_a_request_the_front_did_not_log_has_no_kept_count():

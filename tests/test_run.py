@@ -28,8 +28,8 @@ def _job(*overrides: str):
 @pytest.mark.parametrize(
     "overrides,match",
     [
-        (["keep=1.5"], r"keep_rate=1.5 is outside \(0, 1\]"),
-        (["keep=0"], r"keep_rate=0.0 is outside \(0, 1\]"),
+        (["keep=1.5"], r"keep=1.5; allowed: a fraction in \(0, 1\]"),
+        (["keep=0"], r"keep=0.0; allowed: a fraction in \(0, 1\]"),
         (["+foo=1"], r"config: unknown key\(s\) \['foo'\]"),
         (["+kep=0.3"], r"unknown key\(s\) \['kep'\].*did you mean 'keep' for 'kep'\?"),
         (["+benchmark.options.foo=1"], r"ruler: unknown option\(s\) \['foo'\]; allowed: \[\]"),
@@ -46,7 +46,7 @@ def _job(*overrides: str):
         ),
         (["length=16384"], r"length=16384 is beyond the model's context window \(8192 tokens\)"),
         (["limit=0"], r"limit=0 is invalid"),
-        (["lookahead=0"], r"lookahead=0 is invalid"),
+        (["lookahead=0"], r"lookahead=0; allowed: int >= 1"),
         (
             ["method.position_mode=shifted"],
             r"position_mode='shifted' is invalid; allowed: \['original', 'contiguous'\]",

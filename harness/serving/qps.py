@@ -62,10 +62,14 @@ from harness.benchmarks.base import Benchmark, BenchmarkConfig, build_benchmark
 from harness.config import (
     QPSSchema,
     benchmark_config,
+    check_common,
     check_keys,
+    check_model_fits,
+    config_errors,
     config_hash,
     container,
     dataclass_from,
+    longest_prompt,
     method_spec,
     model_from,
     model_identity,
@@ -137,6 +141,7 @@ class QPSConfig:
     def from_hydra(cls, cfg: DictConfig) -> QPSConfig:
         c = container(cfg)
         check_keys(c, QPSSchema)
+        check_common(c)
         if c["backend"] != "vllm":
             raise ValueError(f"backend={c['backend']!r}; allowed: ['vllm'] (qps serves the base model on vllm serve)")
         name, options = method_spec(c["method"])
@@ -181,6 +186,7 @@ def prepare(cfg: QPSConfig) -> QPSJob:
         raise ValueError(f"method {method.name!r} needs a speculator, but model {cfg.model.name!r} has none")
     benchmark = build_benchmark(cfg.benchmark)
     benchmark.check_model(cfg.model.max_context)
+    check_model_fits(cfg.model, [method], longest_prompt(cfg.model, cfg.benchmark))
     placement = place(cfg.model, "vllm", method.needs_speculator)
     q = cfg.qps
     identity = {
@@ -586,7 +592,10 @@ def execute(job: QPSJob) -> Path:
 
 @hydra.main(config_path="../../conf", config_name="qps", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    job = prepare(QPSConfig.from_hydra(cfg))
+    """Failed requests are measurements here (a rate's verdict counts them), so a finished
+    run exits 0 whatever they were; a run that cannot go on raises."""
+    with config_errors():
+        job = prepare(QPSConfig.from_hydra(cfg))
     print(plan_text(job))
     if cfg.dry_run:
         return

@@ -1,0 +1,126 @@
+"""Failures are loud: bad inputs are refused before any model loads, with one line naming
+the value and what is allowed; results never leave ``out``; a run whose samples failed
+exits non-zero unless ``allow_failures=true``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from harness import latency, run
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = str(ROOT / "conf")
+
+
+def _validate(module, config_name: str, *overrides: str) -> Path:
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return module.validate(compose(config_name=config_name, overrides=list(overrides)))
+
+
+@pytest.fixture
+def a_file(tmp_path):
+    f = tmp_path / "a_file"
+    f.write_text("not a folder")
+    return f
+
+
+# (overrides, what the error must say); each was accepted, or failed only after data and
+# model loading, before these checks (issue 18's list).
+BAD_EVAL = [
+    (["out={file}"], r"out='.*a_file' is a file; allowed: a folder"),
+    (["out=/proc/no/such/place"], r"out='/proc/no/such/place' cannot be written"),
+    (
+        ["model.speculator=self_layers:999"],
+        r"self_layers:999'?: model 'smollm2-135m' has 30 layers; allowed: "
+        r"self_layers:1 \.\. self_layers:30",
+    ),
+    (["model=tiny-random", "model.speculator=self_layers:3"], r"has 2 layers"),
+    (["tasks=[]"], r"tasks is empty"),
+    (["+foo=1"], r"unknown key\(s\) \['foo'\]"),
+    (["method=full", "keep=5"], r"keep=5(\.0)?; allowed: a fraction in \(0, 1\]"),
+    (["method=full", "keep=-0.1"], r"keep=-0.1; allowed"),
+    (
+        ["method=gemfilter", "model=tiny-random"],
+        r"filter_layer=13: model 'tiny-random' has 2 layers; allowed: 1 \.\. 2",
+    ),
+    (["lookahead=1000000"], r"lookahead=1000000: .* context window \(8192\); allowed: lookahead <= 4097"),
+    (["model.name=../x"], r"model.name='\.\./x' becomes part of a results path"),
+    (["model.name=a/b"], r"model.name='a/b' becomes part of a results path"),
+    (["model.name=.hidden"], r"model.name='\.hidden' becomes part of a results path"),
+]
+
+
+@pytest.mark.parametrize("overrides,match", BAD_EVAL, ids=[" ".join(o) for o, _ in BAD_EVAL])
+def test_bad_eval_inputs_are_refused_before_any_work(overrides, match, a_file):
+    overrides = [o.replace("{file}", str(a_file)) for o in overrides]
+    with pytest.raises(ValueError, match=match):
+        _validate(run, "config", *overrides)
+
+
+GOOD_EVAL = [
+    ["model=smollm2-135m", "model.speculator=self_layers:30"],  # the base scoring itself: an oracle, allowed
+    ["method=gemfilter", "method.filter_layer=2", "model=tiny-random"],
+    ["lookahead=8"],
+    ["method=full", "keep=1"],
+    ["model.name=my-model_v1.2"],
+]
+
+
+@pytest.mark.parametrize("overrides", GOOD_EVAL, ids=[" ".join(o) for o in GOOD_EVAL])
+def test_edge_values_that_are_fine_are_accepted(overrides, tmp_path):
+    assert _validate(run, "config", *overrides, f"out={tmp_path}").is_relative_to(tmp_path)
+
+
+def test_allow_failures_is_typed():
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="allow_failures=maybe"):
+        _validate(run, "config", "allow_failures=maybe")
+
+
+def test_latency_checks_the_model_shape_and_out_too(a_file):
+    with pytest.raises(ValueError, match="filter_layer=13: model 'tiny-random' has 2 layers"):
+        _validate(latency, "latency", "model=tiny-random", "method=gemfilter", "grid=[[1,256]]")
+    with pytest.raises(ValueError, match="is a file"):
+        _validate(latency, "latency", "model=tiny-random", f"out={a_file}", "grid=[[1,256]]")
+
+
+def _cli(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "harness.run", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_a_config_error_is_one_line_not_a_traceback(tmp_path, a_file):
+    r = _cli("model=tiny-random", "dry_run=true", f"out={a_file}")  # before Hydra makes its folder under out
+    assert r.returncode == 1 and "is a file; allowed: a folder" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("model=tiny-random", "method=full", "keep=5", "dry_run=true", f"out={tmp_path}")
+    assert r.returncode == 1
+    assert "keep=5.0; allowed: a fraction in (0, 1]" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("model=tiny-random", f"out={tmp_path / 'x'}", "hydra.mode=RUN", "method=full", "keep=5")  # a single run
+    assert r.returncode == 1 and "keep=5.0; allowed" in r.stderr and "Traceback" not in r.stderr
+
+
+# Every sample raises (the prompt builder the runner imports is replaced before it runs as
+# __main__, as `python -m harness.run` would), so every row of the run is a failed row.
+FAILING = (
+    "import runpy, sys\nimport harness.prompts as p\n"
+    "def boom(*a, **k):\n    raise RuntimeError('injected failure')\n"
+    "p.sample_prompt = boom\nsys.argv = ['harness.run', *sys.argv[1:]]\n"
+    "runpy.run_module('harness.run', run_name='__main__', alter_sys=True)\n"
+)
+
+
+def test_a_run_whose_samples_failed_exits_1_unless_allowed(tmp_path):
+    common = ["model=tiny-random", "method=full", "length=1024", "tasks=[niah_single_1]", "limit=2"]
+    r = _cli(*common, f"out={tmp_path / 'a'}", code=FAILING)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "2 failed row(s) in 1 run(s)" in r.stderr and "allow_failures=true" in r.stderr
+    assert str(tmp_path / "a") in r.stderr and "Traceback" not in r.stderr
+    r = _cli(*common, f"out={tmp_path / 'b'}", "allow_failures=true", code=FAILING)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "b" / "report.html").exists()  # the run still reports what failed
