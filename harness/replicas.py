@@ -56,13 +56,18 @@ def replica_config(arch: dict[str, Any], shape: dict[str, Any]) -> dict[str, Any
 
 def replica_dir(arch: dict[str, Any], shape: dict[str, Any], seed: int, tokenizer: Any, root: Path) -> Path:
     """The replica's folder (config, safetensors weights, tokenizer), built once and reused."""
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = replica_config(arch, shape)
     key = hashlib.sha256(json.dumps({"cfg": cfg, "seed": seed, "vocab": len(tokenizer)}, sort_keys=True).encode())
     folder = root / "models" / "replica" / key.hexdigest()[:16]
-    if (folder / "model.safetensors").exists():
-        return folder
+    from harness.integrity import ensure
+
+    return ensure(folder, lambda: _build(folder, cfg, seed, tokenizer), "replica weights")
+
+
+def _build(folder: Path, cfg: dict[str, Any], seed: int, tokenizer: Any) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     quant = cfg.pop("quantization_config", None)  # random weights are not FP8: the config keeps it, the tensors don't
     torch.manual_seed(seed)
     model: Any = LlamaForCausalLM(LlamaConfig(**copy.deepcopy(cfg)))  # it edits nested dicts in place
@@ -80,4 +85,3 @@ def replica_dir(arch: dict[str, Any], shape: dict[str, Any], seed: int, tokenize
     folder.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
-    return folder

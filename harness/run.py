@@ -12,6 +12,7 @@ finished samples. Every sweep point is validated before the first one runs
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 import traceback
@@ -161,6 +162,12 @@ def decode_budget(sample: Sample, prompt_tokens: int, model: ModelConfig, cap: i
     return min(budget, cap) if cap is not None else budget
 
 
+def sample_hash(sample: Sample) -> str:
+    """The data a row used: its prompt and references, hashed."""
+    payload = json.dumps([sample.prompt, list(sample.references), sample.label_json], ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
 def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> dict[str, Any]:
     """Plan, prefill, decode and score one sample; returns the measured fields of its row."""
     prompt, offsets = sample_prompt(sample, tokenizer)
@@ -176,6 +183,7 @@ def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> di
         "score": job.benchmark.score(sample, gen.text),
         "needle_kept": needle_kept(plan.kept_indices, needle_tokens(offsets, sample.spans)),
         "needle_depth": needle_depth(sample.prompt, sample.context, sample.spans),
+        "sample_hash": sample_hash(sample),
         "ttft_s": plan.method_s + gen.prefill_s,
         "method_s": plan.method_s,
         "speculator_s": t.get("speculator_s"),

@@ -52,6 +52,7 @@ class RunRecord:
     hardware: str
     model: str
     model_weights: str
+    weights_hash: str | None  # harness.models.weights_hash: the verified checkpoint the row ran
     dtype: str
     speculator: str | None
     backend: str
@@ -104,6 +105,7 @@ class EvalRecord(RunRecord):
     score: float | None
     needle_kept: float | None
     needle_depth: float | None  # mean position of the evidence in the context, 0..1 (harness.diagnostics)
+    sample_hash: str | None  # SHA-256 (16 hex) of the prompt and references the sample had
     ttft_s: float | None
     method_s: float | None
     speculator_s: float | None

@@ -109,6 +109,8 @@ def test_end_to_end_rows_resume_and_failures(tiny_run, monkeypatch):
     assert row["ttft_s"] == pytest.approx(row["speculator_s"] + row["selection_s"] + row["base_prefill_s"])
     assert 0.0 <= row["needle_kept"] <= 1.0 and row["git_sha"] and row["hardware"]
     assert df["needle_depth"].between(0.0, 1.0).all()  # where the evidence sits in the context, every task
+    assert set(df["weights_hash"]) == {"random-seed0"} and df["sample_hash"].str.fullmatch("[0-9a-f]{16}").all()
+    assert df["sample_hash"].nunique() == 4  # four samples, four prompts
     assert "torch" in json.loads(row["versions"])
     summary = (out / "summary.md").read_text()
     assert "| tiny-random | ruler | 1024 | niah_single_1 | specprefill | 0.3 |" in summary

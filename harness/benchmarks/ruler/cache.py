@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from harness.benchmarks.base import TokenizerInfo
 from harness.benchmarks.ruler.length import generate
 from harness.benchmarks.ruler.tasks import GENERATOR_NOTES, SEED, TASK_TEMPLATES, TASKS, VERSION
 from harness.benchmarks.text import sentence_splitter_name
+from harness.integrity import problems, write_manifest
 from harness.types import PromptFormat, Sample
 
 
@@ -54,14 +56,19 @@ def cached_samples(task: str, length: int, limit: int, tok: TokenizerInfo) -> li
 
     path = _cache_dir() / f"{task}-{length}-{cache_key(task, length, tok.fmt, tok.id)}.parquet"
     if path.exists():
-        df = pd.read_parquet(path)
-        if len(df) >= limit:
-            return [_row_to_sample(r) for r in df.head(limit).to_dict("records")]
+        bad = problems(path)  # a truncated or edited file is regenerated, not read
+        if bad:
+            print(f"[integrity] RULER cache: {bad[0]}; regenerating {path.name}", file=sys.stderr)
+        else:
+            df = pd.read_parquet(path)
+            if len(df) >= limit:
+                return [_row_to_sample(r) for r in df.head(limit).to_dict("records")]
     samples = generate(task, length, limit, tok.fmt, tok.count)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     pd.DataFrame([_sample_to_row(s) for s in samples]).to_parquet(tmp, index=False)
     tmp.replace(path)
+    write_manifest(path)
     return samples
 
 
