@@ -98,5 +98,5 @@ gpu-check:
 	$(or $(wildcard $(PY)),python3) -m harness.bench.gpu_check
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache results/default plots/default
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache results/default
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
