@@ -124,3 +124,29 @@ def test_a_run_whose_samples_failed_exits_1_unless_allowed(tmp_path):
     r = _cli(*common, f"out={tmp_path / 'b'}", "allow_failures=true", code=FAILING)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "b" / "report.html").exists()  # the run still reports what failed
+
+
+def test_a_damaged_user_data_file_is_one_line_naming_the_file_and_line(tmp_path):
+    from hydra.errors import CompactHydraException
+
+    from harness.benchmarks.data import DataFileError, read_local
+
+    good = tmp_path / "qasper.jsonl"
+    good.write_text('{"input": "q1"}\n{"input": "q2"}\n{"input": "q3"}\n')
+    assert [r["input"] for r in read_local(good, 2)] == ["q1", "q2"]
+    cut = tmp_path / "narrativeqa.jsonl"
+    cut.write_text('{"input": "q1"}\n{"input": "q2", "ans')  # truncated mid-line
+    with pytest.raises(DataFileError, match=r"narrativeqa.jsonl:2: not a JSON line .* replace it") as e:
+        read_local(cut, 5)
+    assert isinstance(e.value, CompactHydraException)  # Hydra prints it as one line
+    garbled = tmp_path / "hotpotqa.jsonl"
+    garbled.write_bytes(b'{"input": "q1"}\n\xff\xfe\x00garbage\n')
+    with pytest.raises(DataFileError, match=r"hotpotqa\.jsonl: not UTF-8"):
+        read_local(garbled, 5)
+    pq = tmp_path / "musique.parquet"
+    import pandas as pd
+
+    pd.DataFrame({"input": ["a", "b"]}).to_parquet(pq)
+    pq.write_bytes(pq.read_bytes()[:40])
+    with pytest.raises(DataFileError, match=r"musique\.parquet: not a readable parquet file"):
+        read_local(pq, 5)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra.errors import CompactHydraException
+
 
 @dataclass(frozen=True)
 class Source:
@@ -27,19 +29,35 @@ class Source:
         return f"{self.hub_id} ({where}, revision {self.revision or 'unpinned'})"
 
 
+class DataFileError(CompactHydraException, ValueError):
+    """A user's data file (``data_dir``) that cannot be read: named, with the line, in one line
+    (it is not ours to rebuild)."""
+
+
 def read_local(path: Path, limit: int) -> list[dict[str, Any]]:
-    """The first ``limit`` rows of a ``.jsonl`` or ``.parquet`` file."""
+    """The first ``limit`` rows of a ``.jsonl`` or ``.parquet`` file; a truncated or damaged
+    file is a :class:`DataFileError` naming it (and the line, for JSON lines)."""
+    how = "it cannot be rebuilt here: replace it with the official file"
     if path.suffix == ".parquet":
         import pandas as pd
 
-        return [dict(r) for r in pd.read_parquet(path).head(limit).to_dict("records")]
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                rows.append(json.loads(line))
-                if len(rows) >= limit:
-                    break
+        try:
+            return [dict(r) for r in pd.read_parquet(path).head(limit).to_dict("records")]
+        except Exception as e:  # pyarrow's errors on a damaged file are several types
+            raise DataFileError(f"{path}: not a readable parquet file ({type(e).__name__}); {how}") from e
+    rows: list[dict[str, Any]] = []
+    n = 0
+    try:
+        with path.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, start=1):  # noqa: B007 (n names the line in errors)
+                if line.strip():
+                    rows.append(json.loads(line))
+                    if len(rows) >= limit:
+                        break
+    except json.JSONDecodeError as e:
+        raise DataFileError(f"{path}:{n}: not a JSON line ({e.msg}); truncated or damaged? {how}") from e
+    except UnicodeDecodeError as e:
+        raise DataFileError(f"{path}: not UTF-8 text after line {n}; damaged? {how}") from e
     return rows
 
 
