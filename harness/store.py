@@ -18,6 +18,7 @@ are skipped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import traceback
@@ -30,8 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from hydra.errors import CompactHydraException
 
 KINDS = ("eval", "latency", "qps")
+
+
+class StoreWriteError(CompactHydraException, OSError):
+    """Rows could not be written (disk full, read-only folder): one line, the run stops."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,8 +241,9 @@ class RunStore:
         try:
             yield
         except BaseException:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            (self.folder / "job_error.txt").write_text(traceback.format_exc())
+            with contextlib.suppress(OSError):  # the folder may be what failed (disk full, read-only)
+                self.folder.mkdir(parents=True, exist_ok=True)
+                (self.folder / "job_error.txt").write_text(traceback.format_exc())
             raise
         (self.folder / "job_error.txt").unlink(missing_ok=True)
 
@@ -258,11 +265,18 @@ class RunStore:
         """Write ``records`` as one part file (all of them or none)."""
         if not records:
             return
-        self.parts.mkdir(parents=True, exist_ok=True)
         name = f"{records[0].timestamp:.6f}-{uuid.uuid4().hex[:8]}"
         tmp = self.parts / f".{name}.tmp"
-        pd.DataFrame([asdict(r) for r in records]).to_parquet(tmp, index=False)
-        os.replace(tmp, self.parts / f"{name}.parquet")
+        try:
+            self.parts.mkdir(parents=True, exist_ok=True)
+            pd.DataFrame([asdict(r) for r in records]).to_parquet(tmp, index=False)
+            os.replace(tmp, self.parts / f"{name}.parquet")
+        except OSError as e:  # disk full, read-only, gone: nothing half-written stays behind
+            tmp.unlink(missing_ok=True)
+            raise StoreWriteError(
+                f"cannot write rows to {self.parts} ({e.strerror or e}); the rows written before are kept "
+                f"and the next run resumes after them"
+            ) from e
 
     def compact(self) -> None:
         """Merge part files into ``rows.parquet`` (atomic), then remove them."""
@@ -271,8 +285,12 @@ class RunStore:
             return
         df = self.read()
         tmp = self.folder / ".rows.parquet.tmp"
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, self.folder / "rows.parquet")
+        try:
+            df.to_parquet(tmp, index=False)
+            os.replace(tmp, self.folder / "rows.parquet")
+        except OSError as e:  # the parts stay: they hold every row, and the next run compacts them
+            tmp.unlink(missing_ok=True)
+            raise StoreWriteError(f"cannot compact {self.folder} ({e.strerror or e}); its part files are kept") from e
         for p in parts:
             p.unlink(missing_ok=True)
 

@@ -150,3 +150,42 @@ def test_a_damaged_user_data_file_is_one_line_naming_the_file_and_line(tmp_path)
     pq.write_bytes(pq.read_bytes()[:40])
     with pytest.raises(DataFileError, match=r"musique\.parquet: not a readable parquet file"):
         read_local(pq, 5)
+
+
+def test_a_full_disk_mid_run_fails_cleanly_and_the_next_run_resumes(tmp_path, monkeypatch):
+    """The disk fills after the first sample's row: the run stops with one line, no
+    half-written file is left, the row already written is kept, and a later run finishes
+    the rest without duplicating it."""
+    import errno
+
+    import pandas as pd
+    from hydra.errors import CompactHydraException
+
+    from harness.run import RunConfig, execute, prepare
+    from harness.store import RunStore, StoreWriteError
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["model=tiny-random", "method=full", "length=1024",
+                                                       "tasks=[niah_single_1]", "limit=3", f"out={tmp_path}"])  # fmt: skip
+    job = prepare(RunConfig.from_hydra(cfg))
+    real = pd.DataFrame.to_parquet
+    writes = []
+
+    def disk_full_after_one(self, path, *a, **k):
+        if Path(path).is_relative_to(tmp_path):  # the results folder's disk (not the data cache's)
+            writes.append(path)
+        if len(writes) > 1:
+            Path(path).write_bytes(b"PAR1 half a file")  # what a full disk leaves
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, path, *a, **k)
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", disk_full_after_one)
+    with pytest.raises(StoreWriteError, match=r"No space left on device.*rows written before are kept") as e:
+        execute(job)
+    assert isinstance(e.value, CompactHydraException)  # one line from the CLI
+    assert not [p for p in job.folder.rglob("*") if p.name.endswith(".tmp")]  # nothing half-written
+    assert len(RunStore(job.folder).read()) == 1
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", real)
+    execute(job)
+    rows = RunStore(job.folder).read()
+    assert len(rows) == 3 and rows["row_key"].is_unique and set(rows["status"]) == {"ok"}
