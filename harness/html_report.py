@@ -159,10 +159,13 @@ def _fmt(v: Any) -> Any:
     return v
 
 
+#: One template environment for the page and its tables; every value is escaped.
+ENV = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
+
+
 def html_table(df: pd.DataFrame, table_id: str, highlight_all: bool = False) -> Markup:
     """``df`` as an HTML table (cells escaped; floats to 3 significant digits)."""
-    env = Environment(autoescape=True)
-    t = env.from_string(
+    t = ENV.from_string(
         '<table id="{{ id }}"><thead><tr>{% for c in cols %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody>'
         '{% for r in rows %}<tr{% if hl and r[task] == "ALL" %} class="all"{% endif %}>'
         "{% for v in r.values() %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody></table>"
@@ -304,8 +307,7 @@ def render(report: Report, paper_root: Path | None = None) -> str:
         )
         if present
     ]
-    env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
-    return env.from_string(TEMPLATE).render(
+    return ENV.from_string(TEMPLATE).render(
         title=f"specprefill-bench report: {report.out.name or report.out}",
         generated=f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
         out=str(report.out),

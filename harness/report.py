@@ -95,6 +95,19 @@ def _macro(rows: pd.DataFrame, by: list[str], label: pd.Series | str) -> pd.Data
     return out
 
 
+def labelled(rows: pd.DataFrame) -> pd.DataFrame:
+    """Eval rows as the summary groups them: keep rate 1.0 for the reference, optional
+    columns ``""`` where absent, the method's own name in ``_base`` and ``method`` the label
+    that tells variants apart (:func:`label_variants`)."""
+    df = rows.reset_index(drop=True).copy()
+    df["keep_rate"] = df["keep_rate"].astype(float).fillna(1.0)
+    for c in ("category", "bucket", "hardware", *RUN_KEYS):  # optional columns ("" where absent)
+        df[c] = df[c].fillna("") if c in df else ""
+    df["_base"] = df["method"]
+    df["method"] = label_variants(df)
+    return df
+
+
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Quality rows: task x method x keep: score, kept fraction, TTFT and its ratio to the
     reference method (full prefill unless the config said otherwise).
@@ -122,15 +135,10 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     ]
     if df.empty:
         return pd.DataFrame(columns=[*cols, *INTERVALS, "method_name", "reference"])
-    df = df.reset_index(drop=True)
-    df["keep_rate"] = df["keep_rate"].astype(float).fillna(1.0)
-    for c in ("category", "bucket", "hardware", *RUN_KEYS):  # optional columns ("" where absent)
-        df[c] = df[c].fillna("") if c in df else ""
-    df["_base"] = df["method"]
+    df = labelled(df)
     df["_ref"] = df["reference_method"].astype(str)
     df["_bopts"] = df["benchmark_options"].fillna("")
     df["_run"] = df[list(RUN_KEYS)].astype(str).agg("|".join, axis=1)
-    df["method"] = label_variants(df)
 
     def per(keys: list[str]) -> pd.DataFrame:
         ok = df[df["status"] == "ok"]
@@ -468,7 +476,6 @@ class Report:
     qps: pd.DataFrame
     qps_rates: pd.DataFrame
     figures: list[tuple[str, Path]] = field(default_factory=list)  # (title, png)
-    markdown: str = ""
 
 
 def run_configs(out: Path) -> dict[str, dict[str, Any]]:
@@ -483,18 +490,6 @@ def run_configs(out: Path) -> dict[str, dict[str, Any]]:
             cfg = {}
         configs[folder.name] = {str(k): v for k, v in cfg.items()} if isinstance(cfg, dict) else {}
     return configs
-
-
-def _eval_labels(ev: pd.DataFrame) -> pd.DataFrame:
-    """Eval rows with ``method`` as the summary labels it (variants told apart)."""
-    if ev.empty:
-        return ev
-    ev = ev.reset_index(drop=True).copy()
-    ev["keep_rate"] = ev["keep_rate"].astype(float)
-    for c in RUN_KEYS:
-        ev[c] = ev[c].fillna("") if c in ev else ""
-    ev["method"] = label_variants(ev)
-    return ev
 
 
 def build(out: Path, plots_dir: Path | None = None) -> Report:
@@ -522,7 +517,7 @@ def build(out: Path, plots_dir: Path | None = None) -> Report:
             ("Needle tokens kept vs keep rate", plots.needle_vs_keep(summary, figs / "needle_vs_keep.png")),
             ("Score vs context length", plots.score_vs_length(summary, figs / "score_vs_length.png")),
             ("NIAH: score by needle depth and context length",
-             plots.needle_heatmap(_eval_labels(ev), figs / "needle_heatmap.png")),
+             plots.needle_heatmap(labelled(ev), figs / "needle_heatmap.png")),
         ]  # fmt: skip
     if not lat.empty:
         drawn += [
@@ -558,15 +553,15 @@ def write_all(out: Path, plots_dir: Path | None = None, html: bool = True) -> pd
         sections.append("## Serving (max QPS under the SLOs)\n\n" + _md(r.qps.drop(columns=["run_id"])))
         r.qps.to_csv(out / "qps_summary.csv", index=False)
         r.qps_rates.to_csv(out / "qps_rates.csv", index=False)
-    r.markdown = "\n".join(sections) if sections else "(no results)\n"
-    (out / "summary.md").write_text(r.markdown)
+    text = "\n".join(sections) if sections else "(no results)\n"
+    (out / "summary.md").write_text(text)
     written = [str(p) for _, p in r.figures]
     if html:
         from harness.html_report import write_html
 
         written.insert(0, str(write_html(r)))
     print(f"\nSummary of {out} (also {out / 'summary.md'}{'; ' + ', '.join(written) if written else ''}):\n")
-    print(r.markdown)
+    print(text)
     return r.summary
 
 
