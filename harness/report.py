@@ -448,7 +448,7 @@ def summarize_qps(rows: pd.DataFrame) -> pd.DataFrame:
     # A ratio over a censored reference is unknown (both could be anything above); over an
     # exact one, a censored method's ratio is a lower bound.
     df["qps_ratio_bound"] = np.select(
-        [df["_ref"].isna(), df["_ref_censored"].fillna(False).astype(bool), df["max_qps_censored"]],
+        [df["_ref"].isna(), df["_ref_censored"].astype("boolean").fillna(False).astype(bool), df["max_qps_censored"]],
         ["", "unknown", "lower bound"],
         "exact",
     )

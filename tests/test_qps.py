@@ -275,3 +275,69 @@ def test_served_full_and_specprefill_smoke(tmp_path):
             assert list(served["prediction"].str.strip()) == list(
                 ref.sort_values("sample_id")["prediction"].str.strip()
             )
+
+
+def _served_processes() -> dict[int, list[str]]:
+    import psutil
+
+    out = {}
+    for p in psutil.process_iter():
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:  # exited, or a zombie waiting to be reaped
+            continue
+        if any("harness.serving" in c for c in cmd):
+            out[p.pid] = cmd
+    return out
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_mid_rate_stops_the_run_cleanly_and_the_rate_is_measured_again(tmp_path):
+    """Fault: `vllm serve` is SIGKILLed while the second rate's requests are in flight. The
+    run stops with one ServerStopped line naming the rate and the server, writes
+    job_error.txt, stops the front, keeps the first rate's rows and records none of the
+    interrupted rate (a crash is not overload); the same command then measures only that
+    rate, and every request appears once per rate."""
+    import os
+    import signal
+    import threading
+    import time
+
+    out = tmp_path / "qps"
+    args = ["method=specprefill", "keep=0.3", "length=1024", "limit=4", "tasks=[niah_single_1]", "max_new=8",
+            f"out={out}", "rates=[2.0,0.5]", "qps.warmups=0", "qps.server_timeout_s=600"]  # fmt: skip
+    before = set(_served_processes())
+    killed: list[str] = []
+
+    def kill_vllm_during_the_second_rate() -> None:
+        deadline = time.time() + 900
+        while time.time() < deadline and not killed:
+            procs = _served_processes()
+            in_rate = any("bench" in c and "0.5" in c for c in procs.values())
+            log = next(iter(out.rglob("front_requests.jsonl")), None)
+            served = log is not None and log.exists() and '"r0.5-' in log.read_text()
+            if in_rate and served:  # the rate has begun and at least one of its requests was answered
+                for pid, cmd in procs.items():
+                    if "serve" in cmd and "bench" not in cmd and pid not in before:
+                        os.killpg(pid, signal.SIGKILL)
+                        killed.append(" ".join(cmd))
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_vllm_during_the_second_rate, daemon=True)
+    killer.start()
+    with pytest.raises(qps.ServerStopped, match=r"during rate 0\.5: vllm serve exited with code -9") as e:
+        qps.execute(prepare(_cfg(*args)))
+    killer.join(timeout=5)
+    assert killed and "running the same command again measures rate 0.5" in str(e.value)
+    assert not set(_served_processes()) - before, "the front (or the client) was left running"
+    folder = next(out.rglob("job_error.txt")).parent
+    assert "ServerStopped" in (folder / "job_error.txt").read_text()
+    rows = RunStore(folder).read()
+    assert set(rows["rate"]) == {2.0} and len(rows) == 4  # the interrupted rate left no rows
+
+    folder2 = qps.execute(prepare(_cfg(*args)))  # resume: only rate 0.5 runs
+    assert folder2 == folder and not (folder / "job_error.txt").exists()
+    rows = RunStore(folder).read()
+    assert sorted(rows["row_key"]) == sorted(f"{r:g}/{i}" for r in (2.0, 0.5) for i in range(4))
+    assert set(rows[rows["rate"] == 0.5]["status"]) == {"ok"}
+    assert not set(_served_processes()) - before

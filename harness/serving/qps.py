@@ -39,6 +39,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -61,6 +62,7 @@ from harness import report
 from harness.benchmarks.base import Benchmark, BenchmarkConfig, build_benchmark
 from harness.config import (
     QPSSchema,
+    RunFailures,
     benchmark_config,
     check_common,
     check_keys,
@@ -321,10 +323,34 @@ def assert_no_prefix_cache(log: Path) -> None:
         )
 
 
+class ServerStopped(RunFailures):
+    """A server stopped while the run needed it: one line (where its log is), exit 1."""
+
+
+@dataclass
+class Servers:
+    """The running servers of a job: the URL the client calls, the front's request log
+    (None when the client talks to the engine), and each server's process and log."""
+
+    url: str
+    front_log: Path | None
+    procs: list[tuple[str, subprocess.Popen, Path]]
+
+    def down(self) -> str | None:
+        """Why the servers cannot serve (a process exited, or /health does not answer), or None."""
+        for name, proc, log in self.procs:
+            if proc.poll() is not None:
+                return f"{name} exited with code {proc.returncode} (log {log})"
+        if not _alive(self.url):
+            return f"{self.url}/health does not answer (logs {self.procs[0][2].parent})"
+        return None
+
+
 @contextlib.contextmanager
-def serving(job: QPSJob, logs: Path) -> Iterator[tuple[str, Path | None]]:
-    """Start the servers the job needs; yields (URL the client calls, front log or None)."""
+def serving(job: QPSJob, logs: Path) -> Iterator[Servers]:
+    """Start the servers the job needs and stop them (process group) however the job ends."""
     procs: list[subprocess.Popen] = []
+    named: list[tuple[str, subprocess.Popen, Path]] = []
     logs.mkdir(parents=True, exist_ok=True)
     try:
         port = free_port()
@@ -335,8 +361,9 @@ def serving(job: QPSJob, logs: Path) -> Iterator[tuple[str, Path | None]]:
             procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
         wait_ready(base_url, procs[-1], vlog, job.cfg.qps.server_timeout_s, "vllm serve")
         assert_no_prefix_cache(vlog)
+        named.append(("vllm serve", procs[-1], vlog))
         if job.method.identity:  # nothing to plan: the client talks to the engine
-            yield base_url, None
+            yield Servers(base_url, None, named)
             return
         fport = free_port()
         spec = logs / "front_spec.json"
@@ -354,7 +381,8 @@ def serving(job: QPSJob, logs: Path) -> Iterator[tuple[str, Path | None]]:
         wait_ready(
             f"http://127.0.0.1:{fport}", procs[-1], flog, job.cfg.qps.server_timeout_s, f"{job.method.name} front"
         )
-        yield f"http://127.0.0.1:{fport}", requests_log
+        named.append((f"{job.method.name} front", procs[-1], flog))
+        yield Servers(f"http://127.0.0.1:{fport}", requests_log, named)
     finally:
         for p in reversed(procs):
             stop(p)
@@ -551,27 +579,38 @@ def execute(job: QPSJob) -> Path:
         rate = next_rate(q, tested())
         if rate is not None:
             logs = folder / "logs"
-            with tempfile.TemporaryDirectory() as tmp, serving(job, logs) as (url, front_log):
+            with tempfile.TemporaryDirectory() as tmp, serving(job, logs) as servers:
                 dataset = Path(tmp) / "requests.jsonl"
                 write_dataset(texts, samples, dataset)
                 bar = tqdm(desc=f"qps {job.method.name}", unit="rate")
                 while rate is not None:
-                    if not _alive(url):  # a dead server would fail every request of every later rate
-                        raise RuntimeError(f"the server at {url} stopped answering before rate {rate}; logs in {logs}")
+                    if why := servers.down():  # a dead server would fail every request of every later rate
+                        raise ServerStopped(f"qps {job.method.name}: a server stopped before rate {rate:g}: {why}")
                     bar.set_postfix(rate=rate)
                     prefix = f"r{rate:g}-"
                     result = Path(tmp) / f"rate-{rate:g}.json"
-                    cmd = bench_command(job, url, dataset, len(samples), rate, result, prefix)
+                    cmd = bench_command(job, servers.url, dataset, len(samples), rate, result, prefix)
                     log_path = logs / f"bench-{rate:g}.log"
                     with log_path.open("w") as log:
                         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=q.point_timeout_s)
+                    if why := servers.down():
+                        # Requests that failed because a server died measure the crash, not the
+                        # load: the rate is not recorded (so it stays untested and a rerun
+                        # measures it again) and the run stops.
+                        if result.exists():
+                            shutil.copy(result, logs / f"bench-{rate:g}-interrupted.json")
+                        raise ServerStopped(
+                            f"qps {job.method.name}: a server stopped during rate {rate:g}: {why}; that rate is "
+                            f"not recorded (its client log: {log_path}); earlier rates are kept and running the "
+                            f"same command again measures rate {rate:g} anew"
+                        )
                     if proc.returncode != 0 or not result.exists():
                         raise RuntimeError(
                             f"vllm bench serve failed at rate {rate} (exit {proc.returncode}); log {log_path}:\n"
                             f"{_tail(log_path)}"
                         )
                     bench = json.loads(result.read_text())
-                    front = None if front_log is None else read_front_log(front_log)
+                    front = None if servers.front_log is None else read_front_log(servers.front_log)
                     rows = request_rows(job, samples, bench, front, prompt_tokens, rate, prefix)
                     verdict = passes(report.point_stats(pd.DataFrame(rows)), q)
                     extra = {
