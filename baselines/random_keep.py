@@ -23,6 +23,8 @@ class RandomKeep(Method):
     def __post_init__(self) -> None:
         check_keep(self.keep_rate)
         check_position_mode(self.position_mode)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed={self.seed!r}; allowed: an int")
 
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:
         n = prompt.n

@@ -94,6 +94,8 @@ class RunFailures(CompactHydraException):
 def check_out(out: str | Path) -> Path:
     """``out``: a folder that exists or can be made, and can be written; a file, or a place
     that cannot be written, is a :class:`ConfigError` before anything runs."""
+    if not str(out).strip():
+        raise ConfigError(f"out={str(out)!r} is empty; allowed: a folder (existing, or one to create)")
     path = Path(str(out)).expanduser()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"out={str(out)!r} is a file; allowed: a folder (existing, or one to create)")
@@ -121,6 +123,14 @@ def check_common(c: dict[str, Any]) -> None:
         raise ConfigError(f"lookahead={la!r}; allowed: int >= 1 (look-ahead steps; 1 = the last prompt token)")
     if not isinstance(c.get("allow_failures", False), bool):
         raise ConfigError(f"allow_failures={c.get('allow_failures')!r}; allowed: true or false")
+    ref = c.get("reference")
+    methods = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
+    if ref is not None and ref not in methods:
+        close = difflib.get_close_matches(str(ref), methods, n=1)
+        raise ConfigError(
+            f"reference={ref!r}; allowed: a conf/method name {methods}"
+            + (f"; did you mean {close[0]!r}?" if close else "")
+        )
     check_out(c["out"])
 
 
@@ -207,7 +217,11 @@ def failure_message(outcomes: list[dict[str, Any]]) -> str:
     )
 
 
-SCHEMAS: dict[str, type] = {"eval_schema": EvalSchema, "latency_schema": LatencySchema, "qps_schema": QPSSchema}
+SCHEMAS: dict[str, type] = {
+    "eval_schema": EvalSchema,
+    "latency_schema": LatencySchema,
+    "qps_schema": QPSSchema,
+}
 
 
 def register_schemas() -> None:
@@ -264,10 +278,17 @@ def benchmark_config(bench: dict[str, Any]) -> BenchmarkConfig:
         tasks = []
     elif not tasks and bench.get("tasks") is not None:
         raise ValueError("tasks is empty; give task names, or tasks=all for every task")
+    twice = sorted({t for t in tasks if tasks.count(t) > 1})
+    if twice:
+        raise ValueError(f"tasks={tasks} names {twice} more than once; allowed: each task once")
     bench["tasks"] = tuple(tasks)
     options = dict(bench.get("options") or {})
     if options.get("data_dir"):
         options["data_dir"] = str(Path(str(options["data_dir"])).expanduser().resolve())
+        if not Path(options["data_dir"]).is_dir():
+            raise ValueError(
+                f"data_dir={options['data_dir']!r} is not a folder; allowed: a folder of the benchmark's files"
+            )
     bench["options"] = options
     return dataclass_from(BenchmarkConfig, bench, "benchmark config")
 

@@ -133,6 +133,11 @@ class ModelConfig:
             raise ValueError(f"model {self.name!r}: source=replica needs architecture (conf/model/arch) and shape")
         if self.max_context < 1:
             raise ValueError(f"model {self.name!r}: max_context={self.max_context} must be >= 1")
+        mil = self.max_input_length
+        if mil is not None and (isinstance(mil, bool) or not isinstance(mil, int) or mil < 1):
+            raise ValueError(f"model {self.name!r}: max_input_length={mil!r}; allowed: null or int >= 1")
+        if not isinstance(self.chat_template, bool):
+            raise ValueError(f"model {self.name!r}: chat_template={self.chat_template!r}; allowed: true or false")
         if self.tensor_parallel < 1:
             raise ValueError(f"model {self.name!r}: tensor_parallel={self.tensor_parallel} must be >= 1")
         if self.pipeline_parallel < 1:

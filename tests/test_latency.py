@@ -222,7 +222,7 @@ def test_config_errors_name_the_value(tmp_path):
         _lat(tmp_path, "model.speculator=null")
     with pytest.raises(ValueError, match="backend='sglang'"):
         _lat(tmp_path, "backend=sglang")
-    with pytest.raises(ValueError, match=r"unknown method config 'fulll'.*did you mean 'full'"):
+    with pytest.raises(ValueError, match=r"reference='fulll'; allowed: a conf/method name.*did you mean 'full'"):
         _lat(tmp_path, "reference=fulll")
     with pytest.raises(ValueError, match=r"config: unknown key\(s\) \['keeps'\]"):
         _lat(tmp_path, "+keeps=[0.1]")
