@@ -13,7 +13,7 @@ VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm-cuda || echo vl
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup setup-browser eval latency qps report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
+.PHONY: setup setup-browser eval latency qps lm-eval lm-eval-crosscheck report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
 
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements-offline.txt
@@ -38,6 +38,11 @@ latency: setup
 
 qps: setup
 	$(PY) -m harness.serving.qps $(HYDRA_ARGS)
+
+# Any lm-evaluation-harness task with any method as lm-eval's model (harness/lm_eval_run.py):
+# `make lm-eval tasks=[niah_single_1] method=specprefill keep=0.1 limit=20`.
+lm-eval: setup
+	$(PY) -m harness.lm_eval_run $(HYDRA_ARGS)
 
 # The regression gate (harness/regress.py): the quick suite of conf/regress.yaml against this
 # machine class's baseline in results/baseline/<class>/; exit 1 on a regression, 3 when the
@@ -88,6 +93,10 @@ bench-scoring-memory: setup
 
 bench-ruler-generation: setup
 	$(PY) -m harness.bench.ruler_generation
+
+# Our RULER 4K against lm-eval's RULER tasks, full prefill, side by side (results/reference/).
+lm-eval-crosscheck: setup
+	$(PY) -m harness.bench.lm_eval_crosscheck $(if $(limit),--limit $(limit))
 
 bench-front-throughput: setup
 	$(PY) -m harness.bench.front_throughput

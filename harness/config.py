@@ -217,10 +217,25 @@ def failure_message(outcomes: list[dict[str, Any]]) -> str:
     )
 
 
+@dataclass
+class LMEvalSchema(CommonSchema):
+    """``conf/lm_eval.yaml`` (``harness.lm_eval_run``, ``make lm-eval``)."""
+
+    tasks: Any = MISSING
+    limit: int | None = None
+    num_fewshot: int | None = None
+    apply_chat_template: bool = True
+    length: int = 4096
+    include_path: str | None = None
+    ruler_data: str = "packaged"
+    batch_size: int = 1
+
+
 SCHEMAS: dict[str, type] = {
     "eval_schema": EvalSchema,
     "latency_schema": LatencySchema,
     "qps_schema": QPSSchema,
+    "lm_eval_schema": LMEvalSchema,
 }
 
 

@@ -242,3 +242,42 @@ def test_specprefill_plans_unequal_prompts_in_one_speculator_forward(tiny_llama,
         assert torch.equal(one.kept_indices, b.kept_indices) and b.next_position == p.n
         assert set(b.timings) == {"speculator_s", "selection_s"}
     assert len({b.timings["speculator_s"] for b in batch}) == 1  # an equal share of the one forward
+
+
+@torch.no_grad()
+def test_score_of_a_full_plan_is_the_plain_forwards_log_probability(tiny_llama):
+    """lm-eval's loglikelihood on a full plan: the summed log-probability of the
+    continuation under one ordinary forward of prompt + continuation (no position ids)."""
+    be = TransformersBackend(tiny_llama, CharTokenizer(), tiny_llama)
+    ids, cont = _ids(30, seed=1), _ids(5, seed=2)
+    plan = FullPrefill().plan(Prompt(input_ids=ids), be)
+    total, greedy, seconds = be.score(plan, cont.tolist())
+    logits = tiny_llama(input_ids=torch.cat([ids, cont]).unsqueeze(0)).logits[0].float()
+    logp = torch.log_softmax(logits[29:34], -1)
+    assert total == pytest.approx(float(logp.gather(1, cont.unsqueeze(1)).sum()), abs=1e-4)
+    assert greedy == bool((logp.argmax(-1) == cont).all()) and seconds > 0
+
+
+@torch.no_grad()
+def test_score_follows_generation_after_a_kept_plan(tiny_llama):
+    """After a SpecPrefill plan (kept tokens at their original positions), the tokens
+    greedy generation produces are, scored as a continuation, greedy (the continuation
+    sits where generation puts it: next_position onwards), and their log-probability
+    equals the sum of the generation's per-step log-probabilities."""
+    be = TransformersBackend(tiny_llama, CharTokenizer(), tiny_llama)
+    plan = SpecPrefill(keep_rate=0.3, chunk_size=None, pool_kernel=None).plan(Prompt(input_ids=_ids(60, seed=3)), be)
+    assert plan.k < 60 and plan.next_position == 60
+    be.eos_ids = set()
+    gen = be.generate(plan, 6)
+    total, greedy, _ = be.score(plan, gen.token_ids)
+    assert greedy
+    # the first token's log-probability from the generation's own first logits
+    first = torch.log_softmax(gen.first_logits, -1)[gen.token_ids[0]]
+    one, _, _ = be.score(plan, gen.token_ids[:1])
+    assert one == pytest.approx(float(first), abs=1e-4) and total < one
+    # the continuation at positions 60, 61, ... (after the original prompt), not after the kept count
+    pos = plan.position_ids.tolist() + [60 + j for j in range(len(gen.token_ids) - 1)]
+    ids = torch.cat([plan.input_ids, torch.tensor(gen.token_ids[:-1])])
+    logits = tiny_llama(input_ids=ids.unsqueeze(0), position_ids=torch.tensor([pos])).logits[0, plan.k - 1 :].float()
+    want = torch.log_softmax(logits, -1).gather(1, torch.tensor(gen.token_ids).unsqueeze(1)).sum()
+    assert total == pytest.approx(float(want), abs=1e-4)

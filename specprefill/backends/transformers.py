@@ -320,6 +320,35 @@ class TransformersBackend:
         return time.perf_counter() - t0
 
     @torch.inference_mode()
+    def score(self, plan: Plan, continuation: Sequence[int]) -> tuple[float, bool, float]:
+        """Log-probability of ``continuation`` after the plan (lm-eval's ``loglikelihood``):
+        the plan's tokens at its position ids, then every continuation token, whole, at
+        ``plan.next_position``, ``+1``, ... (where generation would put them). The first
+        continuation token is scored from the last planned token's logits, each later one from
+        its predecessor's. Returns (summed log-probability, whether greedy decoding gives the
+        continuation, seconds of the forward)."""
+        if not continuation:
+            raise ValueError("continuation is empty; allowed: at least one token to score")
+        cont = torch.tensor(list(continuation), dtype=torch.int64)
+        ids = torch.cat([plan.input_ids, cont[:-1]]).to(self.device).unsqueeze(0)
+        tail = plan.next_position + torch.arange(cont.shape[0] - 1, dtype=torch.int64)
+        pos = torch.cat([plan.position_ids, tail]).to(self.device).unsqueeze(0)
+        self._sync()
+        t0 = time.perf_counter()
+        out = self.base(
+            input_ids=ids,
+            position_ids=pos,
+            attention_mask=torch.ones_like(ids),
+            use_cache=False,
+            logits_to_keep=int(cont.shape[0]),
+        )
+        logp = out.logits[0].float().log_softmax(-1).cpu()  # row j predicts continuation token j
+        self._sync()
+        seconds = time.perf_counter() - t0
+        total = float(logp.gather(1, cont.unsqueeze(1)).sum())
+        return total, bool((logp.argmax(-1) == cont).all()), seconds
+
+    @torch.inference_mode()
     def generate(self, plan: Plan, max_new_tokens: int, stop: Sequence[str] = ()) -> Generation:
         """Prefill the plan's tokens at its position ids, then decode greedily from
         ``plan.next_position``; stops at EOS, a stop string or ``max_new_tokens``."""

