@@ -46,7 +46,7 @@ def _options(v: Any) -> dict[str, Any]:
 def label_variants(df: pd.DataFrame, point: list[str] = POINT) -> pd.Series:
     """The method column of the summary: the method name, plus the options that tell
     apart runs which would otherwise share a row (same method and keep rate, different
-    look-ahead, pooling, truncation, output cap, ...)."""
+    look-ahead, pooling, truncation, output cap, speculator, ...)."""
     labels = df["method"].astype(str).copy()
     for _, g in df.groupby(point, dropna=False):
         runs = g.drop_duplicates("config_hash")
@@ -56,7 +56,7 @@ def label_variants(df: pd.DataFrame, point: list[str] = POINT) -> pd.Series:
             h: {
                 **_options(r.get("method_options")),
                 **_options(r.get("benchmark_options")),
-                **{k: r.get(k) for k in RUN_KEYS},
+                **{k: r.get(k) for k in (*RUN_KEYS, "speculator")},
             }
             for h, r in zip(runs["config_hash"], runs.to_dict("records"), strict=True)
         }

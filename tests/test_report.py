@@ -40,6 +40,22 @@ def test_ratio_to_full_and_variants_are_not_merged():
     assert s.loc[("ALL", "full"), "n"] == 2
 
 
+def test_speculators_are_variants_compared_with_the_one_full_prefill_run():
+    """A speculator-depth sweep: SpecPrefill at one keep rate with two speculators is two
+    summary rows, each with its ratio to the single full prefill run."""
+    spec = {"keep_rate": 0.1, "lookahead": 1}
+    df = pd.DataFrame(
+        [{**r, "speculator": "self_layers:8"} for r in _rows("full", None, "f", 80.0, 4.0, ["t1"])]
+        + [{**r, "speculator": "self_layers:4"} for r in _rows("specprefill", 0.1, "a", 20.0, 1.0, ["t1"], mopts=spec)]
+        + [{**r, "speculator": "self_layers:30"} for r in _rows("specprefill", 0.1, "b", 80.0, 5.0, ["t1"], mopts=spec)]
+    )  # fmt: skip
+    s = summarize(df).set_index(["task", "method"])
+    assert s.loc[("t1", "specprefill (speculator=self_layers:4)"), "ttft_ratio"] == pytest.approx(0.25)
+    assert s.loc[("t1", "specprefill (speculator=self_layers:30)"), "score"] == pytest.approx(80.0)
+    assert s.loc[("t1", "specprefill (speculator=self_layers:30)"), "retention"] == pytest.approx(1.0)
+    assert s.loc[("t1", "full"), "n"] == 1
+
+
 def test_categories_macro_mean_and_all_is_mean_over_categories():
     df = pd.DataFrame(
         _rows("full", None, "f", 90.0, 1.0, ["a1"], category="A")
