@@ -13,7 +13,7 @@ VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm-cuda || echo vl
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup setup-browser eval latency qps lm-eval lm-eval-crosscheck report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
+.PHONY: setup setup-browser eval latency qps lm-eval lm-eval-crosscheck speculator-depth report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
 
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements-offline.txt
@@ -93,6 +93,10 @@ bench-scoring-memory: setup
 
 bench-ruler-generation: setup
 	$(PY) -m harness.bench.ruler_generation
+
+# SpecPrefill's early-exit speculator depth x keep on RULER 4K, beside full prefill (results/reference/).
+speculator-depth: setup
+	$(PY) -m harness.bench.speculator_depth $(if $(limit),--limit $(limit))
 
 # Our RULER 4K against lm-eval's RULER tasks, full prefill, side by side (results/reference/).
 lm-eval-crosscheck: setup

@@ -281,3 +281,64 @@ def test_score_follows_generation_after_a_kept_plan(tiny_llama):
     logits = tiny_llama(input_ids=ids.unsqueeze(0), position_ids=torch.tensor([pos])).logits[0, plan.k - 1 :].float()
     want = torch.log_softmax(logits, -1).gather(1, torch.tensor(gen.token_ids).unsqueeze(1)).sum()
     assert total == pytest.approx(float(want), abs=1e-4)
+
+
+def _truncated(model, layers: int, final_norm: bool = True):
+    """An independent copy of ``model`` cut after ``layers`` layers (optionally without its
+    final norm): what the early-exit view must behave like."""
+    import copy
+
+    m = copy.deepcopy(model)
+    m.model.layers = m.model.layers[:layers]
+    m.config.num_hidden_layers = layers
+    if not final_norm:
+        m.model.norm = torch.nn.Identity()
+    return m
+
+
+def _greedy(model, ids: torch.Tensor, steps: int) -> list[int]:
+    """Greedy decoding by full recomputation (no cache, default positions)."""
+    seq = ids.tolist()
+    for _ in range(steps):
+        seq.append(int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids) :]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_early_exit_lookahead_follows_the_truncated_models_own_greedy_tokens(tiny_llama, depth):
+    """Look-ahead with an early-exit speculator (``self_layers:M``) is the reference's
+    procedure run on the first M layers: the L-1 look-ahead tokens are the greedy tokens of
+    those layers + the final norm + the LM head, at every depth; their queries are captured
+    from the same M layers."""
+    import copy
+
+    base = copy.deepcopy(tiny_llama)
+    torch.manual_seed(depth)
+    base.model.norm.weight.copy_(torch.rand_like(base.model.norm.weight) * 2 + 0.1)  # a norm that matters
+    be = TransformersBackend(base, CharTokenizer(), early_exit_view(base, depth))
+    ids = _ids(50, seed=depth)
+    cap = be.speculate(ids, lookahead=5)
+    assert cap.lookahead_ids == _greedy(_truncated(base, depth), ids, 4)
+    assert cap.queries.shape[:3] == (depth, 4, 5)
+
+
+@torch.no_grad()
+def test_the_final_norm_matters_only_through_the_lookahead_tokens(tiny_llama):
+    """The final norm sits after the last captured layer: with look-ahead 1 (the default)
+    the captured queries and keys are the same with or without it; with look-ahead > 1 it
+    decides the look-ahead tokens (a non-uniform norm changes the greedy tokens here)."""
+    import copy
+
+    base = copy.deepcopy(tiny_llama)
+    torch.manual_seed(7)
+    base.model.norm.weight.copy_(torch.rand_like(base.model.norm.weight) * 2 + 0.1)
+    ids = _ids(50, seed=11)
+    with_norm = TransformersBackend(base, CharTokenizer(), _truncated(base, 2))
+    without = TransformersBackend(base, CharTokenizer(), _truncated(base, 2, final_norm=False))
+    a, b = with_norm.speculate(ids, lookahead=1), without.speculate(ids, lookahead=1)
+    torch.testing.assert_close(a.queries, b.queries)
+    torch.testing.assert_close(a.keys, b.keys)
+    la, lb = with_norm.speculate(ids, lookahead=6), without.speculate(ids, lookahead=6)
+    assert la.lookahead_ids != lb.lookahead_ids
+    assert la.lookahead_ids == _greedy(_truncated(base, 2), ids, 5)

@@ -244,3 +244,34 @@ def test_retention_and_ttft_ratio_are_paired_on_the_same_samples():
     # only samples both ran are paired: a sample the method lacks is left out of its retention
     fewer = df.drop(index=df[(df["method"] == "specprefill") & (df["sample_id"] == 0)].index)
     assert summarize(fewer).set_index(["task", "method"]).loc[("t", "specprefill"), "retention"] == pytest.approx(1 / 3)
+
+
+def test_speculator_depth_table_and_the_choice_of_depth():
+    """The depth sweep's table: one line per depth x keep beside full prefill, with speedup,
+    ideal (1 / kept fraction) and efficiency; the chosen depth is the best retention among
+    those faster than 1.3x at keep 0.1 (the oracle, all 30 layers, is slower than full)."""
+    from harness.bench.speculator_depth import choose, markdown, table
+
+    def spec(depth, score, ttft, keep=0.1):
+        rows = _rows("specprefill", keep, f"d{depth}-{keep}", score, ttft, ["t1", "t2"],
+                     mopts={"keep_rate": keep, "lookahead": 1})  # fmt: skip
+        return [{**r, "speculator": f"self_layers:{depth}", "speculator_s": ttft / 2} for r in rows]
+
+    full = [
+        {**r, "speculator": "self_layers:8", "speculator_s": None}
+        for r in _rows("full", None, "f", 80.0, 4.0, ["t1", "t2"])
+    ]
+    df = pd.DataFrame(
+        full + spec(4, 20.0, 1.0) + spec(8, 60.0, 2.0) + spec(30, 80.0, 5.0) + spec(8, 70.0, 2.5, keep=0.3)
+    )
+    t = table(df)
+    assert list(zip(t["method"], t["depth"].fillna(0).astype(int), t["keep"], strict=True)) == [
+        ("full", 0, 1.0), ("specprefill", 4, 0.1), ("specprefill", 8, 0.1), ("specprefill", 30, 0.1),
+        ("specprefill", 8, 0.3),
+    ]  # fmt: skip
+    d8 = t[(t["depth"] == 8) & (t["keep"] == 0.1)].iloc[0]
+    assert d8["speedup"] == pytest.approx(2.0) and d8["ideal_speedup"] == pytest.approx(10.0)
+    assert d8["efficiency"] == pytest.approx(0.2) and d8["retention"] == pytest.approx(0.75)
+    assert d8["speculator_s"] == pytest.approx(1.0)
+    assert int(choose(t)["depth"]) == 8  # depth 4 is faster but keeps a quarter; 30 is slower than full
+    assert "| self_layers:30 (oracle) | 0.1 |" in markdown(t) and "| full prefill | 1 |" in markdown(t)
