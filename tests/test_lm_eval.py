@@ -188,3 +188,24 @@ def test_crosscheck_table_sides_difference_and_the_qa_rescoring():
     assert "| 2 | 50.0 [" in qa and "| 2 | 25.0 [" in qa and qa.split("|")[-2].startswith(" -25.0 [")
     rescored = next(ln for ln in lines if "RULER's rule" in ln)  # Paris -> 100, no -> 0
     assert "| 2 | 50.0 [" in rescored and rescored.split("|")[-2].startswith(" 0.0 [")
+
+
+def test_lm_evals_own_model_args_build_our_model():
+    """`lm_eval --model specprefill --model_args ...` (or simple_evaluate(model="specprefill",
+    model_args=...)): the registered class builds from lm-eval's argument string through our
+    Hydra configs, method options by name; a wrong option is named."""
+    from lm_eval.api.registry import get_model
+
+    import harness.lm_eval_model  # noqa: F401  (registers "specprefill", as the README says)
+
+    cls = get_model("specprefill")
+    lm = cls.create_from_arg_string(
+        "model=tiny-random,method=specprefill,keep=0.2,lookahead=2,pool_kernel=5", {"batch_size": 2, "device": "cpu"}
+    )
+    opts = lm.method.options()
+    assert (opts["keep_rate"], opts["lookahead"], opts["pool_kernel"]) == (0.2, 2, 5)
+    assert lm.batch_size == 2 and lm.model_cfg.name == "tiny-random" and lm.backend_name == "transformers"
+    with pytest.raises(Exception, match="nope"):
+        cls.create_from_arg_string("model=tiny-random,method=specprefill,nope=1")
+    with pytest.raises(ValueError, match="shortens the context using the question"):
+        cls.create_from_arg_string("model=tiny-random,method=rag_bm25")
