@@ -30,6 +30,7 @@ from harness.report import (
     Report,
     format_summary,
     score_by_task,
+    speculator_note,
     unpaired,
 )
 from harness.store import run_folders
@@ -71,6 +72,7 @@ nav a { margin-right: 1em; } pre { white-space: pre-wrap; font-size: 12px; backg
 <p class="note">Over all tasks (<code>ALL</code>): score, retention (score / the reference's on the same samples) and
 TTFT speedup over the reference measured side by side, each with its 95 % interval; n samples per task point.</p>
 <div class="scroll">{{ glance }}</div>
+{% if speculator_note %}<p class="note" id="speculator-note">{{ speculator_note }}</p>{% endif %}
 {% endif %}
 
 {% if figures %}
@@ -316,6 +318,7 @@ def render(report: Report, paper_root: Path | None = None) -> str:
         sections=sections,
         figures=figures,
         glance=glance,
+        speculator_note=speculator_note(rows),
         quality=quality,
         by_task=by_task,
         interval_note=INTERVAL_NOTE,

@@ -530,6 +530,28 @@ def build(out: Path, plots_dir: Path | None = None) -> Report:
     return report
 
 
+#: The committed depth sweep of the early-exit speculator (``make speculator-depth``).
+DEPTH_SWEEP = "results/reference/speculator_depth_smollm2_cpu.md"
+
+
+def speculator_note(rows: pd.DataFrame) -> str | None:
+    """A line under the quality table when SpecPrefill ran with an early-exit speculator
+    (``self_layers:M``, the offline stand-in for the paper's separate small model): where
+    its loss at low keep rates comes from, and where the depth sweep is."""
+    if rows.empty or "speculator" not in rows:
+        return None
+    ev = rows[(rows["kind"] == "eval") & (rows["method"] == "specprefill")]
+    specs = sorted({str(s) for s in ev["speculator"].dropna() if str(s).startswith("self_layers:")})
+    if not specs:
+        return None
+    return (
+        f"SpecPrefill's speculator here is the base model's own first layers ({', '.join(specs)}: an early "
+        f"exit, the offline stand-in for the paper's separate small speculator). At low keep rates most of "
+        f"its loss comes from that weak scorer, not from the method: `{DEPTH_SWEEP}` measures every depth up "
+        f"to the oracle (all layers: full prefill's quality, no speedup).\n"
+    )
+
+
 def write_all(out: Path, plots_dir: Path | None = None, html: bool = True) -> pd.DataFrame:
     """Rewrite ``out``'s summaries (one section per kind of row present), its figures (under
     ``<out>/plots/``) and ``report.html``; print the summaries. Returns the quality summary."""
@@ -542,6 +564,8 @@ def write_all(out: Path, plots_dir: Path | None = None, html: bool = True) -> pd
         wide = by_task_markdown(r.summary)
         if wide:
             md += "\nScore per task (`(n=K)`: fewer samples than the fullest point for that task):\n\n" + wide
+        if note := speculator_note(r.rows):
+            md += "\n" + note
         sections.append("## Quality\n\n" + md)
         r.summary.to_csv(out / "summary.csv", index=False)
     if not r.latency.empty:

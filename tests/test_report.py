@@ -275,3 +275,18 @@ def test_speculator_depth_table_and_the_choice_of_depth():
     assert d8["speculator_s"] == pytest.approx(1.0)
     assert int(choose(t)["depth"]) == 8  # depth 4 is faster but keeps a quarter; 30 is slower than full
     assert "| self_layers:30 (oracle) | 0.1 |" in markdown(t) and "| full prefill | 1 |" in markdown(t)
+
+
+def test_an_early_exit_speculator_gets_a_line_pointing_at_the_committed_depth_sweep():
+    from pathlib import Path
+
+    from harness.report import DEPTH_SWEEP, speculator_note
+
+    rows = pd.DataFrame(_rows("full", None, "f", 80.0, 4.0, ["t1"]) + _rows("specprefill", 0.1, "a", 20.0, 1.0, ["t1"]))
+    rows["kind"] = "eval"
+    rows["speculator"] = "self_layers:8"
+    note = speculator_note(rows)
+    assert note is not None and "self_layers:8" in note and DEPTH_SWEEP in note
+    assert (Path(__file__).resolve().parents[1] / DEPTH_SWEEP).exists()
+    rows["speculator"] = "hub:meta-llama/Llama-3.2-1B-Instruct"  # a separate speculator: nothing to say
+    assert speculator_note(rows) is None
