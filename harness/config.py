@@ -135,13 +135,16 @@ def check_common(c: dict[str, Any]) -> None:
 
 
 def check_model_fits(model: Any, methods: list[Any], longest_prompt: int) -> None:
-    """What needs the model's shape, checked from its config before anything loads: an
-    early-exit speculator (``self_layers:M``) and a layer option (GemFilter's
+    """What needs the model's shape, checked from its config before anything loads: a
+    speculator for each method that needs one; an early-exit speculator (``self_layers:M``) and a layer option (GemFilter's
     ``filter_layer``) within the base's layers; the look-ahead's extra tokens within the
     context window after the longest prompt."""
     from harness.models import parse_speculator
     from harness.placement import layer_count
 
+    for m in methods:
+        if m.needs_speculator and model.speculator is None:
+            raise ConfigError(f"method {m.name!r} needs a speculator, but model {model.name!r} has speculator: null")
     layers = layer_count(model)
     spec = parse_speculator(model.speculator) if any(m.needs_speculator for m in methods) else None
     if layers is not None and spec is not None and spec[0] == "self_layers" and int(spec[1]) > layers:

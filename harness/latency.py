@@ -157,9 +157,6 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
     method = build_method(cfg.method_name, cfg.method_options)
     reference = build_method(cfg.reference_name, cfg.reference_options)
     methods = [reference, method]
-    for m in methods:
-        if m.needs_speculator and cfg.model.speculator is None:
-            raise ValueError(f"method {m.name!r} needs a speculator, but model {cfg.model.name!r} has speculator: null")
     lookahead = max(int(m.options().get("lookahead", 1)) for m in methods)
     for _, n in cfg.grid:
         if n + lookahead - 1 > cfg.model.max_context:

@@ -84,8 +84,8 @@ def compose_run_parts(
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from harness.config import CONF, check_backend, check_common, check_model_fits, container, method_spec, model_from
-    from specprefill.plan import build_method
+    from harness.config import CONF, container
+    from harness.lm_eval_run import check_parts
 
     overrides = [f"model={model}", f"method={method}", f"keep={keep}", f"lookahead={lookahead}"]
     overrides += [f"backend={backend}"] if backend else []
@@ -96,13 +96,7 @@ def compose_run_parts(
     else:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)
-    c = container(cfg)
-    check_common(c)
-    check_backend(str(c["backend"]))
-    name, opts = method_spec(c["method"])
-    model_cfg, built = model_from(c), build_method(name, opts)
-    check_model_fits(model_cfg, [built], 0)
-    return model_cfg, built, str(c["backend"])
+    return check_parts(container(cfg))
 
 
 @register_model("specprefill")
@@ -146,11 +140,9 @@ class SpecPrefillLM(LM):
         self, model: ModelConfig, method: Method, backend_name: str, backend: Backend, batch_size: int | str
     ) -> None:
         LM.__init__(self)
-        if method.scope == "query_aware_context":
-            raise ValueError(
-                f"method {method.name!r} shortens the context using the question, and lm-eval hands a model one "
-                f"prompt string with no question split out; allowed here: methods of scope 'prompt' or 'context'"
-            )
+        from harness.lm_eval_run import check_prompt_scope
+
+        check_prompt_scope(method)
         if str(batch_size).startswith("auto"):
             batch_size = 1
         if isinstance(batch_size, bool) or int(batch_size) < 1:

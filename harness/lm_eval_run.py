@@ -99,12 +99,34 @@ class LMEvalJob:
         }
 
 
+def check_prompt_scope(method: Method) -> None:
+    """lm-eval hands a model one prompt string, so a method that shortens the context using
+    the question (scope ``query_aware_context``: RAG, LongLLMLingua) has nothing to work on."""
+    if method.scope == "query_aware_context":
+        raise ConfigError(
+            f"method={method.name!r} shortens the context using the question, which lm-eval prompts do not split "
+            f"out; allowed: methods of scope 'prompt' or 'context'"
+        )
+
+
+def check_parts(c: dict[str, Any]) -> tuple[ModelConfig, Method, str]:
+    """The model, method and backend a composed config names, checked as ``make eval``
+    checks them, plus what lm-eval needs: serves ``make lm-eval`` and the ``specprefill``
+    model built from lm-eval's argument string. Imports nothing of lm-eval."""
+    check_common(c)
+    backend = str(c["backend"])
+    check_backend(backend)
+    name, opts = method_spec(c["method"])
+    method, model = build_method(name, opts), model_from(c)
+    check_prompt_scope(method)
+    check_model_fits(model, [method], 0)
+    return model, method, backend
+
+
 def prepare(cfg: DictConfig) -> LMEvalJob:
     """Validate everything that can be validated without loading a model or a task."""
     c = container(cfg)
     check_keys(c, LMEvalSchema)
-    check_common(c)
-    check_backend(str(c["backend"]))
     tasks = c["tasks"]
     tasks = [t for t in tasks.split(",") if t] if isinstance(tasks, str) else [str(t) for t in (tasks or [])]
     if not tasks:
@@ -120,16 +142,7 @@ def prepare(cfg: DictConfig) -> LMEvalJob:
     include = c["include_path"]
     if include is not None and not Path(str(include)).expanduser().is_dir():
         raise ConfigError(f"include_path={include!r} is not a folder; allowed: a folder of lm-eval task yamls")
-    name, opts = method_spec(c["method"])
-    method, model = build_method(name, opts), model_from(c)
-    if method.scope == "query_aware_context":
-        raise ConfigError(
-            f"method={name!r} shortens the context using the question, which lm-eval prompts do not split out; "
-            f"allowed: methods of scope 'prompt' or 'context'"
-        )
-    if method.needs_speculator and model.speculator is None:
-        raise ConfigError(f"method {name!r} needs a speculator, but model {model.name!r} has speculator: null")
-    check_model_fits(model, [method], 0)
+    model, method, _ = check_parts(c)
     settings = {
         "tasks": sorted(tasks),
         "limit": c["limit"],

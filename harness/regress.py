@@ -45,8 +45,12 @@ from harness.stats import Estimate, macro_mean_ci, paired_diff_ci, paired_ratio_
 from harness.store import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
-QUALITY_KEY = ["model", "benchmark", "length", "method", "method_options", "keep_rate"]
-LATENCY_KEY = ["model", "backend", "prompt_source", "batch", "length", "method", "method_options", "keep_rate"]
+# The speculator is part of a point: SpecPrefill with another speculator is another method,
+# never compared with the baseline's (a deeper one scores better and runs slower).
+QUALITY_KEY = ["model", "benchmark", "length", "method", "method_options", "keep_rate", "speculator"]
+LATENCY_KEY = [
+    "model", "backend", "prompt_source", "batch", "length", "method", "method_options", "keep_rate", "speculator"
+]  # fmt: skip
 OK, REGRESSED, INCOMPARABLE, NO_BASELINE = 0, 1, 2, 3
 
 
@@ -68,13 +72,18 @@ def _label(r: dict) -> str:
     keep_s = "" if keep is None or (isinstance(keep, float) and np.isnan(keep)) else f" keep={keep:g}"
     opts = {k: v for k, v in json.loads(r.get("method_options") or "{}").items() if k != "keep_rate"}
     extra = f" {json.dumps(opts, sort_keys=True)}" if opts else ""
-    return f"{r['model']} {r['benchmark']}-{r['length']} {r['method']}{keep_s}{extra}"
+    spec = r.get("speculator")
+    spec_s = f" speculator={spec}" if isinstance(spec, str) and spec else ""
+    return f"{r['model']} {r['benchmark']}-{r['length']} {r['method']}{keep_s}{extra}{spec_s}"
 
 
 def _ok(df: pd.DataFrame, kind: str) -> pd.DataFrame:
     d = df[(df["kind"] == kind) & (df["status"] == "ok")].copy() if not df.empty else df
     if "keep_rate" in d:  # the reference keeps everything (NaN would never equal itself as a key)
         d["keep_rate"] = d["keep_rate"].astype(float).fillna(1.0)
+    if not d.empty:  # the reference runs no speculator: its points are the same whatever the model's is
+        spec = d["speculator"] if "speculator" in d else pd.Series(None, index=d.index, dtype=object)
+        d["speculator"] = spec.where(d["method"] != d["reference_method"]).fillna("").astype(str)
     return d
 
 
@@ -218,7 +227,8 @@ def speed(base: pd.DataFrame, cand: pd.DataFrame, tol: float) -> tuple[list[Comp
             eb, ec = sb[key], sc[key]
             r = dict(zip(keys, key, strict=True))
             where = "ALL TTFT" if kind == "eval" else f"latency {int(r['batch'])}x{int(r['length'])}"
-            label = f"{r['model']} {r['method']} keep={r['keep_rate']:g} {where}"
+            spec = f" speculator={r['speculator']}" if isinstance(r["speculator"], str) and r["speculator"] else ""
+            label = f"{r['model']} {r['method']} keep={r['keep_rate']:g}{spec} {where}"
             rel = Estimate(ec.value / eb.value - 1, ec.lo / eb.value - 1, ec.hi / eb.value - 1, ec.n)
             out.append(Comparison("speed", label, eb.value, ec.value, rel, _speed_verdict(eb.value, ec, tol)))
     return out, seen, only

@@ -104,10 +104,6 @@ def prepare(cfg: RunConfig) -> Job:
         raise ValueError(
             f"model {cfg.model.name!r} spans {cfg.model.nodes} nodes: only backend=vllm runs across nodes (Ray)"
         )
-    if method.needs_speculator and cfg.model.speculator is None:
-        raise ValueError(
-            f"method {cfg.method_name!r} needs a speculator, but model {cfg.model.name!r} has speculator: null"
-        )
     benchmark = build_benchmark(cfg.benchmark)
     benchmark.check_model(cfg.model.max_context)
     check_model_fits(cfg.model, [method], longest_prompt(cfg.model, cfg.benchmark))

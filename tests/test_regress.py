@@ -16,7 +16,9 @@ from harness.store import RunStore, record
 TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "qa_1")
 
 
-def _eval_rows(method: str, keep: float | None, run: str, scores: dict[str, list[float]], ttft: float) -> list:
+def _eval_rows(
+    method: str, keep: float | None, run: str, scores: dict[str, list[float]], ttft: float, speculator: str = "s:8"
+) -> list:
     opts = json.dumps({"keep_rate": keep} if keep is not None else {})
     return [
         record(
@@ -35,6 +37,7 @@ def _eval_rows(method: str, keep: float | None, run: str, scores: dict[str, list
             method_options=opts,
             keep_rate=keep,
             reference_method="full",
+            speculator=speculator,
             score=s,
             ttft_s=ttft * (1 + 0.1 * (i % 3)),
             hardware="cpu",
@@ -75,13 +78,13 @@ def _latency_rows(run: str, full_s: list[float], spec_s: list[float]) -> list:
     return rows
 
 
-def _folder(root, spec_scores=None, spec_ttft=1.0, lat_spec=None):
+def _folder(root, spec_scores=None, spec_ttft=1.0, lat_spec=None, speculator="s:8"):
     rng = np.random.default_rng(0)
     full = {t: [100.0 if x < 0.8 else 0.0 for x in rng.random(10)] for t in TASKS}
     spec = spec_scores or {t: [100.0 if x < 0.6 else 0.0 for x in np.random.default_rng(1).random(10)] for t in TASKS}
     for name, rows in (
         ("full", _eval_rows("full", None, "full", full, 4.0)),
-        ("spec", _eval_rows("specprefill", 0.3, "spec", spec, spec_ttft)),
+        ("spec", _eval_rows("specprefill", 0.3, "spec", spec, spec_ttft, speculator)),
         ("lat", _latency_rows("lat", [4.0, 4.1, 3.9, 4.0], lat_spec or [1.0, 1.05, 0.95, 1.0])),
     ):
         store = RunStore(root / name)
@@ -105,7 +108,9 @@ def test_a_copy_passes(base, tmp_path):
     code, rows, text = compare(base, tmp_path / "cand")
     assert code == OK and "no regression" in text and "In one folder only" not in text
     assert any(r.point.endswith("full keep=1 ALL") for r in rows)  # the reference's own scores too
-    assert {r.verdict for r in rows} == {"same"} and any(r.point.endswith("specprefill keep=0.3 ALL") for r in rows)
+    assert {r.verdict for r in rows} == {"same"} and any(
+        r.point.endswith("specprefill keep=0.3 speculator=s:8 ALL") for r in rows
+    )
     assert any(r.kind == "speed" and "latency 1x2048" in r.point for r in rows)
 
 
@@ -136,7 +141,7 @@ def test_one_flipped_sample_is_noise(base, tmp_path):
     scores["qa_1"][i] = 0.0
     code, rows, _ = compare(base, _folder(tmp_path / "cand", spec_scores=scores))
     assert code == OK
-    qa = next(r for r in rows if r.point.endswith("specprefill keep=0.3 qa_1"))
+    qa = next(r for r in rows if r.point.endswith("specprefill keep=0.3 speculator=s:8 qa_1"))
     assert qa.delta.value == pytest.approx(-10.0) and qa.delta.hi >= 0 and qa.verdict == "same"
 
 
@@ -152,6 +157,20 @@ def test_a_removed_point_is_listed_and_fails_with_require_all(base, tmp_path):
     shutil.rmtree(cand / "spec")
     code, _, text = compare(base, cand)
     assert code == OK and "In one folder only" in text and "specprefill" in text.split("In one folder only")[1]
+    assert compare(base, cand, require_all=True)[0] == INCOMPARABLE
+
+
+def test_another_speculator_is_another_point_never_compared(base, tmp_path):
+    """A deeper speculator scores better and runs slower: compared with the baseline's it would
+    read as a quality gain and a speed regression. It is a point of its own, in one folder only."""
+    scores = {t: [100.0] * 10 for t in TASKS}
+    cand = _folder(tmp_path / "cand", spec_scores=scores, spec_ttft=3.0, speculator="s:20")
+    code, rows, text = compare(base, cand, skip_speed=False)
+    assert code == OK and not [
+        r for r in rows if r.kind == "quality" and r.point.startswith("m ruler-2048 specprefill")
+    ]
+    only = text.split("In one folder only")[1]
+    assert "specprefill keep=0.3 speculator=s:20" in only and "specprefill keep=0.3 speculator=s:8" in only
     assert compare(base, cand, require_all=True)[0] == INCOMPARABLE
 
 
@@ -194,7 +213,7 @@ def test_history_records_retention_and_plots(base, tmp_path):
     append_history(history, rows, "cpu-test")
     h = pd.read_csv(history)
     assert len(h) == 2 * len(rows) and history.with_suffix(".png").stat().st_size > 10_000
-    spec_all = h[h["point"].str.endswith("specprefill keep=0.3 ALL")].iloc[0]
+    spec_all = h[h["point"].str.endswith("specprefill keep=0.3 speculator=s:8 ALL")].iloc[0]
     # every candidate SpecPrefill answer right; full prefill right where _folder's draw was < 0.8
     rng = np.random.default_rng(0)
     full_mean = np.mean([100.0 if x < 0.8 else 0.0 for _ in TASKS for x in rng.random(10)])

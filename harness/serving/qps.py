@@ -184,8 +184,6 @@ def prepare(cfg: QPSConfig) -> QPSJob:
             f"method {method.name!r} (scope {method.scope!r}) cannot be served: a request carries one prompt text; "
             f"allowed: the reference, or a method that selects tokens of the whole prompt (scope 'prompt')"
         )
-    if method.needs_speculator and cfg.model.speculator is None:
-        raise ValueError(f"method {method.name!r} needs a speculator, but model {cfg.model.name!r} has none")
     benchmark = build_benchmark(cfg.benchmark)
     benchmark.check_model(cfg.model.max_context)
     check_model_fits(cfg.model, [method], longest_prompt(cfg.model, cfg.benchmark))
