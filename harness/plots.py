@@ -20,6 +20,7 @@ its sample counts.
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -161,14 +162,19 @@ def needle_vs_keep(summary: pd.DataFrame, path: Path) -> Path | None:
 def pareto_points(summary: pd.DataFrame) -> pd.DataFrame:
     """The points of :func:`pareto`: each non-reference method and keep rate over all tasks
     (``ALL``) with its retention and speedup, their 95 % intervals (the speedup's from the
-    TTFT ratio's: ``1 / hi .. 1 / lo``), and its ideal speedup ``1 / kept_fraction``."""
+    TTFT ratio's: ``1 / hi .. 1 / lo``), and its ideal speedup: ``1 / kept_fraction``, or the
+    summary's own ``ideal_speedup`` column where it has one (FLOPs, from latency rows)."""
     s = summary[(summary["task"] == "ALL") & (summary["method_name"] != summary["reference"])]
     s = s.dropna(subset=["retention", "speedup"])
-    return s.assign(
-        speedup_lo=1.0 / s["ttft_ratio_hi"],
-        speedup_hi=1.0 / s["ttft_ratio_lo"],
-        ideal_speedup=1.0 / s["kept_fraction"],
-    )
+    ideal = 1.0 / s["kept_fraction"]
+    if "ideal_speedup" in s:
+        ideal = s["ideal_speedup"].astype(float).fillna(ideal)
+    return s.assign(speedup_lo=1.0 / s["ttft_ratio_hi"], speedup_hi=1.0 / s["ttft_ratio_lo"], ideal_speedup=ideal)
+
+
+def _natural(label: object) -> list:
+    """A sort key that puts 'self_layers:8' before 'self_layers:12'."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(label))]
 
 
 def pareto(summary: pd.DataFrame, path: Path) -> Path | None:
@@ -184,7 +190,7 @@ def pareto(summary: pd.DataFrame, path: Path) -> Path | None:
     groups = list(s.groupby(["model", "benchmark", "length"]))
     fig, axes = _panels(len(groups), 6.5)
     for ax, ((model, bench, length), g) in zip(axes, groups, strict=False):
-        for method, gm in g.groupby("method"):
+        for method, gm in sorted(g.groupby("method"), key=lambda x: _natural(x[0])):
             gm = gm.sort_values("keep_rate")
             sp = gm["speedup"]
             line = ax.errorbar(sp, gm["retention"], xerr=_yerr(sp, gm["speedup_lo"], gm["speedup_hi"]),
@@ -201,7 +207,9 @@ def pareto(summary: pd.DataFrame, path: Path) -> Path | None:
         )
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.axvline(1.0, color="grey", lw=0.8)
-        ax.plot([], [], marker="o", mfc="none", color="grey", ls=":", label="ideal speedup (1 / kept fraction)")
+        flops = "ideal_speedup" in summary and summary["ideal_speedup"].notna().any()
+        ideal = "ideal speedup (FLOPs)" if flops else "ideal speedup (1 / kept fraction)"
+        ax.plot([], [], marker="o", mfc="none", color="grey", ls=":", label=ideal)
         ax.set_xlabel("TTFT speedup over the reference (measured side by side)")
         ax.set_ylabel("quality retention (score / reference score)")
         ax.set_title(f"{model} · {bench} {length} · ALL · {_n_range(g['n'])} samples per point; labels: keep rate",

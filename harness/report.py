@@ -530,25 +530,56 @@ def build(out: Path, plots_dir: Path | None = None) -> Report:
     return report
 
 
-#: The committed depth sweep of the early-exit speculator (``make speculator-depth``).
+#: The committed depth sweep of the early-exit speculator (``make speculator-depth``): its
+#: table, and the numbers the summary quotes from it.
 DEPTH_SWEEP = "results/reference/speculator_depth_smollm2_cpu.md"
+DEPTH_SWEEP_CSV = "results/reference/speculator_depth_smollm2_cpu.csv"
+DEPTH_SWEEP_MODEL = "smollm2-135m"
 
 
-def speculator_note(rows: pd.DataFrame) -> str | None:
+def _depth(spec: str) -> int:
+    return int(spec.split(":")[1]) if spec.split(":")[1].isdigit() else 0
+
+
+def _depth_numbers(specs: list[str], csv: Path) -> str:
+    """What the committed sweep measured at keep 0.1 for these depths and for the oracle."""
+    if not csv.exists():
+        return ""
+    d = pd.read_csv(csv)
+    d = d[(d["method"] == "specprefill") & (d["keep"] == 0.1)].set_index("depth")
+    if d.empty:
+        return ""
+    col = "lat_speedup" if "lat_speedup" in d and d["lat_speedup"].notna().any() else "speedup"
+    top = int(d.index.max())
+    parts = []
+    for spec in dict.fromkeys([*specs, f"self_layers:{top}"]):  # these depths, then the oracle
+        m = _depth(spec)
+        if m in d.index:
+            r = d.loc[m]
+            oracle = " (the oracle: all layers)" if m == top else ""
+            parts.append(f"{spec}{oracle} keeps {r['retention']:.2f} of full prefill's score at {r[col]:.2f}x")
+    return f" At keep 0.1 it measured: {'; '.join(parts)}." if parts else ""
+
+
+def speculator_note(rows: pd.DataFrame, csv: Path | None = None) -> str | None:
     """A line under the quality table when SpecPrefill ran with an early-exit speculator
     (``self_layers:M``, the offline stand-in for the paper's separate small model): where
-    its loss at low keep rates comes from, and where the depth sweep is."""
+    its loss at low keep rates comes from, where the depth sweep is and, for the sweep's
+    model, what it measured for these depths and for the oracle."""
     if rows.empty or "speculator" not in rows:
         return None
     ev = rows[(rows["kind"] == "eval") & (rows["method"] == "specprefill")]
-    specs = sorted({str(s) for s in ev["speculator"].dropna() if str(s).startswith("self_layers:")})
+    specs = sorted({str(s) for s in ev["speculator"].dropna() if str(s).startswith("self_layers:")}, key=_depth)
     if not specs:
         return None
+    numbers = ""
+    if set(ev["model"].dropna().astype(str)) == {DEPTH_SWEEP_MODEL}:
+        numbers = _depth_numbers(specs, csv or Path(__file__).resolve().parents[1] / DEPTH_SWEEP_CSV)
     return (
         f"SpecPrefill's speculator here is the base model's own first layers ({', '.join(specs)}: an early "
         f"exit, the offline stand-in for the paper's separate small speculator). At low keep rates most of "
         f"its loss comes from that weak scorer, not from the method: `{DEPTH_SWEEP}` measures every depth up "
-        f"to the oracle (all layers: full prefill's quality, no speedup).\n"
+        f"to the oracle (all layers: full prefill's quality, no speedup).{numbers}\n"
     )
 
 

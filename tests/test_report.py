@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -275,6 +276,38 @@ def test_speculator_depth_table_and_the_choice_of_depth():
     assert d8["speculator_s"] == pytest.approx(1.0)
     assert int(choose(t)["depth"]) == 8  # depth 4 is faster but keeps a quarter; 30 is slower than full
     assert "| self_layers:30 (oracle) | 0.1 |" in markdown(t) and "| full prefill | 1 |" in markdown(t)
+    # the interleaved speedups (latency jobs), where measured, are what the choice reads: here
+    # depth 8 is not faster than 1.3x when measured side by side, so depth 4 is chosen
+    lat = pd.DataFrame({"depth": [4, 8, 30, 8], "keep": [0.1, 0.1, 0.1, 0.3], "lat_n": 8,
+                        "lat_speedup": [4.0, 1.2, 0.9, 1.1], "lat_speedup_lo": [3.5, 1.1, 0.8, 1.0],
+                        "lat_speedup_hi": [4.5, 1.3, 1.0, 1.2], "lat_ideal": 9.0, "lat_efficiency": 0.5})  # fmt: skip
+    tl = table(df, lat)
+    assert tl["lat_speedup"].tolist()[1:] == [4.0, 1.2, 0.9, 1.1] and pd.isna(tl["lat_speedup"].iloc[0])
+    assert int(choose(tl)["depth"]) == 4
+    md = markdown(tl)
+    assert "speedup (interleaved)" in md and "| self_layers:8 | 0.1 |" in md and "1.20 [1.10, 1.30] | 9.00x" in md
+    assert all(line.count("|") == md.splitlines()[0].count("|") for line in md.splitlines())
+
+
+def test_latency_speedups_per_depth_from_latency_rows():
+    """Each depth's latency job has its own full prefill beside it: the speedup is that job's
+    median full prefill TTFT over the depth's median, per keep."""
+    from harness.bench.speculator_depth import latency_speedups
+
+    rows = []
+    for depth, full_s, spec_s in ((4, 4.0, 1.0), (20, 4.0, 2.0)):
+        for i in range(4):
+            for method, keep, t in (("full", None, full_s), ("specprefill", 0.1, spec_s)):
+                rows.append({
+                    "kind": "latency", "run_id": f"d{depth}", "config_hash": f"h{depth}{method}", "status": "ok", "model": "m", "backend": "transformers",
+                    "prompt_source": "random", "batch": 1, "length": 4096, "iteration": i, "warmup": False,
+                    "method": method, "method_options": "{}", "keep_rate": keep, "reference_method": "full",
+                    "speculator": f"self_layers:{depth}", "ttft_s": t * (1 + 0.01 * i), "method_s": 0.1,
+                    "base_prefill_s": t, "kept_fraction": 0.1 if keep else 1.0, "ideal_speedup": 8.0,
+                })  # fmt: skip
+    got = latency_speedups(pd.DataFrame(rows)).set_index("depth")
+    assert got.loc[4, "lat_speedup"] == pytest.approx(4.0) and got.loc[20, "lat_speedup"] == pytest.approx(2.0)
+    assert got.loc[20, "lat_efficiency"] == pytest.approx(0.25) and got.loc[4, "keep"] == 0.1
 
 
 def test_an_early_exit_speculator_gets_a_line_pointing_at_the_committed_depth_sweep():
@@ -290,3 +323,27 @@ def test_an_early_exit_speculator_gets_a_line_pointing_at_the_committed_depth_sw
     assert (Path(__file__).resolve().parents[1] / DEPTH_SWEEP).exists()
     rows["speculator"] = "hub:meta-llama/Llama-3.2-1B-Instruct"  # a separate speculator: nothing to say
     assert speculator_note(rows) is None
+
+
+def test_the_speculator_note_quotes_the_sweep_for_its_depth_and_the_oracle(tmp_path):
+    """For the sweep's model, the line quotes the committed sweep at keep 0.1: the depth that
+    ran (the interleaved speedup where measured) and the oracle; for another model, nothing."""
+    from harness.report import DEPTH_SWEEP_CSV, speculator_note
+
+    csv = tmp_path / "sweep.csv"
+    pd.DataFrame({
+        "method": ["full", "specprefill", "specprefill", "specprefill", "specprefill"],
+        "depth": [None, 12, 16, 30, 16], "keep": [1.0, 0.1, 0.1, 0.1, 0.3],
+        "retention": [1.0, 0.4, 0.55, 0.97, 0.7], "speedup": [1.0, 2.5, 2.2, 1.1, 1.4],
+        "lat_speedup": [None, 2.1, 1.75, 0.9, 1.3],
+    }).to_csv(csv, index=False)  # fmt: skip
+    rows = pd.DataFrame(_rows("full", None, "f", 80.0, 4.0, ["t1"]) + _rows("specprefill", 0.1, "a", 20.0, 1.0, ["t1"]))
+    rows["kind"], rows["model"], rows["speculator"] = "eval", "smollm2-135m", "self_layers:16"
+    note = speculator_note(rows, csv)
+    assert note is not None
+    assert "self_layers:16 keeps 0.55 of full prefill's score at 1.75x" in note
+    assert "self_layers:30 (the oracle: all layers) keeps 0.97 of full prefill's score at 0.90x" in note
+    assert "self_layers:12" not in note
+    rows["model"] = "tiny-random"
+    assert "keeps" not in (speculator_note(rows, csv) or "")
+    assert (Path(__file__).resolve().parents[1] / DEPTH_SWEEP_CSV).exists()

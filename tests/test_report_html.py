@@ -133,6 +133,12 @@ def test_pareto_points_speedup_interval_and_ideal(folder):
     assert pt["ideal_speedup"] == pytest.approx(4.0)  # 1 / kept fraction 0.25
     assert pt["speedup_lo"] == pytest.approx(4.0) and pt["speedup_hi"] == pytest.approx(4.0)  # constant TTFTs
     assert pt["retention"] == pytest.approx(1 / 3 * 100 / (2 / 3 * 100))  # 33.3 / 66.7 on niah; qa the same
+    # a summary that carries its own ideal (FLOPs, the speculator's cost included) keeps it;
+    # a line without one falls back to 1 / kept fraction
+    s2 = s.assign(ideal_speedup=[1.6 if (m != "full" and n == 2048) else float("nan") for m, n in
+                                 zip(s["method_name"], s["length"], strict=True)])  # fmt: skip
+    p2 = plots.pareto_points(s2).set_index("length")["ideal_speedup"]
+    assert p2.loc[2048] == pytest.approx(1.6) and p2.loc[4096] == pytest.approx(4.0)
 
 
 def test_report_has_every_figure_table_and_failure_and_stays_in_its_folder(folder, tmp_path, monkeypatch):

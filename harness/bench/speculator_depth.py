@@ -17,6 +17,7 @@ the oracle: the whole base scores the prompt (a quality ceiling, no speedup poss
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,13 +36,46 @@ def run_sweep(out: Path, limit: int, depths: list[int], keeps: list[float]) -> N
     subprocess.run([*common, "method=specprefill", f"model.speculator={speculators}", f"keep={keep}"], check=True)
 
 
+def run_latency(out: Path, depths: list[int], keeps: list[float], iters: int) -> None:
+    """The speedups, measured where drift cannot skew them: ``make latency`` interleaves
+    SpecPrefill and full prefill iteration by iteration on the same 4K-token prompts, one
+    job per depth x keep, each with its own full prefill beside it. (The eval sweep runs
+    full prefill once, first, then each depth minutes later: on a shared machine whose
+    speed drifts by 20 % over minutes, its ratios drift with it.)"""
+    speculators = ",".join(f"self_layers:{m}" for m in depths)
+    keep = ",".join(f"{k:g}" for k in keeps)
+    subprocess.run([sys.executable, "-m", "harness.latency", "model=smollm2-135m", "grid=[[1,4096]]", "warmup=1",
+                    f"iters={iters}", "method=specprefill", f"keep={keep}", f"model.speculator={speculators}",
+                    f"out={out}"], check=True)  # fmt: skip
+
+
+def latency_speedups(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (depth, keep): the interleaved TTFT speedup over full prefill with its 95 %
+    interval (:func:`harness.report.summarize_latency`), the ideal speedup from FLOPs and the
+    efficiency; one line per latency job."""
+    from harness.report import summarize_latency
+
+    out = []
+    for spec, g in rows.groupby("speculator"):
+        s = summarize_latency(g)
+        for r in s[~s["is_reference"].astype(bool)].itertuples():
+            out.append({
+                "depth": depth_of(spec), "keep": float(r.keep_rate), "lat_n": int(r.n),
+                "lat_speedup": r.speedup, "lat_speedup_lo": r.speedup_lo, "lat_speedup_hi": r.speedup_hi,
+                "lat_ideal": r.ideal_speedup, "lat_efficiency": r.efficiency,
+            })  # fmt: skip
+    return pd.DataFrame(out, columns=["depth", "keep", "lat_n", "lat_speedup", "lat_speedup_lo", "lat_speedup_hi",
+                                      "lat_ideal", "lat_efficiency"])  # fmt: skip
+
+
 def depth_of(speculator: object) -> int | None:
     s = str(speculator or "")
     return int(s.split(":")[1]) if s.startswith("self_layers:") else None
 
 
-def table(rows: pd.DataFrame) -> pd.DataFrame:
-    """One line per (depth, keep) and the full prefill reference, from the eval rows."""
+def table(rows: pd.DataFrame, latency: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One line per (depth, keep) and the full prefill reference, from the eval rows; with
+    ``latency`` (:func:`latency_speedups`), each line's interleaved speedup beside it."""
     from harness.report import labelled, summarize
 
     summary = summarize(rows)
@@ -62,39 +96,55 @@ def table(rows: pd.DataFrame) -> pd.DataFrame:
             "ideal_speedup": ideal, "efficiency": speedup / ideal if ideal == ideal else float("nan"),
         })  # fmt: skip
     df = pd.DataFrame(out)
+    if latency is not None and not latency.empty:
+        df = df.merge(latency, on=["depth", "keep"], how="left")
     df["_keep"] = df["keep"].where(df["method"] != "full", -1.0)  # the reference first
     return df.sort_values(["_keep", "depth"]).drop(columns="_keep").reset_index(drop=True)
 
 
+def speedup_used(df: pd.DataFrame) -> str:
+    """The speedup the choice reads: the interleaved one where it was measured."""
+    return "lat_speedup" if "lat_speedup" in df and df["lat_speedup"].notna().any() else "speedup"
+
+
 def choose(df: pd.DataFrame, keep: float = 0.1, min_speedup: float = 1.3) -> pd.Series | None:
     """The depth with the best retention among those with a real speedup (> ``min_speedup``)
-    at ``keep``; ties go to the faster one."""
-    c = df[(df["method"] == "specprefill") & (df["keep"] == keep) & (df["speedup"] > min_speedup)]
+    at ``keep`` (the interleaved speedup where measured, else the eval run's); ties go to
+    the faster one."""
+    col = speedup_used(df)
+    c = df[(df["method"] == "specprefill") & (df["keep"] == keep) & (df[col] > min_speedup)]
     if c.empty:
         return None
-    return c.sort_values(["retention", "speedup"], ascending=False).iloc[0]
+    return c.sort_values(["retention", col], ascending=False).iloc[0]
 
 
 def markdown(df: pd.DataFrame) -> str:
     def ci(v: float, lo: float, hi: float, f: str = ".1f") -> str:
         return "-" if pd.isna(v) else f"{v:{f}} [{lo:{f}}, {hi:{f}}]"
 
-    lines = [
-        "| speculator | keep | n | score | retention | needle kept | speculator s | TTFT s | speedup | ideal | efficiency |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    lat = "lat_speedup" in df
+    head = "| speculator | keep | n | score | retention | needle kept | speculator s | TTFT s | speedup (eval run) |"
+    head += " speedup (interleaved) | ideal | efficiency |" if lat else " ideal | efficiency |"
+    lines = [head, "|---" * head.count(" | ") + "|---|"]
     for r in df.itertuples():
         name = (
             "full prefill"
             if r.method == "full"
             else f"self_layers:{int(r.depth)}" + (" (oracle)" if r.depth == 30 else "")
         )
-        lines.append(
+        line = (
             f"| {name} | {r.keep:g} | {r.n} | {ci(r.score, r.score_lo, r.score_hi)} | "
             f"{ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | {r.needle_kept:.2f} | "
-            f"{'-' if pd.isna(r.speculator_s) else f'{r.speculator_s:.2f}'} | {r.ttft_s:.2f} | "
-            f"{r.speedup:.2f}x | {r.ideal_speedup:.2f}x | {r.efficiency:.2f} |"
+            f"{'-' if pd.isna(r.speculator_s) else f'{r.speculator_s:.2f}'} | {r.ttft_s:.2f} | {r.speedup:.2f}x |"
         )
+        if lat:  # the interleaved speedup, and ideal / efficiency from FLOPs (latency rows)
+            full = r.method == "full"
+            sp = "1.00x" if full else ci(r.lat_speedup, r.lat_speedup_lo, r.lat_speedup_hi, ".2f")
+            ideal, eff = (1.0, 1.0) if full else (r.lat_ideal, r.lat_efficiency)
+            line += f" {sp} | {ideal:.2f}x | {eff:.2f} |"
+        else:
+            line += f" {r.ideal_speedup:.2f}x | {r.efficiency:.2f} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -104,27 +154,55 @@ def main() -> None:
     ap.add_argument("--depths", type=int, nargs="+", default=[4, 8, 12, 16, 20, 24, 30])
     ap.add_argument("--keeps", type=float, nargs="+", default=[0.1, 0.3])
     ap.add_argument("--out", type=Path, default=Path("results/speculator-depth"))
+    ap.add_argument("--iters", type=int, default=8, help="timed iterations per latency point")
+    ap.add_argument("--no-latency", action="store_true", help="speedups from the eval run only")
     ap.add_argument("--no-run", action="store_true", help="only read the rows already under --out")
     a = ap.parse_args()
     if not a.no_run:
         run_sweep(a.out, a.limit, a.depths, a.keeps)
+        if not a.no_latency:
+            run_latency(a.out / "latency", a.depths, a.keeps, a.iters)
     from harness import plots, report
     from harness.store import read_rows
 
-    rows = read_rows(sorted({p.parent for p in a.out.rglob("rows.parquet")}))
-    rows = rows[rows["kind"] == "eval"]
-    df = table(rows)
+    every = read_rows(sorted({p.parent for p in a.out.rglob("rows.parquet")}))
+    rows = every[every["kind"] == "eval"]
+    lat = every[every["kind"] == "latency"]
+    df = table(rows, latency_speedups(lat) if not lat.empty else None)
     df.to_csv(a.out / "speculator_depth.csv", index=False)
     text = markdown(df)
+    col = speedup_used(df)
     best = choose(df)
     if best is not None:
+        how = "interleaved" if col == "lat_speedup" else "eval run"
         text += (
-            f"\n\nChosen (best retention with speedup > 1.3x at keep 0.1): self_layers:{int(best['depth'])}, "
-            f"retention {best['retention']:.2f}, speedup {best['speedup']:.2f}x."
+            f"\n\nChosen (best retention with speedup ({how}) > 1.3x at keep 0.1): self_layers:{int(best['depth'])}, "
+            f"retention {best['retention']:.2f}, speedup {best[col]:.2f}x."
         )
     (a.out / "speculator_depth.md").write_text(text + "\n")
-    plots.pareto(report.summarize(rows), a.out / "speculator_depth_pareto.png")
+    summary = report.summarize(rows)
+    if col == "lat_speedup":  # the Pareto's x: the interleaved speedup and its interval
+        summary = with_latency_speedups(summary, df)
+    plots.pareto(summary, a.out / "speculator_depth_pareto.png")
     print(text)
+
+
+def with_latency_speedups(summary: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
+    """The summary's overall SpecPrefill lines with the interleaved speedup (and its
+    interval, as the TTFT ratio's) in place of the eval run's, and the ideal speedup from
+    FLOPs (the speculator's cost included), for the Pareto plot."""
+    summary = summary.assign(ideal_speedup=float("nan"))
+    lat = df[df["method"] == "specprefill"].set_index(["depth", "keep"])
+    for i, r in summary[(summary["task"] == "ALL") & (summary["method_name"] == "specprefill")].iterrows():
+        m = re.search(r"speculator=(self_layers:\d+)", str(r["method"]))  # the variant's label
+        key = (depth_of(m.group(1) if m else None), float(r["keep_rate"]))
+        if key not in lat.index:
+            continue
+        x = lat.loc[key]
+        summary.loc[i, ["speedup", "ttft_ratio", "ttft_ratio_lo", "ttft_ratio_hi", "ideal_speedup"]] = [
+            x["lat_speedup"], 1 / x["lat_speedup"], 1 / x["lat_speedup_hi"], 1 / x["lat_speedup_lo"], x["lat_ideal"]
+        ]  # fmt: skip
+    return summary
 
 
 if __name__ == "__main__":
