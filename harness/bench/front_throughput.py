@@ -3,7 +3,8 @@
 The front (:mod:`harness.serving.front`) plans every request with the method's speculator
 before forwarding it to vLLM. This drives its :class:`~harness.serving.front.Batcher` and
 :class:`~harness.serving.front.Planner` in process (no HTTP, no vLLM: the planning alone)
-with the default config's speculator: SmolLM2-135M-Instruct's first 8 layers
+with the default config's speculator: SmolLM2-135M-Instruct's first layers (8 when
+``results/reference/front_throughput.md`` was measured, 20 since)
 (``model_config("smollm2-135m")``, dtype as the config resolves on this machine), planning
 SpecPrefill as ``make qps`` does (keep 0.3, look-ahead 1, chunks of 32, pool 13) on RULER
 prompts of 2048 tokens (the default tasks, chat format; their lengths differ, so a batch is
