@@ -334,9 +334,24 @@ def _upgrade(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def _read_frames(folders: list[Path], attempts: int = 5) -> list[pd.DataFrame]:
+    """Every row file of the folders, read while a run may be writing them: a run that
+    compacts its parts between our listing and our reading has put their rows in
+    ``rows.parquet`` before unlinking them, so a part gone missing means: list again."""
+    for attempt in range(attempts):
+        try:
+            return [_upgrade(pd.read_parquet(p)) for p in _files(folders)]
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
+    return []
+
+
 def read_rows(folders: Iterable[Path]) -> pd.DataFrame:
-    """All rows of the given run folders, newest row per (run, row key)."""
-    frames = [_upgrade(pd.read_parquet(p)) for p in _files(folders)]
+    """All rows of the given run folders, newest row per (run, row key); safe to call
+    while a run is writing them (a part compacted away while reading is read again from
+    ``rows.parquet``)."""
+    frames = _read_frames([Path(f) for f in folders])
     frames = [f for f in frames if not f.empty]
     if not frames:
         return pd.DataFrame(columns=[f.name for f in fields(RunRecord)])

@@ -45,6 +45,30 @@ def test_append_resume_and_compact(tmp_path):
     assert len(read_results(tmp_path)) == 2
 
 
+def test_a_reader_racing_the_runs_compaction_reads_every_row(tmp_path, monkeypatch):
+    """A reader (make report, a test polling a live run) lists the part files, then the run
+    compacts them into rows.parquet and unlinks them before the reader opens them: the
+    reader lists again and gets every row once, not a FileNotFoundError."""
+    import harness.store as store_mod
+
+    store = _folder(tmp_path, "run")
+    store.append([_eval("a", 0, 1.0)])
+    store.append([_eval("a", 1, 2.0)])
+    real_files = store_mod._files
+    calls = []
+
+    def files_then_compact(folders):
+        listed = real_files(folders)
+        calls.append(len(listed))
+        if len(calls) == 1:  # the first listing sees the parts; the run compacts them right after
+            store.compact()
+        return listed
+
+    monkeypatch.setattr(store_mod, "_files", files_then_compact)
+    df = read_results(tmp_path)
+    assert sorted(df["row_key"]) == ["a/0", "a/1"] and calls[0] == 2 and calls[-1] == 1
+
+
 def test_a_unit_is_done_only_when_every_row_of_it_is_ok(tmp_path):
     """A latency grid point has one row per method: one failed method retries the point."""
     store = _folder(tmp_path, "lat")
