@@ -265,9 +265,11 @@ def test_run_identity_is_stable_across_added_model_fields():
     left out of the identity at their defaults (golden hashes of stored sweeps)."""
     from harness.config import LATER_MODEL_FIELDS, model_identity
 
-    # Stored sweeps ran in bfloat16 (dtype: auto resolves to it on AMX CPUs and GPUs).
-    assert _job("method=full", "model.dtype=bfloat16").config_hash == "3d22664f151f"
-    assert _job("method=specprefill", "keep=0.3", "model.dtype=bfloat16").config_hash == "c024a3517659"
+    # Stored sweeps ran in bfloat16 (dtype: auto resolves to it on AMX CPUs and GPUs), with
+    # the speculator that was the default then (self_layers:8).
+    old = ("model.dtype=bfloat16", "model.speculator=self_layers:8")
+    assert _job("method=full", *old).config_hash == "3d22664f151f"
+    assert _job("method=specprefill", "keep=0.3", *old).config_hash == "c024a3517659"
     cfg = RunConfig.from_hydra(_cfg()).model
     assert not set(LATER_MODEL_FIELDS) & set(model_identity(cfg))
     changed = dataclasses.replace(cfg, pipeline_parallel=2)
