@@ -94,7 +94,8 @@ bench-scoring-memory: setup
 bench-ruler-generation: setup
 	$(PY) -m harness.bench.ruler_generation
 
-# SpecPrefill's early-exit speculator depth x keep on RULER 4K, beside full prefill (results/reference/).
+# SpecPrefill's early-exit speculator depth x keep on RULER 4K, beside full prefill, and its
+# interleaved TTFT speedups (results/speculator-depth/; committed copy in results/reference/).
 speculator-depth: setup
 	$(PY) -m harness.bench.speculator_depth $(if $(limit),--limit $(limit))
 

@@ -3,15 +3,18 @@
 Offline there is one real model, so SpecPrefill's speculator on CPU is the base's own first
 M layers (``self_layers:M``: those layers, the final norm and the LM head, sharing the
 base's weights). This runs full prefill once and SpecPrefill for every depth M x keep rate
-on RULER 4K's NIAH tasks (one ``make eval`` sweep, validated up front), then writes per
-point: score and retention with 95 % intervals (paired with full prefill on the same
-samples), needle kept, the speculator's mean seconds, TTFT ratio and speedup (side by
-side, same run), the ideal speedup 1 / kept fraction and the efficiency speedup / ideal;
-and the Pareto plot (retention vs speedup, one series per depth). ``self_layers:30`` is
-the oracle: the whole base scores the prompt (a quality ceiling, no speedup possible).
+on RULER 4K's NIAH tasks (one ``make eval`` sweep, validated up front), then one ``make
+latency`` job per depth x keep (SpecPrefill and full prefill interleaved on the same
+4K-token prompts), and writes per point: score and retention with 95 % intervals (paired
+with full prefill on the same samples), needle kept, the speculator's mean seconds, the
+eval run's TTFT and speedup, the interleaved speedup with its interval (the one the
+choice of depth reads: the eval run's ratios drift with the machine), the ideal speedup
+from FLOPs and the efficiency speedup / ideal; and the Pareto plot (retention vs
+interleaved speedup, one series per depth). ``self_layers:30`` is the oracle: the whole
+base scores the prompt (a quality ceiling, no speedup possible).
 
     python -m harness.bench.speculator_depth [--limit 5] [--depths 4 8 12 16 20 24 30]
-        [--keeps 0.1 0.3] [--out results/speculator-depth] [--no-run]
+        [--keeps 0.1 0.3] [--iters 8] [--out results/speculator-depth] [--no-latency] [--no-run]
 """
 
 from __future__ import annotations
