@@ -136,9 +136,9 @@ def check_common(c: dict[str, Any]) -> None:
 
 def check_model_fits(model: Any, methods: list[Any], longest_prompt: int) -> None:
     """What needs the model's shape, checked from its config before anything loads: a
-    speculator for each method that needs one; an early-exit speculator (``self_layers:M``) and a layer option (GemFilter's
-    ``filter_layer``) within the base's layers; the look-ahead's extra tokens within the
-    context window after the longest prompt."""
+    speculator for each method that needs one; an early-exit speculator (``self_layers:M``)
+    and a layer option (GemFilter's ``filter_layer``) within the base's layers; the
+    look-ahead's extra tokens within the context window after the longest prompt."""
     from harness.models import parse_speculator
     from harness.placement import layer_count
 

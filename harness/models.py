@@ -204,6 +204,12 @@ def parse_speculator(spec: str | None) -> tuple[str, str | int] | None:
     )
 
 
+def early_exit_layers(spec: object) -> int | None:
+    """M for an early-exit speculator ``self_layers:M``; None for any other or none."""
+    parsed = parse_speculator(None if spec is None or spec != spec else str(spec))  # NaN: a column's gap
+    return int(parsed[1]) if parsed is not None and parsed[0] == "self_layers" else None
+
+
 # --------------------------------------------------------------------------- feasibility
 
 

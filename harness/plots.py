@@ -172,7 +172,7 @@ def pareto_points(summary: pd.DataFrame) -> pd.DataFrame:
     return s.assign(speedup_lo=1.0 / s["ttft_ratio_hi"], speedup_hi=1.0 / s["ttft_ratio_lo"], ideal_speedup=ideal)
 
 
-def _natural(label: object) -> list:
+def natural_key(label: object) -> list:
     """A sort key that puts 'self_layers:8' before 'self_layers:12'."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(label))]
 
@@ -190,7 +190,7 @@ def pareto(summary: pd.DataFrame, path: Path) -> Path | None:
     groups = list(s.groupby(["model", "benchmark", "length"]))
     fig, axes = _panels(len(groups), 6.5)
     for ax, ((model, bench, length), g) in zip(axes, groups, strict=False):
-        for method, gm in sorted(g.groupby("method"), key=lambda x: _natural(x[0])):
+        for method, gm in sorted(g.groupby("method"), key=lambda x: natural_key(x[0])):
             gm = gm.sort_values("keep_rate")
             sp = gm["speedup"]
             line = ax.errorbar(sp, gm["retention"], xerr=_yerr(sp, gm["speedup_lo"], gm["speedup_hi"]),

@@ -72,9 +72,13 @@ def _label(r: dict) -> str:
     keep_s = "" if keep is None or (isinstance(keep, float) and np.isnan(keep)) else f" keep={keep:g}"
     opts = {k: v for k, v in json.loads(r.get("method_options") or "{}").items() if k != "keep_rate"}
     extra = f" {json.dumps(opts, sort_keys=True)}" if opts else ""
+    return f"{r['model']} {r['benchmark']}-{r['length']} {r['method']}{keep_s}{extra}{_speculator_s(r)}"
+
+
+def _speculator_s(r: dict) -> str:
+    """A point's speculator as its label shows it (none for the reference: see :func:`_ok`)."""
     spec = r.get("speculator")
-    spec_s = f" speculator={spec}" if isinstance(spec, str) and spec else ""
-    return f"{r['model']} {r['benchmark']}-{r['length']} {r['method']}{keep_s}{extra}{spec_s}"
+    return f" speculator={spec}" if isinstance(spec, str) and spec else ""
 
 
 def _ok(df: pd.DataFrame, kind: str) -> pd.DataFrame:
@@ -227,8 +231,7 @@ def speed(base: pd.DataFrame, cand: pd.DataFrame, tol: float) -> tuple[list[Comp
             eb, ec = sb[key], sc[key]
             r = dict(zip(keys, key, strict=True))
             where = "ALL TTFT" if kind == "eval" else f"latency {int(r['batch'])}x{int(r['length'])}"
-            spec = f" speculator={r['speculator']}" if isinstance(r["speculator"], str) and r["speculator"] else ""
-            label = f"{r['model']} {r['method']} keep={r['keep_rate']:g}{spec} {where}"
+            label = f"{r['model']} {r['method']} keep={r['keep_rate']:g}{_speculator_s(r)} {where}"
             rel = Estimate(ec.value / eb.value - 1, ec.lo / eb.value - 1, ec.hi / eb.value - 1, ec.n)
             out.append(Comparison("speed", label, eb.value, ec.value, rel, _speed_verdict(eb.value, ec, tol)))
     return out, seen, only

@@ -537,26 +537,22 @@ DEPTH_SWEEP_CSV = "results/reference/speculator_depth_smollm2_cpu.csv"
 DEPTH_SWEEP_MODEL = "smollm2-135m"
 
 
-def _depth(spec: str) -> int:
-    return int(spec.split(":")[1]) if spec.split(":")[1].isdigit() else 0
-
-
 def _depth_numbers(specs: list[str], csv: Path) -> str:
     """What the committed sweep measured at keep 0.1 for these depths and for the oracle."""
     if not csv.exists():
         return ""
     d = pd.read_csv(csv)
-    d = d[(d["method"] == "specprefill") & (d["keep"] == 0.1)].set_index("depth")
+    d = d[(d["method"] == "specprefill") & (d["keep"] == 0.1)]
     if d.empty:
         return ""
+    d = d.set_index(d["depth"].map(lambda m: f"self_layers:{int(m)}"))
     col = "lat_speedup" if "lat_speedup" in d and d["lat_speedup"].notna().any() else "speedup"
-    top = int(d.index.max())
+    top = f"self_layers:{int(d['depth'].max())}"
     parts = []
-    for spec in dict.fromkeys([*specs, f"self_layers:{top}"]):  # these depths, then the oracle
-        m = _depth(spec)
-        if m in d.index:
-            r = d.loc[m]
-            oracle = " (the oracle: all layers)" if m == top else ""
+    for spec in dict.fromkeys([*specs, top]):  # these depths, then the oracle
+        if spec in d.index:
+            r = d.loc[spec]
+            oracle = " (the oracle: all layers)" if spec == top else ""
             parts.append(f"{spec}{oracle} keeps {r['retention']:.2f} of full prefill's score at {r[col]:.2f}x")
     return f" At keep 0.1 it measured: {'; '.join(parts)}." if parts else ""
 
@@ -566,10 +562,12 @@ def speculator_note(rows: pd.DataFrame, csv: Path | None = None) -> str | None:
     (``self_layers:M``, the offline stand-in for the paper's separate small model): where
     its loss at low keep rates comes from, where the depth sweep is and, for the sweep's
     model, what it measured for these depths and for the oracle."""
+    from harness.plots import natural_key
+
     if rows.empty or "speculator" not in rows:
         return None
     ev = rows[(rows["kind"] == "eval") & (rows["method"] == "specprefill")]
-    specs = sorted({str(s) for s in ev["speculator"].dropna() if str(s).startswith("self_layers:")}, key=_depth)
+    specs = sorted({str(s) for s in ev["speculator"].dropna() if str(s).startswith("self_layers:")}, key=natural_key)
     if not specs:
         return None
     numbers = ""

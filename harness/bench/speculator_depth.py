@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.models import early_exit_layers
+
 TASKS = ["niah_single_1", "niah_single_2", "niah_multikey_1"]
 
 
@@ -63,17 +65,12 @@ def latency_speedups(rows: pd.DataFrame) -> pd.DataFrame:
         s = summarize_latency(g)
         for r in s[~s["is_reference"].astype(bool)].itertuples():
             out.append({
-                "depth": depth_of(spec), "keep": float(r.keep_rate), "lat_n": int(r.n),
+                "depth": early_exit_layers(spec), "keep": float(r.keep_rate), "lat_n": int(r.n),
                 "lat_speedup": r.speedup, "lat_speedup_lo": r.speedup_lo, "lat_speedup_hi": r.speedup_hi,
                 "lat_ideal": r.ideal_speedup, "lat_efficiency": r.efficiency,
             })  # fmt: skip
     return pd.DataFrame(out, columns=["depth", "keep", "lat_n", "lat_speedup", "lat_speedup_lo", "lat_speedup_hi",
                                       "lat_ideal", "lat_efficiency"])  # fmt: skip
-
-
-def depth_of(speculator: object) -> int | None:
-    s = str(speculator or "")
-    return int(s.split(":")[1]) if s.startswith("self_layers:") else None
 
 
 def table(rows: pd.DataFrame, latency: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -87,7 +84,7 @@ def table(rows: pd.DataFrame, latency: pd.DataFrame | None = None) -> pd.DataFra
     out = []
     for (method, keep), g in lab.groupby(["method", "keep_rate"]):
         s = overall.loc[(method, keep)]
-        depth = depth_of(g["speculator"].iloc[0]) if g["_base"].iloc[0] != "full" else None
+        depth = early_exit_layers(g["speculator"].iloc[0]) if g["_base"].iloc[0] != "full" else None
         speedup = s["speedup"]
         ideal = 1.0 / s["kept_fraction"] if s["kept_fraction"] else float("nan")
         out.append({
@@ -198,7 +195,7 @@ def with_latency_speedups(summary: pd.DataFrame, df: pd.DataFrame) -> pd.DataFra
     lat = df[df["method"] == "specprefill"].set_index(["depth", "keep"])
     for i, r in summary[(summary["task"] == "ALL") & (summary["method_name"] == "specprefill")].iterrows():
         m = re.search(r"speculator=(self_layers:\d+)", str(r["method"]))  # the variant's label
-        key = (depth_of(m.group(1) if m else None), float(r["keep_rate"]))
+        key = (early_exit_layers(m.group(1) if m else None), float(r["keep_rate"]))
         if key not in lat.index:
             continue
         x = lat.loc[key]
