@@ -4,26 +4,51 @@ MInference keeps every prompt token (the kept fraction is 1.0) and makes the pre
 attention sparse with per-head patterns (the official per-model pattern files where one
 exists). Its kernels are Triton/CUDA and the package does not build or import without
 CUDA, so on a machine without a CUDA GPU every sample is recorded as ``unsupported``
-with the reason, and the sweep goes on.
+with the reason (:meth:`MInference.plan` raises :class:`Unsupported`), and the sweep goes on.
 
-On a CUDA machine with the package installed, the base model is patched once, in place,
-with ``MInference(attn_type, model_name)`` (``pattern_model``: the hub id whose official
-pattern to use; default the base model's own name). Not yet run by this project: no GPU
-session has had the package (see the issue notes).
+It acts inside the model, so it patches only inside its scoped hook
+(:meth:`MInference.applied`), which the runners enter around MInference's own turn:
+``MInference(attn_type, model_name)(base)`` (``pattern_model``: the hub id whose official
+pattern to use; default the base model's own name) patches the transformers base model in
+place on entry, and :func:`baselines.inplace.restoring` undoes it on exit. The package has
+no unpatch; what it replaces was read in microsoft/MInference v0.1.6 (commit fb56c91,
+``minference/models_patch.py`` and ``minference/patch.py``: ``new_patch``,
+``minference_patch_with_kvcompress``, ``patch_hf``): instance attributes only, namely
+``forward`` of every attention and decoder-layer module (plus ``init_minference_parameters``
+and ``gather_last_q_vertical_slash_topk_v4`` on attention modules), the model's
+``_prepare_cache_for_generation`` and ``prepare_inputs_for_generation``, ``model.forward``,
+``model.model.forward`` / ``_old_forward`` / ``_use_sdpa`` /
+``_prepare_decoder_attention_mask``, ``model.model.position_bias`` and ``hf_position_bias``
+(registered submodules), and ``starting_layer`` / ``config_path`` / ``dilated1`` on the
+config. ``restoring`` puts back every instance attribute, registered submodule and config
+attribute of every submodule (and any class attribute of their classes), so the model
+after the hook is the model before it, object for object; the full prefill measured beside
+MInference in one latency job never runs patched. (The package's ``kv_cache_cpu`` path
+also patches ``transformers.cache_utils.DynamicCache`` globally; it is not an option here.)
+An early-exit speculator shares the base's layers, so it too runs patched inside the hook;
+MInference uses no speculator.
+
+The hook needs the base model in this process: backend ``transformers`` (a vLLM engine's
+model is out of its reach; the harness refuses that pairing before anything loads). Not
+yet run by this project: no GPU session has had the package (see the issue notes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
+from baselines.inplace import restoring
 from specprefill.plan import Backend, Method, Plan, Prompt, Unsupported, full_plan, register_method
 
 ATTN_TYPES = ("minference", "a_shape", "tri_shape", "dilated1", "streaming", "inf_llm", "hf")
+#: The attribute :meth:`MInference.applied` sets on the base model while it is patched (the method it applied).
+APPLIED = "_minference_applied"
 
 
 def unsupported_reason() -> str | None:
@@ -38,9 +63,10 @@ def unsupported_reason() -> str | None:
 @register_method("minference")
 @dataclass(frozen=True)
 class MInference(Method):
-    """Full prompt, sparse prefill attention (the package patches the base model)."""
+    """Full prompt, sparse prefill attention (the package patches the base model inside :meth:`applied`)."""
 
     scope: ClassVar[str] = "prompt"
+    acts_in_model: ClassVar[bool] = True
     attn_type: str = "minference"
     pattern_model: str | None = None  # official pattern to use; default: the base model's name
     keep_rate: float = 1.0  # not a knob: every token is prefilled (recorded for the summary)
@@ -51,20 +77,35 @@ class MInference(Method):
         if self.keep_rate != 1.0:
             raise ValueError(f"minference keeps every token; keep_rate={self.keep_rate!r}, allowed: 1.0")
 
+    @contextlib.contextmanager
+    def applied(self, backend: Backend) -> Iterator[None]:
+        """Patch the backend's base model for the body, and restore it exactly on exit.
+        Where MInference cannot run (no CUDA, no package, no transformers model) nothing is
+        patched; :meth:`plan` raises :class:`Unsupported` with the reason."""
+        base: Any = getattr(backend, "base", None)
+        if unsupported_reason() is not None or base is None:
+            yield
+            return
+        if getattr(base, APPLIED, None) is not None:
+            raise RuntimeError(f"minference: the base model is already patched by {getattr(base, APPLIED)!r}")
+        from minference import MInference as Patch  # type: ignore[import-not-found]
+
+        with restoring(base):
+            Patch(self.attn_type, self.pattern_model or base.config._name_or_path)(base)
+            setattr(base, APPLIED, self)
+            yield
+
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:
         reason = unsupported_reason()
         if reason is not None:
             raise Unsupported(reason)
-        t0 = time.perf_counter()
         base: Any = getattr(backend, "base", None)
         if base is None:
             raise Unsupported(f"minference patches a transformers model; backend {type(backend).__name__} has none")
-        if not getattr(base, "_minference_patched", False):
-            from minference import MInference as Patch  # type: ignore[import-not-found]
-
-            name = self.pattern_model or base.config._name_or_path
-            Patch(self.attn_type, name)(base)
-            base._minference_patched = True
-        plan = full_plan(prompt)
-        return Plan(plan.input_ids, plan.position_ids, plan.next_position, plan.kept_indices,
-                    {"patch_s": time.perf_counter() - t0})  # fmt: skip
+        if getattr(base, APPLIED, None) != self:
+            raise RuntimeError(
+                "minference: plan() ran outside MInference.applied(backend), so the base model is not patched and "
+                "its prefill would be full prefill recorded as minference; runners enter method.applied(backend) "
+                "around the method's turn"
+            )
+        return full_plan(prompt)

@@ -169,10 +169,40 @@ def check_model_fits(model: Any, methods: list[Any], longest_prompt: int) -> Non
             )
 
 
+def check_in_model(methods: list[Any], backend: str) -> None:
+    """A method that acts inside the base model (``acts_in_model``: MInference patches its
+    attention) needs the base in this process, where its ``applied`` hook reaches it:
+    backend ``transformers``. On vLLM the engine owns the model, so refuse the pairing
+    before anything loads rather than record every sample unsupported beside a reference
+    that ran at full cost."""
+    for m in methods:
+        if getattr(m, "acts_in_model", False) and backend != "transformers":
+            raise ConfigError(
+                f"method {m.name!r} acts inside the base model (it patches it in this process), but backend={backend!r} "
+                f"runs the base in an engine the method cannot reach; allowed: backend=transformers (one device)"
+            )
+
+
 def longest_prompt(model: Any, benchmark: BenchmarkConfig) -> int:
     """The longest prompt a benchmark config can give this model, in tokens: the benchmark's
     length (RULER's target), never past the model's input budget (LongBench's truncation)."""
     return min(int(benchmark.length), int(model.max_input_length or model.max_context))
+
+
+def longest_sequence(model: Any, benchmark: Any) -> int:
+    """The longest sequence (tokens) a run of ``benchmark`` (a built :class:`Benchmark`) gives
+    the engine: its longest prompt, the most tokens a task generates (capped by ``max_new``)
+    and :data:`harness.placement.WINDOW_MARGIN` (chat-template tokens around a truncated
+    prompt), never past the model's window (the decode budget stops there too). The model's
+    window where a benchmark does not say what it generates."""
+    from harness.placement import WINDOW_MARGIN
+
+    answer = benchmark.max_new_tokens()
+    if answer is None:
+        return int(model.max_context)
+    cap = benchmark.cfg.max_new_tokens_cap
+    answer = min(answer, cap) if cap is not None else answer
+    return min(int(model.max_context), longest_prompt(model, benchmark.cfg) + answer + WINDOW_MARGIN)
 
 
 @contextmanager

@@ -7,8 +7,10 @@ prompts through :meth:`Method.plan_batch` (the eval's path) and the backend pref
 plans (:meth:`Backend.prefill`) up to the first token. TTFT counts everything up to the
 first token's logits: the method's own cost (SpecPrefill: speculator prefill and
 look-ahead, scoring, top-k; RAG: retrieval; GemFilter: the early layers) and the base
-model's prefill of what it kept. Warm-up iterations are recorded, flagged and left out
-of the statistics. ``conf/latency.yaml`` runs in multirun mode: ``method=a,b keep=x,y``
+model's prefill of what it kept. A method that acts inside the model (MInference) patches
+it only inside its own measurement (:func:`harness.timing.measure` enters
+``Method.applied``), so the reference's iterations run on the model as loaded. Warm-up
+iterations are recorded, flagged and left out of the statistics. ``conf/latency.yaml`` runs in multirun mode: ``method=a,b keep=x,y``
 sweeps jobs, each with its own reference measurement, so every ratio is side by side.
 
 Prompts: random token ids where both methods choose among prompt tokens (``scope``
@@ -53,6 +55,7 @@ from harness.config import (
     LatencySchema,
     check_backend,
     check_common,
+    check_in_model,
     check_keys,
     check_model_fits,
     config_errors,
@@ -165,6 +168,7 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
                 f"({cfg.model.max_context} tokens)"
             )
     check_model_fits(cfg.model, methods, max(n for _, n in cfg.grid))
+    check_in_model(methods, cfg.backend)
     placement = place(cfg.model, cfg.backend, any(m.needs_speculator for m in methods))
     needs_text = [m.name for m in methods if m.scope != "prompt"]
     if cfg.prompts == "random" and needs_text:

@@ -190,7 +190,16 @@ class SpecPrefillLM(LM):
 
     # ------------------------------------------------------------------ requests
 
+    # A method acting inside the model (MInference) patches it for each call's requests only.
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        with self.method.applied(self.backend):
+            return self._generate_until(requests, disable_tqdm)
+
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        with self.method.applied(self.backend):
+            return self._loglikelihood(requests, disable_tqdm)
+
+    def _generate_until(self, requests: list[Any], disable_tqdm: bool) -> list[str]:
         out: list[str] = []
         window = self.model_cfg.max_context
         for start in tqdm(range(0, len(requests), self.batch_size), desc="generate_until", disable=disable_tqdm):
@@ -235,7 +244,7 @@ class SpecPrefillLM(LM):
         ctx, _ = self.encode(context)
         return ctx, whole[len(ctx) :], add
 
-    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+    def _loglikelihood(self, requests: list[Any], disable_tqdm: bool) -> list[tuple[float, bool]]:
         score = getattr(self.backend, "score", None)
         if score is None:
             raise ValueError(

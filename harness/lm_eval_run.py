@@ -47,6 +47,7 @@ from harness.config import (
     LMEvalSchema,
     check_backend,
     check_common,
+    check_in_model,
     check_keys,
     check_model_fits,
     config_errors,
@@ -120,6 +121,7 @@ def check_parts(c: dict[str, Any]) -> tuple[ModelConfig, Method, str]:
     method, model = build_method(name, opts), model_from(c)
     check_prompt_scope(method)
     check_model_fits(model, [method], 0)
+    check_in_model([method], backend)
     return model, method, backend
 
 

@@ -553,8 +553,9 @@ def load(cfg: ModelConfig, with_base: bool = True) -> LoadedModel:
             return LoadedModel(config=cfg, base=None, tokenizer=load_tokenizer(cfg), speculator=view)
         return LoadedModel(config=cfg, base=None, tokenizer=load_tokenizer(cfg), speculator=_load_speculator(cfg, None))
     key = repr(cfg)
-    # A model patched in place by a method (MInference) is not handed to the next job.
-    if key not in _LOADED or getattr(_LOADED[key].base, "_minference_patched", False):
+    # A method acting inside the model (MInference) patches it only inside its applied()
+    # hook, which restores it, so the cached model is the model as loaded.
+    if key not in _LOADED:
         _LOADED.clear()  # one model pair in memory at a time
         _LOADED[key] = _load(cfg)
     return _LOADED[key]

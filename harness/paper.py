@@ -61,6 +61,13 @@ class Command:
     args: list[str]
     sub: str = ""  # a subfolder of the variant's folder (one per QPS category)
     estimate: list[dict[str, Any]] = field(default_factory=list)  # [{architecture, prompts, tokens}]
+    #: Why this command cannot run in its table ("" when it can): it is printed, never
+    #: launched, and its GPU-hours are not counted.
+    cannot_run: str = ""
+
+    @property
+    def method(self) -> str | None:
+        return next((a.split("=", 1)[1] for a in self.args if a.startswith("method=")), None)
 
 
 @dataclass(frozen=True)
@@ -97,7 +104,13 @@ def load_experiment(table: str) -> Experiment:
             models=dict(v.get("models") or {}),
             note=str(v.get("note", "")),
             commands=[
-                Command(c["module"], [str(a) for a in c["args"]], str(c.get("sub", "")), list(c.get("estimate") or []))
+                Command(
+                    c["module"],
+                    [str(a) for a in c["args"]],
+                    str(c.get("sub", "")),
+                    list(c.get("estimate") or []),
+                    " ".join(str(c.get("cannot_run") or "").split()),
+                )
                 for c in v["commands"]
             ],
         )
@@ -118,25 +131,30 @@ def command_lines(exp: Experiment, variant: str, root: Path = RESULTS, dry_run: 
         [sys.executable, "-m", f"harness.{c.module}", *c.args, f"out={out / c.sub if c.sub else out}"]
         + (["dry_run=true"] if dry_run else [])
         for c in exp.variants[variant].commands
+        if not c.cannot_run
     ]
 
 
+def cannot_run(v: Variant) -> dict[str, str]:
+    """Method -> why it cannot run in this variant (its commands are not launched)."""
+    return {c.method or c.module: c.cannot_run for c in v.commands if c.cannot_run}
+
+
 def gpu_hours(v: Variant) -> float | None:
-    """Prefill FLOPs of every prompt the variant's commands run, on the FLOP model's GPU, times
-    the GPUs a job holds; None for a CPU variant. An estimate: decode and the speculator
-    are left out, every prompt is taken at the command's stated mean length."""
+    """Prefill FLOPs of every prompt the variant's commands run, on the FLOP model's GPU
+    (:func:`harness.dryrun.prefill_gpu_hours`, the estimate every dry run prints too); None
+    for a CPU variant. An estimate: decode and the speculator are left out, every prompt is
+    taken at the command's stated mean length."""
+    from harness.dryrun import prefill_gpu_hours
     from harness.placement import architecture
-    from specprefill.flops import Shape, causal_pairs, prefill_flops
 
     if v.gpus == 0:
         return None
-    flops = 0.0
-    for c in v.commands:
-        for e in c.estimate:
-            shape = Shape.of(SimpleNamespace(**(architecture(str(e["architecture"])) or {})))
-            tokens = int(e["tokens"])
-            flops += float(e["prompts"]) * prefill_flops(shape, tokens, causal_pairs(tokens))
-    return flops / (PEAK_FLOPS * MFU) / 3600  # GPU-seconds: the work over one GPU's throughput
+    return sum(
+        prefill_gpu_hours(architecture(str(e["architecture"])) or {}, [(float(e["prompts"]), int(e["tokens"]))])
+        for c in v.commands
+        for e in ([] if c.cannot_run else c.estimate)
+    )
 
 
 def plan_text(exp: Experiment, variant: str, root: Path = RESULTS) -> str:
@@ -151,6 +169,8 @@ def plan_text(exp: Experiment, variant: str, root: Path = RESULTS) -> str:
         )
     for cmd in command_lines(exp, variant, root):
         lines.append("  " + " ".join(cmd[1:]))
+    for method, why in cannot_run(v).items():
+        lines.append(f"  {method}: cannot run in this table (not launched, no GPU-hours counted): {why}")
     return "\n".join(lines)
 
 
@@ -480,6 +500,7 @@ def _latency_grid(exp: Experiment, pub: pd.DataFrame, ours: Ours, variant: str) 
     src = pub[pub["source"] == exp.source]
     lat = ours.latency()
     why = "not run"  # the variant's header says why, once
+    blocked = cannot_run(exp.variants[variant])
     grid = list(dict.fromkeys(src["task"]))
     if not lat.empty:  # our grid points (a CPU variant's differ from the paper's: its columns are ours)
         mine = sorted({(int(b), int(n)) for b, n in zip(lat["batch"], lat["length"], strict=True)}, key=lambda x: x[1])
@@ -500,6 +521,8 @@ def _latency_grid(exp: Experiment, pub: pd.DataFrame, ours: Ours, variant: str) 
                 m = m[np.isclose(m["keep_rate"].astype(float), float(keep))] if method != "full" else m
                 got = m.iloc[0] if len(m) and int(m.iloc[0]["n"]) > 0 else None
             reason = why if got is not None else ours.why_missing("latency", method)
+            if got is None and method in blocked:
+                reason = "cannot run in this table: see below"
             lr[g] = cell(None if got is None else float(got["ttft_median_s"]), p, "{:.2f}", reason)
             if method != "full":
                 est = (
@@ -516,6 +539,7 @@ def _latency_grid(exp: Experiment, pub: pd.DataFrame, ours: Ours, variant: str) 
         + _md(lat_rows)
         + "\nSpeedup over full prefill (ours: measured side by side in one run, 95 % interval):\n\n"
         + _md(sp_rows)
+        + "".join(f"\n{m}: cannot run in this table: {r}.\n" for m, r in blocked.items())
     )
 
 

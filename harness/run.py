@@ -33,6 +33,7 @@ from harness.config import (
     benchmark_config,
     check_backend,
     check_common,
+    check_in_model,
     check_keys,
     check_model_fits,
     config_errors,
@@ -167,9 +168,13 @@ def sample_hash(sample: Sample) -> str:
 def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> dict[str, Any]:
     """Plan, prefill, decode and score one sample; returns the measured fields of its row."""
     prompt, offsets = sample_prompt(sample, tokenizer)
-    plan = job.method.plan(prompt, backend)
-    max_new = decode_budget(sample, prompt.n, job.cfg.model, job.cfg.benchmark.max_new_tokens_cap)
-    gen = backend.generate(plan, max_new, stop=sample.stop)
+    max_new = decode_budget(
+        sample, prompt.n, job.cfg.model, job.cfg.benchmark.max_new_tokens_cap, job.placement.max_model_len
+    )
+    # A method acting inside the model (MInference) patches it for this sample only, untimed.
+    with job.method.applied(backend):
+        plan = job.method.plan(prompt, backend)
+        gen = backend.generate(plan, max_new, stop=sample.stop)
     t = dict(plan.timings)
     return {
         "prompt_tokens": prompt.n,

@@ -27,13 +27,18 @@ def flops(base: Shape, prompts: Sequence[Prompt], plans: Sequence[Plan], overhea
 
 
 def measure(method: Method, prompts: list[Prompt], backend: Backend) -> dict[str, Any]:
-    """Plan ``prompts`` with ``method`` and prefill the plans: the measured fields of a row."""
-    backend.method_flops = 0
-    t0 = time.perf_counter()
-    plans = method.plan_batch(prompts, backend)
-    method_s = time.perf_counter() - t0
-    overhead = backend.method_flops
-    base_s = backend.prefill(plans)
+    """Plan ``prompts`` with ``method`` and prefill the plans: the measured fields of a row.
+
+    Both run inside ``method.applied(backend)`` (a method acting inside the model patches
+    it for this turn only, untimed, and leaves it as it found it), so methods measured in
+    turn on one backend (a latency job's reference and method) never see each other's patch."""
+    with method.applied(backend):
+        backend.method_flops = 0
+        t0 = time.perf_counter()
+        plans = method.plan_batch(prompts, backend)
+        method_s = time.perf_counter() - t0
+        overhead = backend.method_flops
+        base_s = backend.prefill(plans)
     parts: dict[str, float] = {}
     for p in plans:
         for k, v in p.timings.items():

@@ -9,9 +9,10 @@ for it through the :class:`Backend` protocol, so the algorithm never touches mod
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -182,10 +183,30 @@ class Method(ABC):
     #: Whether every plan is the whole prompt at its own positions (full prefill): such a
     #: method is served by the engine directly, with no planning front.
     identity: ClassVar[bool] = False
+    #: Whether the method changes how the base model computes (a sparse-attention patch, a
+    #: KV press), through :meth:`applied`; such a method needs the base model in this
+    #: process (backend ``transformers``), where the hook can reach it.
+    acts_in_model: ClassVar[bool] = False
 
     def options(self) -> dict[str, Any]:
         """The options recorded in every result row."""
         return dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
+
+    @contextlib.contextmanager
+    def applied(self, backend: Backend) -> Iterator[None]:
+        """The scope in which this method acts inside the backend's model; nothing by default.
+
+        A method that changes the model itself (MInference's sparse-attention patch, a KV
+        press) does it here, not in :meth:`plan`: on entry it changes the model, on exit it
+        restores it exactly (every replaced function and attribute back to the original
+        object), also when the body raises. Runners enter it around this method's turn
+        only (its planning and the base model's prefill/decode of its plans) and leave it
+        before anything else runs on the same backend, so a reference measured beside it
+        (``make latency`` interleaves both, iteration by iteration, on one model) is never
+        touched. Entering it is not timed: it is set-up, like loading the model. A method
+        that cannot run here does not raise from it; its :meth:`plan` raises
+        :class:`Unsupported`, so the runner records the sample and goes on."""
+        yield
 
     @abstractmethod
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:

@@ -240,14 +240,15 @@ def test_minference_without_and_with_cuda(samples, smollm2_tokenizer, monkeypatc
     ``minference`` package are faked."""
     prompt = _prompt(samples[1], smollm2_tokenizer)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(Unsupported, match="needs a CUDA GPU"):
-        MInference().plan(prompt, _Backend(smollm2_tokenizer))
+    model_backend = types.SimpleNamespace(tokenizer=smollm2_tokenizer, base=types.SimpleNamespace())
+    with pytest.raises(Unsupported, match="needs a CUDA GPU"), MInference().applied(model_backend):
+        MInference().plan(prompt, model_backend)  # the hook patches nothing; plan names the reason
     # CUDA, no package
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setitem(sys.modules, "minference", None)  # importlib.util.find_spec: not installed
     with pytest.raises(Unsupported, match="needs the minference package"):
         MInference().plan(prompt, _Backend(smollm2_tokenizer))
-    # CUDA and the package: the base model is patched once, in place, and the plan is the full prompt
+    # CUDA and the package: the base model is patched inside applied() only, and the plan is the full prompt
     patched = []
 
     class Patch:
@@ -262,17 +263,25 @@ def test_minference_without_and_with_cuda(samples, smollm2_tokenizer, monkeypatc
     fake.__spec__ = importlib.machinery.ModuleSpec("minference", None)
     monkeypatch.setitem(sys.modules, "minference", fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with pytest.raises(Unsupported, match="_Backend"):  # no transformers model to patch
-        MInference().plan(prompt, _Backend(smollm2_tokenizer))
+    with pytest.raises(Unsupported, match="_Backend"), MInference().applied(_Backend(smollm2_tokenizer)):
+        MInference().plan(prompt, _Backend(smollm2_tokenizer))  # no transformers model to patch
     base = types.SimpleNamespace(config=types.SimpleNamespace(_name_or_path="org/base-model"))
     backend = types.SimpleNamespace(tokenizer=smollm2_tokenizer, base=base)
-    for _ in range(2):
-        plan = MInference(attn_type="a_shape").plan(prompt, backend)
+    method = MInference(attn_type="a_shape")
+    with pytest.raises(RuntimeError, match=r"outside MInference.applied"):  # never a silent full prefill
+        method.plan(prompt, backend)
+    for turn in (1, 2):  # each turn patches on entry and restores on exit
+        with method.applied(backend):
+            plan = method.plan(prompt, backend)
+            with pytest.raises(RuntimeError, match="already patched"), method.applied(backend):
+                pass
+            with pytest.raises(RuntimeError, match="outside"):  # applied with other options
+                MInference(attn_type="tri_shape").plan(prompt, backend)
         assert plan.input_ids.tolist() == prompt.input_ids.tolist()
         assert plan.position_ids.tolist() == list(range(prompt.n))
         assert plan.kept_indices.tolist() == list(range(prompt.n)) and plan.next_position == prompt.n
-        assert set(plan.timings) == {"patch_s"}
-    assert patched == [(("a_shape", "org/base-model"), base)] and base._minference_patched is True
+        assert dict(plan.timings) == {}  # patching is set-up, outside TTFT
+        assert patched == [(("a_shape", "org/base-model"), base)] * turn and vars(base).keys() == {"config"}
     with pytest.raises(ValueError, match="keep_rate"):
         build_method("minference", {"keep_rate": 0.3})
     with pytest.raises(ValueError, match="attn_type"):

@@ -143,3 +143,36 @@ def test_every_experiment_dry_runs(name, tmp_path):
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "GPU-hours" in r.stdout and f"GPUs: {paper.load_experiment(name).variants['paper'].gpus}" in r.stdout
+
+
+def test_a_command_that_cannot_run_in_its_table_is_named_not_launched_and_not_counted(tmp_path):
+    """MInference in the 70B latency grid: the model runs only on vLLM, which its in-model
+    patch cannot reach. The dry run says so, its GPU-hours are left out, the harness
+    refuses the command's own config, and the table says why its cells are empty."""
+    import dataclasses
+
+    from hydra import compose, initialize_config_dir
+
+    from harness import latency
+
+    exp = paper.load_experiment("latency_grid")
+    v = exp.variants["paper"]
+    (mi,) = [c for c in v.commands if c.cannot_run]
+    assert mi.method == "minference" and "vLLM" in mi.cannot_run
+    assert paper.cannot_run(v) == {"minference": mi.cannot_run} and paper.cannot_run(exp.variants["cpu"]) == {}
+    lines = paper.command_lines(exp, "paper", tmp_path)
+    assert len(lines) == len(v.commands) - 1 and not any("method=minference" in " ".join(c) for c in lines)
+    counted = dataclasses.replace(v, commands=[dataclasses.replace(c, cannot_run="") for c in v.commands])
+    alone = dataclasses.replace(v, commands=[c for c in v.commands if not c.cannot_run])
+    assert paper.gpu_hours(v) == paper.gpu_hours(alone) < paper.gpu_hours(counted)
+    text = paper.plan_text(exp, "paper", tmp_path)
+    assert f"minference: cannot run in this table (not launched, no GPU-hours counted): {mi.cannot_run}" in text
+    assert f"{paper.gpu_hours(v):.1f} GPU-hours" in text
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="latency", overrides=[a for a in mi.args if not a.startswith("keep=")])
+    with pytest.raises(ValueError, match="acts inside the base model"):
+        latency.prepare(latency.LatencyConfig.from_hydra(cfg))
+    md = paper.render("latency_grid", tmp_path).split("## Variant `paper`")[1].split("## Variant `cpu`")[0]
+    row = next(line for line in md.splitlines() if line.startswith("| minference |"))
+    assert "(cannot run in this table: see below) \\| 34.56 \\|" in row
+    assert f"minference: cannot run in this table: {mi.cannot_run}." in md

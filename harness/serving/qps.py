@@ -65,6 +65,7 @@ from harness.config import (
     RunFailures,
     benchmark_config,
     check_common,
+    check_in_model,
     check_keys,
     check_model_fits,
     config_errors,
