@@ -67,6 +67,7 @@ from harness.config import (
     model_from,
     model_identity,
 )
+from harness.dryrun import requirements_text
 from harness.models import BYTES_PER_PARAM, ModelConfig, check_runnable
 from harness.placement import Placement
 from harness.placement import plan as place
@@ -218,8 +219,8 @@ def plan_text(job: LatencyJob) -> str:
         f"[latency plan] {m.name} ({m.weights_label} weights, {m.dtype}), speculator {m.speculator}, backend {c.backend}",
         f"  {names}; prompts {job.prompt_source}",
         f"  {c.warmup} warm-up + {c.iters} timed iterations per point, methods interleaved on the same prompts",
-        f"  {job.placement.describe()}; this machine: {'cuda' if torch.cuda.is_available() else 'cpu'}",
-        f"  results: {job.folder}",
+        requirements_text(m, job.placement, [(b * (c.warmup + c.iters) * len(job.methods), n) for b, n in c.grid]),
+        f"  this machine: {'cuda' if torch.cuda.is_available() else 'cpu'}; results: {job.folder}",
     ]
     for b, n in c.grid:
         kv = ""
@@ -320,7 +321,7 @@ def execute(job: LatencyJob) -> Path:
         common = {
             "run_id": job.folder.name,
             "config_hash": job.config_hash,
-            **provenance(cfg.model, cfg.backend, backend, job.placement),
+            **provenance(model, cfg.backend, backend, job.placement),  # `model`: with the window the engine had
             "prompt_source": job.prompt_source,
             "prefix_cache": False,
         }

@@ -27,13 +27,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import yaml
 
+from harness.dryrun import MFU, PEAK_FLOPS  # the FLOP model's GPU, shared with every dry run's estimate
 from harness.stats import Estimate, estimate, mean_draws, task_seed
 from harness.store import read_results
 
@@ -41,8 +41,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "conf" / "paper" / "published.csv"
 EXPERIMENTS = ROOT / "conf" / "experiment"
 RESULTS = ROOT / "results" / "paper"
-#: The FLOP model's GPU: dense bf16 peak of an H100/H200 SXM, at an assumed 40 % utilisation.
-PEAK_FLOPS, MFU = 989e12, 0.40
 #: The paper's checkpoints and the model configs (conf/model) that run them.
 MODEL_OF = {
     "meta-llama/Llama-3.1-405B-Instruct-FP8": "llama405b",

@@ -15,11 +15,27 @@ vLLM refuses an override that disagrees with it.
 Memory figures are estimates (weights exactly from the architecture; the speculator's
 prefill from its KV cache, the keys it hands to scoring and one layer's activations), and
 every figure is printed by the dry run and recorded in the rows.
+
+The engine's share must hold what vLLM 0.32 checks before it serves: the weights, the peak
+of its profile run, and the KV cache of one sequence of ``max_model_len`` tokens.
+``Worker.determine_available_memory`` (``vllm/v1/worker/gpu_worker.py``) takes the KV
+cache's memory as ``gpu_memory_utilization x total`` minus the weights, the profile run's
+peak (``GPUModelRunner.profile_run``: one forward over ``max_num_batched_tokens`` tokens,
+then the sampler over ``max_num_seqs`` rows of logits), the non-torch memory and the CUDA
+graphs' estimate; ``check_enough_kv_cache_memory`` (``vllm/v1/core/kv_cache_utils.py``)
+then refuses to start unless that holds ``max_model_len`` tokens of every layer's KV cache
+(whole pages of 16 tokens, one page held back as the pool's null block), per GPU: the KV
+heads split over the tensor-parallel ranks (replicated when there are fewer heads than
+ranks), the layers over the pipeline stages. :func:`plan` counts the same terms
+(:func:`kv_cache_bytes`, :func:`engine_activation_bytes`) and, when the model's window does
+not fit, lowers the engine's ``max_model_len`` to the run's longest sequence, or refuses with
+the numbers: a 405B download is not started for an engine that cannot start.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +52,30 @@ RESERVE_GIB = 3.0
 MAX_UTILIZATION = 0.90
 #: Quantization methods whose linear weights take one byte each.
 FP8_METHODS = ("fbgemm_fp8", "fp8")
+#: Tokens per page of vLLM's KV cache (``CacheConfig.block_size`` on CUDA attention backends).
+#: vLLM sizes a sequence's cache in whole pages and holds one page back (the null block).
+KV_BLOCK_TOKENS = 16
+#: vLLM's profile run, by GPU size (``EngineArgs.get_batch_defaults``, the offline ``LLM``
+#: class): (smallest GPU in GiB, max_num_batched_tokens, max_num_seqs). 16384 / 1024 on GPUs
+#: of 70 GiB and more (H100, H200, B200; an A100 80 GB gets 8192 / 256 by its name, which a
+#: plan without the GPU cannot see, so the larger batch is planned), 8192 / 256 below.
+PROFILE_BATCH = ((70.0, 16384, 1024), (0.0, 8192, 256))
+#: Bytes per logit of the profile run's sampler pass: the logits in bf16, their float32 copy,
+#: and the top-k/top-p sort (float32 values and int64 indices).
+SAMPLER_BYTES_PER_LOGIT = 18
+#: Engine memory no formula here counts, per GPU: the CUDA graphs (vLLM 0.32 estimates them
+#: and takes them from the KV cache, ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1``), NCCL and
+#: custom all-reduce buffers, cuBLAS workspaces. A round allowance, not measured here (no GPU
+#: was available when it was set): check it against the engine's "Available KV cache memory" log.
+ENGINE_OVERHEAD_GIB = 2.0
+#: Tokens added to a run's longest prompt plus answer before it becomes the engine's window:
+#: the chat template wrapped around a prompt truncated to ``max_input_length`` (LongBench)
+#: and rounding; a lowered ``max_model_len`` is never tighter than the run needs.
+WINDOW_MARGIN = 256
+#: GiB per GPU the model's whole window must leave to spare before the engine keeps it for a
+#: run that needs less: the activations are an estimate, and a run's own window (lowered)
+#: costs it nothing, while an engine that refuses to start costs the download and the load.
+WINDOW_SLACK_GIB = 2.0
 
 
 def architecture(name: str | None) -> dict[str, Any] | None:
@@ -139,9 +179,54 @@ def speculator_prefill_bytes(arch: dict[str, Any], n: int, chunk: int | None = N
 GIB = 2**30
 
 
+def _kv_shape(arch: dict[str, Any]) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of an architecture."""
+    hd = arch.get("head_dim") or arch["hidden_size"] // arch["num_attention_heads"]
+    return int(arch["num_hidden_layers"]), int(arch["num_key_value_heads"]), int(hd)
+
+
+def kv_bytes_per_page(arch: dict[str, Any], tensor_parallel: int = 1, pipeline_parallel: int = 1,
+                      dtype_bytes: int = 2) -> int:  # fmt: skip
+    """Bytes of one KV-cache page (:data:`KV_BLOCK_TOKENS` tokens) on one GPU of a vLLM engine:
+    keys and values of the layers of one pipeline stage, the KV heads of one tensor-parallel
+    rank (``max(1, heads // tp)``, vLLM's ``ModelConfig.get_num_kv_heads``: replicated when a
+    model has fewer KV heads than ranks), ``dtype_bytes`` each (the KV-cache dtype: the
+    compute dtype unless a ``kv_cache_dtype`` is set)."""
+    layers, kv, hd = _kv_shape(arch)
+    stage_layers = -(-layers // pipeline_parallel)
+    return KV_BLOCK_TOKENS * stage_layers * max(1, kv // tensor_parallel) * hd * 2 * dtype_bytes
+
+
+def kv_cache_bytes(arch: dict[str, Any], tokens: int, tensor_parallel: int = 1, pipeline_parallel: int = 1,
+                   dtype_bytes: int = 2) -> int:  # fmt: skip
+    """Bytes per GPU a vLLM engine must have for the KV cache of one sequence of ``tokens``
+    tokens before it starts (``check_enough_kv_cache_memory``): whole pages, plus the null
+    page its block pool holds back."""
+    pages = -(-tokens // KV_BLOCK_TOKENS) + 1
+    return pages * kv_bytes_per_page(arch, tensor_parallel, pipeline_parallel, dtype_bytes)
+
+
+def engine_activation_bytes(arch: dict[str, Any], tensor_parallel: int, gpu_gib: float, dtype_bytes: int = 2) -> int:
+    """An estimate of what a vLLM engine takes per GPU beyond its weights and KV cache: the
+    peak of its profile run (``GPUModelRunner.profile_run``), whose forward pushes
+    ``max_num_batched_tokens`` tokens (:data:`PROFILE_BATCH`) through the model, one layer's
+    activations at a time (the hidden state, residual, normed input and attention output at
+    full width on every rank; the gated MLP's two projections and their product split over
+    the ranks, as :func:`speculator_prefill_bytes` counts them), and whose sampler pass holds
+    ``max_num_seqs`` rows of logits over the whole vocabulary (:data:`SAMPLER_BYTES_PER_LOGIT`);
+    the two are summed (they do not overlap: the sum covers the hidden states kept between
+    them and the allocator's caching), plus :data:`ENGINE_OVERHEAD_GIB`. Bytes."""
+    tokens, seqs = next((t, n) for floor, t, n in PROFILE_BATCH if gpu_gib >= floor)
+    d, inter = int(arch["hidden_size"]), int(arch["intermediate_size"])
+    forward = tokens * dtype_bytes * (4 * d + 3 * -(-inter // tensor_parallel))
+    sampler = seqs * int(arch.get("vocab_size") or 0) * SAMPLER_BYTES_PER_LOGIT
+    return int(forward + sampler + ENGINE_OVERHEAD_GIB * GIB)
+
+
 @dataclass(frozen=True)
 class Placement:
-    """What a run needs and where it goes. Memory in GiB."""
+    """What a run needs and where it goes. Memory in GiB (per GPU where the name says so),
+    lengths in tokens."""
 
     backend: str
     gpus: int
@@ -153,33 +238,100 @@ class Placement:
     base_per_gpu_gib: float
     speculator: str | None
     speculator_weights_gib: float
-    speculator_prefill_gib: float  # at the model's max_context
+    speculator_prefill_gib: float  # at run_tokens
     speculator_gpus: int  # GPUs its layers are spread over (the engine's, beside it), 1 = the first only
     speculator_gpu0_gib: float  # what it takes on the first GPU (its share, the gathered keys, a chunk's activations)
     gpu_memory_utilization: float | None  # the engine's share of each GPU (vLLM on GPUs)
+    #: The context window the run gives its engine (vLLM's max_model_len): the model's
+    #: max_context, or run_tokens where the whole window's KV cache does not fit.
+    max_model_len: int
+    max_model_len_lowered_from: int | None  # the model's max_context when max_model_len was lowered
+    run_tokens: int  # the run's longest sequence (prompt + answer + margin), at most max_context
+    kv_cache_dtype: str  # the engine's KV-cache dtype (the compute dtype: no kv_cache_dtype is configured)
+    kv_cache_per_gpu_gib: float  # one max_model_len sequence, what vLLM checks at start (0: not planned)
+    engine_activations_gib: float  # per GPU: profile-run peak and overheads, an estimate (0: not planned)
 
-    def describe(self) -> str:
+    @property
+    def engine_gib(self) -> float | None:
+        """The engine's share of each GPU, GiB (None: no GPU plan)."""
+        return None if self.gpu_memory_utilization is None else self.gpu_memory_utilization * self.gpu_gib
+
+    def lines(self) -> list[str]:
+        """The placement for a dry run, a few lines: GPUs and weights, what the engine holds
+        per GPU, the speculator beside it, and a lowered window."""
         where = f"{self.gpus} GPU(s)" + (f" on {self.nodes} nodes" if self.nodes > 1 else "")
         gpu = f"{self.gpu_gib:.0f} GiB each, {'detected' if self.gpu_detected else 'assumed'}"
-        line = (
-            f"needs {where} ({gpu}); quantization {self.quantization or 'none'} (the checkpoint's own); "
-            f"base weights {self.base_weights_gib:.1f} GiB ({self.base_per_gpu_gib:.1f} per GPU)"
-        )
-        if self.speculator:
-            where = "GPU 0" if self.speculator_gpus == 1 else f"its layers spread over the {self.speculator_gpus} GPUs"
-            line += (
-                f"; speculator {self.speculator} (bf16) on {where}: {self.speculator_weights_gib:.1f} GiB weights + "
-                f"{self.speculator_prefill_gib:.1f} GiB prefill at max_context, {self.speculator_gpu0_gib:.1f} GiB on GPU 0"
+        cpu = self.gpu_memory_utilization is None and not self.gpu_detected  # a CPU run: nothing planned on GPUs
+        out = [
+            (f"runs on the CPU (no GPU visible, {self.gpus} rank(s))" if cpu else f"needs {where} ({gpu})")
+            + f"; quantization {self.quantization or 'none'} (the checkpoint's own); "
+            f"base weights {self.base_weights_gib:.1f} GiB ({self.base_per_gpu_gib:.1f} per {'rank' if cpu else 'GPU'})"
+        ]
+        engine = self.engine_gib
+        if engine is not None and self.kv_cache_per_gpu_gib:
+            total = self.base_per_gpu_gib + self.kv_cache_per_gpu_gib + self.engine_activations_gib
+            out.append(
+                f"per GPU: weights {self.base_per_gpu_gib:.1f} + KV cache {self.kv_cache_per_gpu_gib:.1f} "
+                f"(max_model_len {self.max_model_len}, {self.kv_cache_dtype}) + activations "
+                f"~{self.engine_activations_gib:.1f} (estimate) = {total:.1f} of the engine's {engine:.1f} GiB "
+                f"(vLLM gpu_memory_utilization {self.gpu_memory_utilization:.2f})"
             )
-        if self.gpu_memory_utilization is not None:
-            line += f"; vLLM gpu_memory_utilization {self.gpu_memory_utilization:.2f}"
-        return line
+        elif self.gpu_memory_utilization is not None:
+            out.append(f"vLLM gpu_memory_utilization {self.gpu_memory_utilization:.2f}")
+        if self.speculator and (self.speculator_weights_gib or self.speculator_prefill_gib):  # not an early exit
+            where = "GPU 0" if self.speculator_gpus == 1 else f"its layers spread over the {self.speculator_gpus} GPUs"
+            reserve = f" (+ {RESERVE_GIB:.0f} GiB kept free)" if engine is not None else ""
+            out.append(
+                f"speculator {self.speculator} (bf16) on {where}: {self.speculator_weights_gib:.1f} GiB weights + "
+                f"{self.speculator_prefill_gib:.1f} GiB prefill at {self.run_tokens} tokens, "
+                f"{self.speculator_gpu0_gib:.1f} GiB on GPU 0{reserve}"
+            )
+        if self.max_model_len_lowered_from is not None:
+            out.append(
+                f"max_model_len lowered from {self.max_model_len_lowered_from} to {self.max_model_len} (the run's "
+                f"longest prompt + answer + {WINDOW_MARGIN} tokens): the whole window's KV cache does not fit per GPU "
+                f"with {WINDOW_SLACK_GIB:.0f} GiB to spare"
+            )
+        return out
+
+    def describe(self) -> str:
+        """:meth:`lines` as one line."""
+        return "; ".join(self.lines())
 
 
-def plan(model: ModelConfig, backend: str, needs_speculator: bool) -> Placement:
-    """The placement of ``model`` on ``backend``, loading nothing. Refuses what cannot fit:
-    a multi-GPU model on the transformers backend (one device), or a speculator that
-    leaves the engine too little of its GPU."""
+#: The SmolLM2 tokenizer's vocabulary, which a random model's shape gets unless it sets one.
+RANDOM_VOCAB = 49152
+
+
+def engine_shape(model: ModelConfig) -> dict[str, Any] | None:
+    """The base's shape for the engine's memory: its architecture, or a random model's
+    ``shape`` (vocabulary from its tokenizer); None when neither says enough."""
+    arch = model_architecture(model)
+    if arch is not None:
+        return arch
+    need = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+    if all(k in model.shape for k in need):
+        return {"vocab_size": RANDOM_VOCAB, **model.shape}
+    return None
+
+
+def plan(model: ModelConfig, backend: str, needs_speculator: bool, run_tokens: int | None = None) -> Placement:
+    """The placement of ``model`` on ``backend``, loading nothing. ``run_tokens``: the run's
+    longest sequence, prompt + answer (:func:`harness.config.longest_sequence`; None: the
+    model's whole window); the speculator's prefill is planned at it.
+
+    On GPUs (vLLM; a paper checkpoint or a multi-GPU engine is planned on the model config's
+    ``gpu_memory_gib`` where none is visible) the engine's share of each GPU leaves room for
+    the speculator on the first, and must hold the weights, the activations and the KV cache
+    of one ``max_model_len`` sequence (the module doc: vLLM refuses to start otherwise). When
+    the model's window does not fit with :data:`WINDOW_SLACK_GIB` to spare, ``max_model_len``
+    is lowered to ``run_tokens`` (only then: the engine's KV pool is its share of the GPU
+    whatever the window, so a shorter window buys nothing where the whole one fits, and a
+    run's window stays the model's unless memory says otherwise).
+
+    Refuses what cannot fit: a multi-GPU model on the transformers backend (one device), a
+    speculator that leaves the engine too little of its GPU for the weights, and a run whose
+    longest sequence does not fit (with the numbers and what to change)."""
     gpus = model.tensor_parallel * model.pipeline_parallel
     if backend == "transformers" and (model.tensor_parallel > 1 or model.pipeline_parallel > 1 or model.nodes > 1):
         raise ValueError(
@@ -187,35 +339,76 @@ def plan(model: ModelConfig, backend: str, needs_speculator: bool) -> Placement:
             f"pipeline_parallel={model.pipeline_parallel}): the transformers backend runs a model on one device; "
             f"use backend=vllm (this model's default)"
         )
+    window = model.max_context
+    need = min(window, run_tokens) if run_tokens else window
     arch = model_architecture(model)
     compute = "bfloat16" if model.dtype not in BYTES_PER_PARAM else model.dtype
     base = weight_bytes(arch, compute) / GIB if arch else model.params_b * 1e9 * BYTES_PER_PARAM[compute] / GIB
     spec_name = model.speculator if needs_speculator else None
     spec_arch = model_architecture(model, speculator=True)
-    spread = gpus if backend == "vllm" and gpus > 1 else 1
-    spec_w = spec_p = gpu0 = 0.0
-    if spec_name is not None:
-        kind = (parse_speculator(spec_name) or ("", ""))[0]
-        if spec_arch is not None:
-            spec_w = weight_bytes(spec_arch, "bfloat16") / GIB  # the speculator is never quantized
-            mem = speculator_prefill_bytes(spec_arch, model.max_context, model.speculator_chunk)
-            spec_p = mem.total / GIB
-            gpu0 = (spec_w + mem.kv_cache / GIB) / spread + (mem.keys + mem.activations) / GIB
-        elif kind != "self_layers":
-            spec_w = gpu0 = model.speculator_params_b * 1e9 * 2 / GIB
+    # A speculator's layers are spread over the engine's GPUs where this process sees them all
+    # (harness.models.spread_map); across nodes it stays whole on the head node's first GPU.
+    spread = gpus if backend == "vllm" and gpus > 1 and model.nodes == 1 else 1
+    kind = (parse_speculator(spec_name) or ("", ""))[0]
+
+    def speculator(n: int) -> tuple[float, float, float]:
+        """(weights, prefill at ``n`` tokens, what it takes on GPU 0), GiB."""
+        if spec_name is None or (spec_arch is None and kind == "self_layers"):
+            return 0.0, 0.0, 0.0
+        if spec_arch is None:
+            w = model.speculator_params_b * 1e9 * 2 / GIB
+            return w, 0.0, w
+        w = weight_bytes(spec_arch, "bfloat16") / GIB  # the speculator is never quantized
+        mem = speculator_prefill_bytes(spec_arch, n, model.speculator_chunk)
+        return w, mem.total / GIB, (w + mem.kv_cache / GIB) / spread + (mem.keys + mem.activations) / GIB
+
+    spec_w, spec_p, gpu0 = speculator(need)
     detected = torch.cuda.is_available()
     gpu_gib = (torch.cuda.get_device_properties(0).total_memory / GIB) if detected else model.gpu_memory_gib
     util = None
-    if backend == "vllm" and (detected or gpus > 1):
-        util = min(MAX_UTILIZATION, (gpu_gib - gpu0 - RESERVE_GIB) / gpu_gib)
+    max_len, lowered, kv_gib, act_gib = window, None, 0.0, 0.0
+    paper_checkpoint = model.source == "hub" and arch is not None
+    if backend == "vllm" and (detected or gpus > 1 or paper_checkpoint):
+
+        def share(n: int) -> float:
+            """The engine's share of each GPU beside the speculator prefilling ``n`` tokens."""
+            return min(MAX_UTILIZATION, (gpu_gib - speculator(n)[2] - RESERVE_GIB) / gpu_gib)
+
+        util = share(need)
         per_gpu = base / gpus
-        if util * gpu_gib < per_gpu * 1.05:
+        engine = util * gpu_gib
+        if engine < per_gpu * 1.05:
             raise ValueError(
                 f"model {model.name!r}: beside the speculator ({gpu0:.1f} GiB on GPU 0 of {spec_w:.1f} GiB weights + "
-                f"{spec_p:.1f} GiB prefill at {model.max_context} tokens) the engine keeps {util * gpu_gib:.1f} of "
-                f"{gpu_gib:.0f} GiB on GPU 0, less than its {per_gpu:.1f} GiB of weights per GPU; lower max_context, "
-                f"prefill the speculator in chunks (speculator_chunk) or use larger GPUs"
+                f"{spec_p:.1f} GiB prefill at {need} tokens) the engine keeps {engine:.1f} of "
+                f"{gpu_gib:.0f} GiB on GPU 0, less than its {per_gpu:.1f} GiB of weights per GPU; shorten the prompts "
+                f"(length, model.max_input_length), prefill the speculator in chunks (speculator_chunk) or use larger GPUs"
             )
+        shape = engine_shape(model)
+        if shape is not None:
+            kv_bytes = BYTES_PER_PARAM[compute]  # no kv_cache_dtype is configured: vLLM's "auto", the compute dtype
+            act_gib = engine_activation_bytes(shape, model.tensor_parallel, gpu_gib, kv_bytes) / GIB
+
+            def kv(n: int) -> float:
+                return kv_cache_bytes(shape, n, model.tensor_parallel, model.pipeline_parallel, kv_bytes) / GIB
+
+            def fits(n: int) -> bool:
+                """Whether a run of sequences up to ``n`` tokens fits (engine window ``n``)."""
+                return kv(n) <= share(n) * gpu_gib - per_gpu - act_gib
+
+            room = engine - per_gpu - act_gib  # for the KV cache, per GPU
+            keep = kv(window) + (WINDOW_SLACK_GIB if need < window else 0.0) <= room
+            if not keep and kv(need) <= room:
+                max_len, lowered = need, window
+            elif not keep:
+                lo, hi = 0, need  # the longest run that fits: its speculator shrinks with it
+                while hi - lo > KV_BLOCK_TOKENS:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+                lo -= lo % KV_BLOCK_TOKENS
+                raise ValueError(_no_room(model, gpus, gpu_gib, detected, per_gpu, act_gib, kv(need), kv(window),
+                                          need, engine, util, gpu0, lo))  # fmt: skip
+            kv_gib = kv(max_len)
     return Placement(
         backend=backend,
         gpus=gpus if backend == "vllm" else 1,
@@ -231,6 +424,31 @@ def plan(model: ModelConfig, backend: str, needs_speculator: bool) -> Placement:
         speculator_gpus=spread,
         speculator_gpu0_gib=gpu0,
         gpu_memory_utilization=util,
+        max_model_len=max_len,
+        max_model_len_lowered_from=lowered,
+        run_tokens=need,
+        kv_cache_dtype=compute,
+        kv_cache_per_gpu_gib=kv_gib,
+        engine_activations_gib=act_gib,
+    )
+
+
+def _no_room(model: ModelConfig, gpus: int, gpu_gib: float, detected: bool, weights: float, act: float,
+             kv_need: float, kv_window: float, need: int, engine: float, util: float, gpu0: float,
+             fits: int) -> str:  # fmt: skip
+    """The refusal of a run whose longest sequence's KV cache does not fit beside the rest (GiB per GPU)."""
+    total = weights + act + kv_need
+    larger = math.ceil(max(total / MAX_UTILIZATION, total + gpu0 + RESERVE_GIB))
+    beside = f", beside the speculator's {gpu0:.1f} GiB on GPU 0 and {RESERVE_GIB:.0f} GiB kept free" if gpu0 else ""
+    fit = f"the longest sequence that fits is {fits} tokens" if fits else "no sequence fits"
+    return (
+        f"model {model.name!r} on {gpus} x {gpu_gib:.0f} GiB GPUs ({'detected' if detected else 'assumed'}): vLLM "
+        f"needs per GPU {weights:.1f} GiB weights + ~{act:.1f} activations (estimate) + {kv_need:.1f} KV cache for "
+        f"the run's longest sequence ({need} tokens, prompt + answer; {kv_window:.1f} for the model's window of "
+        f"{model.max_context}) = {total:.1f} GiB, and its share is {engine:.1f} GiB (gpu_memory_utilization "
+        f"{util:.2f}{beside}): it would refuse to start. {fit[0].upper() + fit[1:]}: shorten the prompts "
+        f"(length, model.max_input_length), or use GPUs of at least {larger} GiB (model.gpu_memory_gib plans "
+        f"a size where none is visible)"
     )
 
 

@@ -84,12 +84,17 @@ def provenance(model: Any, backend: str, engine: Any = None, placement: Any = No
     """The provenance columns of a row: git SHA, versions (JSON), hardware, and the
     model as it ran (name, weights, dtype, speculator) on ``backend``; with the running
     backend (``engine``) and its :class:`~harness.placement.Placement`, the quantization the
-    engine applied (else the checkpoint's declared one) and its share of each GPU."""
+    engine applied (else the checkpoint's declared one), its share of each GPU, and the
+    context window the run had (the placement's ``max_model_len``, never past the model's
+    ``max_context``)."""
     applied = getattr(engine, "quantization", None)
     share = getattr(engine, "gpu_memory_utilization", None) if engine is not None else None
     return {
         "quantization": applied or getattr(placement, "quantization", None),
         "gpu_memory_utilization": share if share is not None else getattr(placement, "gpu_memory_utilization", None),
+        "max_model_len": min(model.max_context, getattr(placement, "max_model_len", None) or model.max_context),
+        "engine_runner": getattr(engine, "runner", None),
+        "position_check": getattr(engine, "position_status", None),
         "git_sha": git_sha(),
         "versions": json.dumps(versions(), sort_keys=True),
         "hardware": hardware(),

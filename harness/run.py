@@ -41,11 +41,13 @@ from harness.config import (
     container,
     finish,
     longest_prompt,
+    longest_sequence,
     method_spec,
     model_from,
     model_identity,
 )
 from harness.diagnostics import needle_depth, needle_kept, needle_tokens
+from harness.dryrun import requirements_text
 from harness.models import ModelConfig, check_runnable, load_tokenizer, tokenizer_id
 from harness.placement import Placement
 from harness.placement import plan as place
@@ -108,7 +110,8 @@ def prepare(cfg: RunConfig) -> Job:
     benchmark = build_benchmark(cfg.benchmark)
     benchmark.check_model(cfg.model.max_context)
     check_model_fits(cfg.model, [method], longest_prompt(cfg.model, cfg.benchmark))
-    placement = place(cfg.model, cfg.backend, method.needs_speculator)
+    check_in_model([method], cfg.backend)
+    placement = place(cfg.model, cfg.backend, method.needs_speculator, longest_sequence(cfg.model, benchmark))
     identity = {
         "model": model_identity(cfg.model),
         "method": {"name": method.name, **method.options()},
@@ -127,12 +130,13 @@ def validate(cfg: DictConfig) -> Path:
     return prepare(RunConfig.from_hydra(cfg)).folder
 
 
-def backend_plan(model: ModelConfig, backend: str, needs_speculator: bool) -> str:
-    """One line on where the base model and the speculator will run (dry runs)."""
+def backend_plan(model: ModelConfig, backend: str, needs_speculator: bool, max_model_len: int | None = None) -> str:
+    """One line on where the base model and the speculator will run (dry runs); ``max_model_len``:
+    the engine's window as planned (:class:`Placement`), the model's max_context when None."""
     spec = model.speculator if needs_speculator else None
     if backend == "vllm":
         where = (
-            f"base on a vLLM engine (dtype {model.dtype}, max_model_len {model.max_context}, "
+            f"base on a vLLM engine (dtype {model.dtype}, max_model_len {max_model_len or model.max_context}, "
             f"tensor_parallel {model.tensor_parallel}, pipeline_parallel {model.pipeline_parallel}, prefix caching off)"
         )
         return f"backend vllm: {where}; speculator {spec} on transformers beside it"
@@ -141,21 +145,28 @@ def backend_plan(model: ModelConfig, backend: str, needs_speculator: bool) -> st
 
 def plan_text(job: Job) -> str:
     c = job.cfg
+    prompts = c.benchmark.limit * len(job.benchmark.tasks)  # at most: a task may have fewer samples
+    work = [(prompts, longest_prompt(c.model, c.benchmark))]
     return (
         f"[dry run] {c.model.name} {job.method.name} {json.dumps(job.method.options())} "
         f"{job.benchmark.name}-{c.benchmark.length} tasks={list(job.benchmark.tasks)} "
         f"limit={c.benchmark.limit} backend={c.backend} -> {job.folder}\n"
-        f"          {backend_plan(c.model, c.backend, job.method.needs_speculator)}\n"
-        f"          {job.placement.describe()}"
+        f"          {backend_plan(c.model, c.backend, job.method.needs_speculator, job.placement.max_model_len)}\n"
+        + requirements_text(c.model, job.placement, work, indent=" " * 10)
     )
 
 
-def decode_budget(sample: Sample, prompt_tokens: int, model: ModelConfig, cap: int | None) -> int:
+def decode_budget(
+    sample: Sample, prompt_tokens: int, model: ModelConfig, cap: int | None, window: int | None = None
+) -> int:
     """Tokens to generate for a sample: the benchmark's own length, never past the model's
     window after the *whole* prompt (InfiniteBench's math_calc asks for 30000), capped by
     ``max_new``. The same for every method: a method that re-numbers kept tokens from 0
-    must not get a longer answer than full prefill."""
-    budget = max(1, min(sample.max_new_tokens, model.max_context - prompt_tokens))
+    must not get a longer answer than full prefill. ``window``: the engine's max_model_len
+    where the placement lowered it (it is never below the run's longest prompt + answer, so
+    the budget only changes for a prompt longer than the benchmark promised)."""
+    limit = min(model.max_context, window or model.max_context)
+    budget = max(1, min(sample.max_new_tokens, limit - prompt_tokens))
     return min(budget, cap) if cap is not None else budget
 
 

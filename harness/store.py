@@ -71,6 +71,14 @@ class RunRecord:
     backend: str
     quantization: str | None  # the checkpoint's own, as the engine applied it (None: unquantized)
     gpu_memory_utilization: float | None  # the engine's planned share of each GPU (vLLM on GPUs)
+    #: The context window the run had (tokens): vLLM's max_model_len, the model's max_context
+    #: unless the placement lowered it to fit the KV cache (harness.placement.plan).
+    max_model_len: int | None
+    #: The model runner the engine built (vLLM: the workers' class, V1 or not, hook in or
+    #: absent; specprefill.backends.vllm), None on the transformers backend.
+    engine_runner: str | None
+    #: The vLLM position canary at engine start (PositionCheck.describe), None on transformers.
+    position_check: str | None
     # The method and what it is compared against
     method: str
     scope: str | None  # prompt | context | query_aware_context

@@ -85,6 +85,11 @@ class Benchmark(ABC):
                 f"length={n} is beyond the model's context window ({max_context} tokens); allowed: length <= {max_context}"
             )
 
+    def max_new_tokens(self) -> int | None:
+        """The most tokens a selected task generates (its official answer length, before
+        ``max_new_tokens_cap``), known before any sample is built; None where unknown."""
+        return None
+
     @abstractmethod
     def samples(self, tok: TokenizerInfo) -> list[Sample]:
         """The first ``limit`` samples of each selected task, prompts built for ``tok``."""

@@ -155,6 +155,9 @@ class InfiniteBench(Benchmark):
     def check_model(self, max_context: int) -> None:
         """Prompts are truncated to the model's max input length, so any window works."""
 
+    def max_new_tokens(self) -> int:
+        return max(MAX_NEW_TOKENS[t] for t in self.tasks)
+
     def options(self) -> dict[str, Any]:
         return {**super().options(), "truncate_len": self.truncate_len, "chat": self.chat, "hub_id": self.hub_id,
                 "revision": self.revision, "scorer": self.scorer}  # fmt: skip

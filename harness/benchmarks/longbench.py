@@ -191,6 +191,9 @@ class LongBench(Benchmark):
     def check_model(self, max_context: int) -> None:
         """LongBench truncates to the model's max input length, so any window works."""
 
+    def max_new_tokens(self) -> int:
+        return max(MAX_NEW_TOKENS[t] for t in self.tasks)  # dataset2maxlen
+
     def options(self) -> dict[str, Any]:
         return {**super().options(), "truncation": self.truncation, "hub_id": self.hub_id, "revision": self.revision}
 

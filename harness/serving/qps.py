@@ -73,11 +73,13 @@ from harness.config import (
     container,
     dataclass_from,
     longest_prompt,
+    longest_sequence,
     method_spec,
     model_from,
     model_identity,
 )
-from harness.models import ModelConfig, check_runnable, vllm_engine_args
+from harness.dryrun import requirements_text
+from harness.models import ModelConfig, check_runnable, load_tokenizer, vllm_engine_args
 from harness.placement import Placement
 from harness.placement import plan as place
 from harness.provenance import provenance
@@ -188,7 +190,8 @@ def prepare(cfg: QPSConfig) -> QPSJob:
     benchmark = build_benchmark(cfg.benchmark)
     benchmark.check_model(cfg.model.max_context)
     check_model_fits(cfg.model, [method], longest_prompt(cfg.model, cfg.benchmark))
-    placement = place(cfg.model, "vllm", method.needs_speculator)
+    check_in_model([method], "vllm")  # the base is served by vLLM
+    placement = place(cfg.model, "vllm", method.needs_speculator, longest_sequence(cfg.model, benchmark))
     q = cfg.qps
     identity = {
         "model": model_identity(cfg.model),
@@ -240,7 +243,8 @@ def plan_text(job: QPSJob) -> str:
         f"           {served}; {q.arrival} arrivals; {search}; every sample once per rate, {q.warmups} warm-up\n"
         f"           a rate passes with <= {q.max_timeouts} requests over {q.timeout_s:g} s (or failed) and "
         f"TTFT p90 <= {q.ttft_p90_slo_s:g} s\n"
-        f"           {job.placement.describe()}; results: {job.folder}"
+        + requirements_text(c.model, job.placement, indent=" " * 11)
+        + f"\n           results: {job.folder}"
     )
 
 
@@ -253,9 +257,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve_command(model: ModelConfig, port: int, utilization: float | None = None) -> list[str]:
-    """``vllm serve`` for the base model, from the same engine arguments the offline backend uses."""
-    args = vllm_engine_args(model, utilization)  # also sets vLLM's CPU environment defaults
+def serve_command(
+    model: ModelConfig, port: int, utilization: float | None = None, max_model_len: int | None = None
+) -> list[str]:
+    """``vllm serve`` for the base model, from the same engine arguments the offline backend
+    uses (the planned share of each GPU and window: :class:`~harness.placement.Placement`)."""
+    args = vllm_engine_args(model, utilization, max_model_len)  # also sets vLLM's CPU environment defaults
     cmd = [
         sys.executable, "-m", "harness.serving.vllm_cli", "serve", str(args.pop("model_path")),
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,

@@ -84,6 +84,10 @@ class Ruler(Benchmark):
             raise ValueError(f"length={n} is outside RULER's range; allowed: {MIN_LENGTH}..{MAX_LENGTH} tokens")
         super().check_model(max_context)
 
+    def max_new_tokens(self) -> int:
+        """RULER's tokens to generate (its length counts them, but fwe's prompt may fill it)."""
+        return max(int(TASK_TEMPLATES[TASKS[t][0]]["tokens_to_generate"]) for t in self.tasks)
+
     def samples(self, tok: TokenizerInfo) -> list[Sample]:
         from tqdm.auto import tqdm
 
