@@ -180,3 +180,17 @@ def test_planner_batch_of_unequal_prompts_plans_each_as_alone(tiny_llama):
         planner.tokenize([1, 97], False)
     with pytest.raises(ValueError, match="no tokens"):
         planner.tokenize([], False)
+
+
+def test_the_fronts_speculator_is_chunked_as_placement_planned():
+    """The front builds its speculator where the vLLM backend does (harness.backends), so it
+    prefills model.speculator_chunk tokens at a time: the memory placement planned for it."""
+    import dataclasses
+
+    from harness.models import model_config
+
+    for chunk in (64, None):
+        model = model_config("tiny-random", speculator_chunk=chunk)
+        planner = Planner({"model": dataclasses.asdict(model), "method": {"name": "specprefill", "keep_rate": 0.3}})
+        assert planner.backend.prefill_chunk == chunk
+        assert planner.backend.speculator is not None

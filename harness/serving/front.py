@@ -239,8 +239,8 @@ class Planner:
 
     def __init__(self, spec: dict[str, Any]) -> None:
         import baselines  # noqa: F401  (registers the methods)
-        from harness.models import ModelConfig, load
-        from specprefill.backends.transformers import TransformersBackend
+        from harness.backends import speculator_backend
+        from harness.models import ModelConfig
         from specprefill.plan import build_method
 
         model = ModelConfig(**spec["model"])
@@ -252,13 +252,21 @@ class Planner:
                 f"method {name!r} (scope {self.method.scope!r}) cannot be served by the front: a request carries one "
                 f"prompt text, no instruction/context/question split; allowed: methods with scope 'prompt' (specprefill)"
             )
+        if self.method.acts_in_model:  # its applied() hook would reach the speculator here, never vLLM's base
+            raise ValueError(
+                f"method {name!r} acts inside the base model, which runs in vLLM's server, out of the front's reach; "
+                f"allowed: methods that only choose tokens (specprefill)"
+            )
         # The base runs in vLLM; here only the tokenizer and the speculator (an early-exit
         # speculator is the base's first layers, loaded for it).
-        lm = load(model, with_base=False)
-        if self.method.needs_speculator and lm.speculator is None:
-            raise ValueError(f"method {name!r} needs a speculator, but model {model.name!r} has speculator: null")
+        lm, backend = speculator_backend(model)  # chunked as placement planned (model.speculator_chunk)
+        if backend is None:  # the front plans on the speculator's device, whatever the method
+            raise ValueError(
+                f"method {name!r}: the front plans on the model's speculator, but model {model.name!r} has "
+                f"speculator: null"
+            )
         self.tokenizer = lm.tokenizer
-        self.backend = TransformersBackend(lm.speculator, lm.tokenizer, lm.speculator)
+        self.backend = backend
         #: Token ids a request may carry: the speculator's embedding rows (else the tokenizer's size).
         self.vocab = int(getattr(getattr(lm.speculator, "config", None), "vocab_size", 0) or len(lm.tokenizer))
 
