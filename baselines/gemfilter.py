@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -30,6 +31,8 @@ def gemfilter_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 @register_method("gemfilter")
 @dataclass(frozen=True)
 class GemFilter(Method):
+    reads_base: ClassVar[bool] = True  # its filter layer is the base's own: transformers backend only
+
     keep_rate: float = 0.3
     filter_layer: int = 13
     position_mode: str = "contiguous"

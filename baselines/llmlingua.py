@@ -58,6 +58,8 @@ SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LLMLINGUA2_HUB_ID = "microsoft/llmlingua-2-xlm-roberta-large-meetingbank"
 #: ``--force_tokens "\n,?,!,."`` in the official LLMLingua-2 LongBench compression script.
 LLMLINGUA2_FORCE_TOKENS = ("\n", "?", "!", ".")
+#: llmlingua accepts an LLMLingua-2 classifier only by these names (its tokenization depends on them).
+LLMLINGUA2_MODEL_NAMES = ("bert-base-multilingual-cased", "xlm-roberta-large")
 CHUNKINGS = ("none", "lines", "sentences", "words")
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -121,6 +123,15 @@ def default_small_lm() -> str:
     return SMOLLM2_HUB_ID
 
 
+def check_llmlingua2_model(model_path: str) -> None:
+    """llmlingua picks LLMLingua-2's tokenization by the model's name: only these two work."""
+    if not any(k in model_path for k in LLMLINGUA2_MODEL_NAMES):
+        raise ValueError(
+            f"llmlingua2 model_path={model_path!r}: llmlingua supports only models whose name contains "
+            f"'bert-base-multilingual-cased' or 'xlm-roberta-large' (e.g. {LLMLINGUA2_HUB_ID!r})"
+        )
+
+
 @functools.lru_cache(maxsize=2)
 def compressor(model_path: str, llmlingua2: bool, dtype: str = "bfloat16") -> Any:
     """A ``PromptCompressor`` for ``model_path`` (cached: loading is not part of a sample's cost)."""
@@ -132,11 +143,8 @@ def compressor(model_path: str, llmlingua2: bool, dtype: str = "bfloat16") -> An
         ) from e
     ensure_tiktoken_file()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if llmlingua2 and not any(k in model_path for k in ("bert-base-multilingual-cased", "xlm-roberta-large")):
-        raise ValueError(
-            f"llmlingua2 model_path={model_path!r}: llmlingua supports only models whose name contains "
-            f"'bert-base-multilingual-cased' or 'xlm-roberta-large' (e.g. {LLMLINGUA2_HUB_ID!r})"
-        )
+    if llmlingua2:
+        check_llmlingua2_model(model_path)
     try:
         pc = PromptCompressor(model_name=model_path, device_map=device, use_llmlingua2=llmlingua2,
                               model_config={"trust_remote_code": False, "torch_dtype": getattr(torch, dtype)})  # fmt: skip
@@ -190,6 +198,10 @@ class _Lingua(Method):
 
     def default_model(self) -> str:
         return default_small_lm()
+
+    def side_model(self) -> str:
+        """The compressor's model, loaded beside the base (checked before anything loads)."""
+        return self.model_path or self.default_model()
 
     def arguments(self, prompt: Prompt) -> dict[str, Any]:
         return {}
@@ -268,7 +280,12 @@ class LLMLingua2(_Lingua):
     """LLMLingua-2: a token classifier keeps words, context only, official force tokens."""
 
     llmlingua2: ClassVar[bool] = True
+    side_model_hint: ClassVar[str] = f" (its name containing one of {list(LLMLINGUA2_MODEL_NAMES)})"
     force_tokens: tuple[str, ...] = field(default=LLMLINGUA2_FORCE_TOKENS)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_llmlingua2_model(self.side_model())
 
     def default_model(self) -> str:
         return LLMLINGUA2_HUB_ID

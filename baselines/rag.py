@@ -131,8 +131,12 @@ class RagBM25(_Rag):
 class RagDense(_Rag):
     model_path: str | None = None  # default: the packaged all-MiniLM-L6-v2, else the hub id
 
+    def side_model(self) -> str:
+        """The encoder, loaded beside the base (checked before anything loads)."""
+        return self.model_path or default_dense_model()
+
     def score(self, query: str, chunks: list[str]) -> list[float]:
-        enc = _encoder(self.model_path or default_dense_model())
+        enc = _encoder(self.side_model())
         q = enc.encode([query], normalize_embeddings=True, convert_to_tensor=True, show_progress_bar=False)
         c = enc.encode(
             chunks, normalize_embeddings=True, convert_to_tensor=True, batch_size=64, show_progress_bar=False

@@ -17,7 +17,7 @@ import difflib
 import hashlib
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +99,11 @@ def check_out(out: str | Path) -> Path:
     path = Path(str(out)).expanduser()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"out={str(out)!r} is a file; allowed: a folder (existing, or one to create)")
+    if (path / "plots").exists() and not (path / "plots").is_dir():
+        raise ConfigError(
+            f"{path / 'plots'} is a file where the report's figures go (out={str(out)!r}); allowed: move it away or "
+            f"delete it"
+        )
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write-check-{uuid.uuid4().hex[:8]}"
@@ -174,13 +179,64 @@ def check_in_model(methods: list[Any], backend: str) -> None:
     attention) needs the base in this process, where its ``applied`` hook reaches it:
     backend ``transformers``. On vLLM the engine owns the model, so refuse the pairing
     before anything loads rather than record every sample unsupported beside a reference
-    that ran at full cost."""
+    that ran at full cost. The same for a method that reads the base model's own attention
+    (``reads_base``: GemFilter's filter layer), which only the transformers backend exposes.
+    Then :func:`check_side_models`: the models a method loads beside the base."""
     for m in methods:
         if getattr(m, "acts_in_model", False) and backend != "transformers":
             raise ConfigError(
                 f"method {m.name!r} acts inside the base model (it patches it in this process), but backend={backend!r} "
                 f"runs the base in an engine the method cannot reach; allowed: backend=transformers (one device)"
             )
+        if getattr(m, "reads_base", False) and backend != "transformers":
+            raise ConfigError(
+                f"method {m.name!r} reads the base model's own attention, which backend={backend!r} does not expose "
+                f"(the engine owns the model; every sample would be unsupported); allowed: backend=transformers"
+            )
+    check_side_models(methods)
+
+
+def check_side_models(methods: list[Any]) -> None:
+    """A model a method loads beside the base (``side_model()``: LLMLingua's small LM or
+    LLMLingua-2's classifier, rag_dense's encoder) must be a local folder, in the local hub
+    cache, or on a hub this machine reaches: otherwise every sample would fail, after the
+    base model (or a vLLM engine) has loaded. Refused before anything loads, in one line."""
+    from harness.hub import hub_cached, hub_unreachable
+
+    for m in methods:
+        side = getattr(m, "side_model", None)
+        path = side() if callable(side) else None
+        if not path or Path(str(path)).expanduser().is_dir():
+            continue
+        hint = getattr(m, "side_model_hint", "")
+        if str(path).startswith(("/", ".", "~")) or Path(str(path)).expanduser().exists():
+            raise ConfigError(
+                f"method {m.name!r}: model_path={path!r} is not a folder; allowed: a local model folder{hint}"
+            )
+        if hub_cached(str(path)):
+            continue
+        why = hub_unreachable()
+        if why:
+            raise ConfigError(
+                f"method {m.name!r} needs the model {path!r} from the hub, which is not in the local hub cache and "
+                f"{why}; allowed: method.model_path=<a local copy's folder>{hint}, or a machine that reaches the hub"
+            )
+
+
+def check_explicit(cfg: Any, keys: Sequence[str]) -> None:
+    """What a command set explicitly (``keys``: the job's override keys) that the composed
+    job would not use: ``length`` for a benchmark that cuts its prompts to the model's max
+    input length (LongBench, InfiniteBench: ``length: ${model.max_input_length}`` in
+    ``conf/benchmark``), which would otherwise run at another length than typed."""
+    bench = cfg.get("benchmark") if "benchmark" in cfg else None
+    if "length" not in keys or bench is None or "length" not in cfg:
+        return
+    used, given = bench.get("length"), cfg.get("length")
+    if used != given:
+        raise ConfigError(
+            f"length={given}: benchmark {bench.get('name')!r} does not use it (its prompts are cut to "
+            f"model.max_input_length, {used} tokens); allowed: drop length=, or set model.max_input_length=<tokens>"
+        )
 
 
 def longest_prompt(model: Any, benchmark: BenchmarkConfig) -> int:

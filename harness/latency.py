@@ -73,7 +73,7 @@ from harness.placement import Placement
 from harness.placement import plan as place
 from harness.prompts import random_prompts, sample_prompt
 from harness.provenance import provenance
-from harness.store import RunStore, method_columns, record
+from harness.store import RunStore, check_layout, method_columns, record
 from harness.timing import measure
 from specprefill.flops import Shape
 from specprefill.plan import Backend, Method, Prompt, Unsupported, build_method, check_choice
@@ -103,6 +103,12 @@ class LatencyConfig:
         for point in self.grid:
             if len(point) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in point):
                 raise ValueError(f"grid point {list(point)!r} is invalid; allowed: [batch >= 1, length >= 1]")
+        twice = sorted({p for p in self.grid if self.grid.count(p) > 1})
+        if twice:
+            raise ValueError(
+                f"grid={[list(p) for p in self.grid]} names {[list(p) for p in twice]} more than once (measured twice "
+                f"into one run); allowed: each [batch, length] point once"
+            )
         for name in ("warmup", "iters", "seed"):
             v = getattr(self, name)
             low = 1 if name == "iters" else 0
@@ -194,6 +200,7 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
     }
     h = config_hash(identity)  # the grid is not part of it: a run extends point by point
     folder = cfg.out / cfg.model.name / f"latency-{cfg.backend}" / f"{method.name}-{h}"
+    check_layout(folder, cfg.out)
     return LatencyJob(
         cfg=cfg,
         method=method,
@@ -346,4 +353,6 @@ def main(cfg: DictConfig) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
-    main()
+    from harness import cli
+
+    cli.main(main, "latency")  # the command line checked first: one line for what Hydra would refuse

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
+import functools
 import hashlib
 import json
 import math
@@ -60,7 +62,7 @@ from harness.config import (
 )
 from harness.models import ModelConfig, check_runnable
 from harness.provenance import provenance
-from harness.store import RunStore, method_columns, record
+from harness.store import RunStore, check_layout, method_columns, record
 from specprefill.plan import Method, build_method
 
 LOCAL_TASKS = Path(__file__).resolve().parent / "lm_eval_tasks"
@@ -125,6 +127,29 @@ def check_parts(c: dict[str, Any]) -> tuple[ModelConfig, Method, str]:
     return model, method, backend
 
 
+@functools.lru_cache(maxsize=4)
+def known_tasks(include_path: str | None) -> frozenset[str]:
+    """Every lm-eval task and group name (its own, ours in harness/lm_eval_tasks, and
+    ``include_path``'s), listed by lm-eval's TaskManager from the task yamls: no model, no data."""
+    from lm_eval.tasks import TaskManager
+
+    paths = [str(LOCAL_TASKS), *([include_path] if include_path else [])]
+    return frozenset(str(t) for t in TaskManager(include_path=paths).all_tasks)
+
+
+def check_task_names(tasks: list[str], include_path: str | None) -> None:
+    """Unknown lm-eval task names, refused before any model is built (and before a run
+    folder is made)."""
+    known = known_tasks(include_path)
+    unknown = [t for t in tasks if t not in known]
+    if unknown:
+        close = [m for t in unknown for m in difflib.get_close_matches(t, sorted(known), n=1, cutoff=0.75)]
+        raise ConfigError(
+            f"tasks: unknown lm-eval task(s) {unknown}; allowed: lm-eval task or group names (`lm-eval ls tasks`, "
+            f"harness/lm_eval_tasks, include_path=)" + (f"; did you mean {close}?" if close else "")
+        )
+
+
 def prepare(cfg: DictConfig) -> LMEvalJob:
     """Validate everything that can be validated without loading a model or a task."""
     c = container(cfg)
@@ -145,6 +170,7 @@ def prepare(cfg: DictConfig) -> LMEvalJob:
     if include is not None and not Path(str(include)).expanduser().is_dir():
         raise ConfigError(f"include_path={include!r} is not a folder; allowed: a folder of lm-eval task yamls")
     model, method, _ = check_parts(c)
+    check_task_names(tasks, str(Path(str(include)).expanduser().resolve()) if include else None)
     settings = {
         "tasks": sorted(tasks),
         "limit": c["limit"],
@@ -163,6 +189,8 @@ def prepare(cfg: DictConfig) -> LMEvalJob:
     }
     h = config_hash(identity)
     out = Path(str(c["out"]))
+    folder = out / model.name / f"lm-eval-{int(c['length'])}" / f"{method.name}-{h}"
+    check_layout(folder, out)
     return LMEvalJob(
         model=model,
         method=method,
@@ -178,7 +206,7 @@ def prepare(cfg: DictConfig) -> LMEvalJob:
         reference=str(c["reference"]),
         out=out,
         config_hash=h,
-        folder=out / model.name / f"lm-eval-{int(c['length'])}" / f"{method.name}-{h}",
+        folder=folder,
     )
 
 
@@ -401,4 +429,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from harness import cli
+
+    cli.main(main, "lm_eval")  # the command line checked first: one line for what Hydra would refuse

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -624,7 +625,24 @@ def main() -> None:
     ap.add_argument("--plots", type=Path, default=None, help="folder of the figures (default: <out>/plots)")
     ap.add_argument("--no-html", action="store_true", help="skip report.html")
     a = ap.parse_args()
+    problem = report_problem(a.out, a.plots)
+    if problem:
+        sys.exit(problem)  # one line on stderr, exit status 1
     write_all(a.out, a.plots, html=not a.no_html)
+
+
+def report_problem(out: Path, plots: Path | None = None) -> str | None:
+    """Why ``make report out=...`` cannot report ``out`` (one line), or None: it must be an
+    existing results folder (a typo must not become an empty report in a new folder), and
+    its figures folder must not be a file."""
+    if not out.exists():
+        return f"out={str(out)!r} does not exist; allowed: a results folder (the out= of a run)"
+    if not out.is_dir():
+        return f"out={str(out)!r} is a file; allowed: a results folder (the out= of a run)"
+    figs = plots if plots is not None else out / "plots"
+    if figs.exists() and not figs.is_dir():
+        return f"{figs} is a file where the report's figures go; allowed: move it away or delete it"
+    return None
 
 
 if __name__ == "__main__":

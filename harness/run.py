@@ -53,7 +53,7 @@ from harness.placement import Placement
 from harness.placement import plan as place
 from harness.prompts import sample_prompt
 from harness.provenance import provenance
-from harness.store import RunStore, method_columns, record
+from harness.store import RunStore, check_layout, method_columns, record
 from harness.types import PromptFormat, Sample
 from specprefill.plan import Backend, Method, Unsupported, build_method
 
@@ -121,6 +121,7 @@ def prepare(cfg: RunConfig) -> Job:
     }
     h = config_hash(identity)
     folder = cfg.out / cfg.model.name / f"{cfg.benchmark.name}-{cfg.benchmark.length}" / f"{method.name}-{h}"
+    check_layout(folder, cfg.out)
     return Job(cfg=cfg, method=method, benchmark=benchmark, config_hash=h, folder=folder, placement=placement)
 
 
@@ -299,4 +300,6 @@ def main(cfg: DictConfig) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
-    main()
+    from harness import cli
+
+    cli.main(main, "config")  # the command line checked first: one line for what Hydra would refuse

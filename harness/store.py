@@ -14,6 +14,13 @@ a run the parts are compacted into ``rows.parquet``. Readers deduplicate by
 cleanup cannot duplicate rows, and a retried failure replaces its failed row. A run
 resumes by ``unit`` (a sample, a grid point, a request rate): units already written
 are skipped.
+
+A damaged row file (truncated, garbled, not parquet) is named in one ``[store]`` line: the
+run that owns the folder moves it aside (``rows.parquet.corrupt-<time>``) and runs its units
+again; readers (``make report``, the regression gate) skip it. A resuming run removes the
+temporary files a killed writer left (:meth:`RunStore.remove_orphans`). A run folder whose
+layout is blocked (a file where a folder goes, or the reverse) is refused in one line
+before anything runs (:func:`check_layout`).
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import sys
+import time
 import traceback
 import uuid
 import warnings
@@ -45,6 +55,21 @@ KINDS = ("eval", "latency", "qps")
 
 class StoreWriteError(CompactHydraException, OSError):
     """Rows could not be written (disk full, read-only folder): one line, the run stops."""
+
+
+class StoreLayoutError(CompactHydraException, ValueError):
+    """A run folder's path is blocked (a file where a folder goes, or the reverse): one line,
+    before anything runs."""
+
+
+#: When this process started writing: temporary files older than it are orphans of a
+#: killed writer (:meth:`RunStore.remove_orphans`).
+STARTED = time.time()
+#: The store's own temporary names: a part being written (``parts/.<timestamp>-<hex8>.tmp``),
+#: ``rows.parquet`` being compacted (``.rows.parquet.tmp``), an atomic write
+#: (``.<name>.<hex8>.tmp``, e.g. ``config.yaml``).
+PART_TMP = re.compile(r"\.\d+\.\d+-[0-9a-f]{8}\.tmp")
+FOLDER_TMP = re.compile(r"\.rows\.parquet\.tmp|\..+\.[0-9a-f]{8}\.tmp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,11 +288,30 @@ class RunStore:
         (self.folder / "job_error.txt").unlink(missing_ok=True)
 
     def read(self) -> pd.DataFrame:
-        return read_rows([self.folder])
+        """The folder's rows; a damaged row file is moved aside (its units run again)."""
+        return read_rows([self.folder], quarantine=True)
+
+    def remove_orphans(self) -> list[Path]:
+        """Remove the temporary files a killed writer left here: only the store's own
+        temporary names (:data:`PART_TMP`, :data:`FOLDER_TMP`), and only those older than
+        this process (a live writer's are newer). Returns what was removed."""
+        found = [(self.parts, PART_TMP), (self.folder, FOLDER_TMP)]
+        gone = []
+        for where, pattern in found:
+            if not where.is_dir():
+                continue
+            for p in where.iterdir():
+                with contextlib.suppress(OSError):
+                    if pattern.fullmatch(p.name) and p.is_file() and p.stat().st_mtime < STARTED:
+                        p.unlink()
+                        gone.append(p)
+        return gone
 
     def done_units(self, ok_only: bool = True) -> set[str]:
         """Units with rows; with ``ok_only``, only units whose rows are all ``ok`` (a unit
-        with a failed row is retried, whole, on resume)."""
+        with a failed row is retried, whole, on resume). A resuming writer calls it: the
+        orphans of a killed one are removed first."""
+        self.remove_orphans()
         df = self.read()
         if df.empty:
             return set()
@@ -287,7 +331,8 @@ class RunStore:
             pd.DataFrame([asdict(r) for r in records]).to_parquet(tmp, index=False)
             os.replace(tmp, self.parts / f"{name}.parquet")
         except OSError as e:  # disk full, read-only, gone: nothing half-written stays behind
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # `parts` itself may be what failed (a file there)
+                tmp.unlink(missing_ok=True)
             raise StoreWriteError(
                 f"cannot write rows to {self.parts} ({e.strerror or e}); the rows written before are kept "
                 f"and the next run resumes after them"
@@ -304,7 +349,8 @@ class RunStore:
             df.to_parquet(tmp, index=False)
             os.replace(tmp, self.folder / "rows.parquet")
         except OSError as e:  # the parts stay: they hold every row, and the next run compacts them
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             raise StoreWriteError(f"cannot compact {self.folder} ({e.strerror or e}); its part files are kept") from e
         for p in parts:
             p.unlink(missing_ok=True)
@@ -320,11 +366,77 @@ def _files(folders: Iterable[Path]) -> list[Path]:
     files: list[Path] = []
     for f in folders:
         f = Path(f)
-        if (f / "rows.parquet").exists():
+        if (f / "rows.parquet").is_file():
             files.append(f / "rows.parquet")
-        if (f / "parts").exists():
-            files.extend(sorted((f / "parts").glob("*.parquet")))
+        if (f / "parts").is_dir():
+            files.extend(p for p in sorted((f / "parts").glob("*.parquet")) if p.is_file())
     return files
+
+
+def check_layout(folder: Path, out: Path | None = None) -> None:
+    """A run folder (and its place under ``out``) that the store can write: no file where a
+    folder goes (the folder itself, a parent below ``out``, ``parts``), no folder where a
+    file goes (``rows.parquet``, ``config.yaml``). A :class:`StoreLayoutError` naming the
+    path, before anything runs."""
+    folder = Path(folder)
+    below = [folder, *folder.parents]
+    if out is not None and folder.is_relative_to(Path(out)):
+        below = below[: len(folder.relative_to(Path(out)).parts)]
+    for p in reversed(below):
+        if p.exists() and not p.is_dir():
+            raise StoreLayoutError(
+                f"{p} is a file where the run folder {folder} needs a folder; allowed: move that file away or delete it"
+            )
+    if (folder / "parts").exists() and not (folder / "parts").is_dir():
+        raise StoreLayoutError(
+            f"{folder / 'parts'} is a file where the run's part files go; allowed: move it away or delete it"
+        )
+    for name in ("rows.parquet", "config.yaml"):
+        if (folder / name).exists() and not (folder / name).is_file():
+            raise StoreLayoutError(
+                f"{folder / name} is a folder where the run's {name} goes; allowed: move it away or delete it"
+            )
+
+
+#: Damaged files already named by this process (readers name each once).
+_NAMED: set[tuple[str, float]] = set()
+
+
+def _damaged(path: Path, error: BaseException, quarantine: bool) -> None:
+    """One ``[store]`` line for a row file that cannot be read; the owning run moves it aside."""
+    reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".replace(" '<Buffer>'", "")
+    if quarantine:
+        aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}")
+        try:
+            os.replace(path, aside)
+        except OSError as e:
+            raise StoreWriteError(
+                f"{path} is not a readable parquet file ({reason[:200]}) and cannot be moved aside ({e.strerror or e}); "
+                f"move it away or delete it"
+            ) from e
+        print(f"[store] {path}: not a readable parquet file ({reason[:200]}); moved aside to {aside.name}, "
+              f"its units run again", file=sys.stderr)  # fmt: skip
+        return
+    with contextlib.suppress(OSError):
+        mark = (str(path), path.stat().st_mtime)
+        if mark in _NAMED:
+            return
+        _NAMED.add(mark)
+    print(f"[store] {path}: not a readable parquet file ({reason[:200]}); skipped (the next run of its folder "
+          f"moves it aside and runs its units again)", file=sys.stderr)  # fmt: skip
+
+
+def _read_file(path: Path, quarantine: bool) -> pd.DataFrame | None:
+    """One row file, or None when it is damaged (named, and moved aside with ``quarantine``)."""
+    import pyarrow as pa
+
+    try:
+        return _upgrade(pd.read_parquet(path))
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, KeyError) as e:  # pyarrow's errors on a damaged file vary
+        _damaged(path, e, quarantine)
+        return None
 
 
 def _upgrade(df: pd.DataFrame) -> pd.DataFrame:
@@ -342,24 +454,27 @@ def _upgrade(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _read_frames(folders: list[Path], attempts: int = 5) -> list[pd.DataFrame]:
+def _read_frames(folders: list[Path], attempts: int = 5, quarantine: bool = False) -> list[pd.DataFrame]:
     """Every row file of the folders, read while a run may be writing them: a run that
     compacts its parts between our listing and our reading has put their rows in
-    ``rows.parquet`` before unlinking them, so a part gone missing means: list again."""
+    ``rows.parquet`` before unlinking them, so a part gone missing means: list again. A
+    damaged file is skipped with one line (moved aside with ``quarantine``)."""
     for attempt in range(attempts):
         try:
-            return [_upgrade(pd.read_parquet(p)) for p in _files(folders)]
+            frames = [_read_file(p, quarantine) for p in _files(folders)]
+            return [f for f in frames if f is not None]
         except FileNotFoundError:
             if attempt == attempts - 1:
                 raise
     return []
 
 
-def read_rows(folders: Iterable[Path]) -> pd.DataFrame:
+def read_rows(folders: Iterable[Path], quarantine: bool = False) -> pd.DataFrame:
     """All rows of the given run folders, newest row per (run, row key); safe to call
     while a run is writing them (a part compacted away while reading is read again from
-    ``rows.parquet``)."""
-    frames = _read_frames([Path(f) for f in folders])
+    ``rows.parquet``). A damaged row file is skipped with one ``[store]`` line; with
+    ``quarantine`` (the run that owns the folder) it is also moved aside."""
+    frames = _read_frames([Path(f) for f in folders], quarantine=quarantine)
     frames = [f for f in frames if not f.empty]
     if not frames:
         return pd.DataFrame(columns=[f.name for f in fields(RunRecord)])

@@ -187,6 +187,9 @@ class Method(ABC):
     #: KV press), through :meth:`applied`; such a method needs the base model in this
     #: process (backend ``transformers``), where the hook can reach it.
     acts_in_model: ClassVar[bool] = False
+    #: Whether the method reads the base model's own attention (``Backend.base_capture``:
+    #: GemFilter), which only a backend holding the base in this process exposes.
+    reads_base: ClassVar[bool] = False
 
     def options(self) -> dict[str, Any]:
         """The options recorded in every result row."""

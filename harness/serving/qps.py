@@ -83,7 +83,7 @@ from harness.models import ModelConfig, check_runnable, load_tokenizer, vllm_eng
 from harness.placement import Placement
 from harness.placement import plan as place
 from harness.provenance import provenance
-from harness.store import RunStore, method_columns, record
+from harness.store import RunStore, check_layout, method_columns, record
 from harness.types import Sample
 from specprefill.plan import Method, build_method, check_choice
 
@@ -210,6 +210,7 @@ def prepare(cfg: QPSConfig) -> QPSJob:
     }
     h = config_hash(identity)
     folder = cfg.out / cfg.model.name / f"{cfg.benchmark.name}-{cfg.benchmark.length}" / f"qps-{method.name}-{h}"
+    check_layout(folder, cfg.out)
     return QPSJob(cfg=cfg, method=method, benchmark=benchmark, config_hash=h, folder=folder, placement=placement)
 
 
@@ -610,6 +611,7 @@ def execute(job: QPSJob) -> Path:
         texts = [request_text(s, tok) for s in samples]
         prompt_tokens = [len(tok(s.prompt, add_special_tokens=s.add_special_tokens).input_ids) for s in samples]
         store.write_config(job_config(job))
+        store.remove_orphans()  # a killed run's temporary part files (it resumes by rate, not done_units)
         common = {
             "run_id": folder.name,
             "config_hash": job.config_hash,
@@ -698,4 +700,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from harness import cli
+
+    cli.main(main, "qps")  # the command line checked first: one line for what Hydra would refuse

@@ -7,18 +7,33 @@ taking the job's composed config and returning the job's identity, e.g. its run 
 ``harness.run.validate``) and refuses the whole sweep, naming every bad point, before any
 model loads: a typo in the last of twelve sweep points must not surface hours into the
 first eleven. Points with the same identity (full prefill swept over keep rates, which
-it ignores) run once.
+it ignores) run once; points that differ in anything but the method's shorthands (``keep``,
+``lookahead``: what a method may ignore) all run, even into one run folder (``tasks``,
+``limit``, ``grid`` and ``rates`` choose rows of a folder, not the folder). The comma form
+of a list-valued key (``tasks=a,b``) is the list, as on the command line
+(:func:`harness.cli.list_form`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import HydraException
 from hydra.utils import get_method
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+#: Keys a method reads and may ignore (full prefill ignores keep): points differing only in
+#: these (and so in the method's composed options) and mapping to one run folder run once.
+SHORTHANDS = ("method", "keep", "lookahead")
 
 
 class ValidatingSweeper(BasicSweeper):
@@ -32,13 +47,27 @@ class ValidatingSweeper(BasicSweeper):
         from harness.config import ConfigError, RunFailures, check_out, failure_message
 
         assert self.config is not None
+        out = Path(str(self.config.out)).expanduser() if "out" in self.config and str(self.config.out).strip() else None
+        out_made = out is not None and not out.exists()
         if "out" in self.config:
             check_out(self.config.out)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        made = not sweep_dir.exists()
         try:
-            Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+            sweep_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"hydra.sweep.dir={self.config.hydra.sweep.dir!r} cannot be made: {e}") from None
-        returns = super().sweep(arguments)
+        try:
+            returns = super().sweep(arguments)
+        except ConfigError:  # refused before any job ran: no log folder of a sweep that never was
+            if made and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}:
+                shutil.rmtree(sweep_dir, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    sweep_dir.parent.rmdir()  # out/.hydra, when this was its only sweep
+            if out_made and out is not None:
+                with contextlib.suppress(OSError):
+                    out.rmdir()  # made by check_out above, and still empty
+            raise
         outcomes = [
             r.return_value
             for batch in returns or []
@@ -49,29 +78,61 @@ class ValidatingSweeper(BasicSweeper):
             raise RunFailures(failure_message(outcomes))
         return returns
 
+    def split_arguments(self, overrides: list[Override], max_batch_size: int | None) -> list[list[list[str]]]:  # type: ignore[override]
+        """Hydra's split into jobs, after the comma form of a list-valued key became the list."""
+        from harness.cli import list_form
+
+        parser = OverridesParser.create()
+        as_lists = []
+        for o in overrides:
+            new = list_form(o)
+            as_lists.append(parser.parse_overrides([new])[0] if new is not None else o)
+        return BasicSweeper.split_arguments(as_lists, max_batch_size)
+
     def get_job_batch(self) -> Sequence[Sequence[str]]:
         batch = super().get_job_batch()
         if not self.validate:
             return batch
+        from harness.cli import describe
+        from harness.config import check_explicit
+
         assert self.hydra_context is not None and self.config is not None
         check = get_method(self.validate)
-        errors, seen, keep = [], set(), []
+        errors: list[tuple[str, str]] = []
+        seen, keep = set(), []
         for overrides in batch:
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            point = f"  {' '.join(overrides) or '(defaults)'}"
+            try:
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            except (HydraException, OmegaConfBaseException) as e:  # a value of the wrong type, an unknown option
+                bad = next((o for o in overrides if f" {o}" in str(e)), "")
+                errors.append((point, describe(e, bad)))
+                continue
             with open_dict(cfg):
                 del cfg["hydra"]  # what the job itself receives
             try:
-                key = str(check(cfg))
+                check_explicit(cfg, [o.split("=", 1)[0].lstrip("+~") for o in overrides])
+                folder = str(check(cfg))
             except ValueError as e:
-                errors.append(f"  {' '.join(overrides) or '(defaults)'}: {e}")
+                errors.append((point, str(e)))
                 continue
+            rest = OmegaConf.to_container(cfg, resolve=True)
+            assert isinstance(rest, dict)
+            key = json.dumps(
+                [folder, {k: v for k, v in rest.items() if k not in SHORTHANDS}], sort_keys=True, default=str
+            )
             if key not in seen:
                 seen.add(key)
                 keep.append(overrides)
         if errors:
             from harness.config import ConfigError
 
+            reasons = {e for _, e in errors}
+            if len(errors) == len(batch) and len(reasons) == 1:  # one reason for every point: one line
+                every = f" (all {len(batch)} sweep points; nothing ran)" if len(batch) > 1 else ""
+                raise ConfigError(reasons.pop() + every)
             raise ConfigError(
-                f"{len(errors)} of {len(batch)} sweep point(s) are invalid; nothing ran:\n" + "\n".join(errors)
+                f"{len(errors)} of {len(batch)} sweep point(s) are invalid; nothing ran:\n"
+                + "\n".join(f"{p}: {e}" for p, e in errors)
             )
         return keep

@@ -1,0 +1,270 @@
+"""What a user types, read the way they meant it or refused in one line, before Hydra runs it.
+
+The four Hydra entry points (``harness.run``, ``harness.latency``, ``harness.serving.qps``,
+``harness.lm_eval_run``) start through :func:`main`, which checks the command line first:
+
+* **List-valued keys** (:data:`LIST_KEYS`: ``tasks``, ``rates``, ...): Hydra reads
+  ``tasks=a,b`` as a sweep (one job per task), and since the task list is not part of a
+  run's identity, the sweeper ran the first task and dropped the rest as a duplicate. The
+  comma form of a list of names or numbers is taken as the list the user meant
+  (``tasks=[a,b]``). A grid (:data:`POINT_LIST_KEYS`: ``grid``, whose elements are
+  themselves ``[batch, length]`` lists) refuses the comma form: ``grid=[1,256],[1,512]``
+  reads exactly like Hydra's sweep of two values, and ``grid=1,256`` could mean a point or
+  two values, so one bracketed spelling (``grid=[[1,256],[1,512]]``) is asked for instead.
+  An explicit sweep of lists (``tasks=[a],[b]``, ``grid=[[1,256]],[[1,512]]``) stays a sweep.
+* **Hydra's own refusals** (override grammar, a value of the wrong type, an unknown config
+  group option, an unknown key) become one line naming the key, the value and what is
+  allowed, instead of Hydra's multi-line messages. Every value of a comma sweep is checked.
+
+``HYDRA_FULL_ERROR=1`` raises instead of printing the line. The validating sweeper
+(``hydra_plugins/specprefill_sweeper``) applies the same list rule to sweeps that come from
+a config (``hydra.sweeper.params``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import io
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, Override
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf.errors import OmegaConfBaseException
+
+from harness.config import CONF, ConfigError, check_explicit
+
+#: Keys whose value is a list of names or numbers: the comma form is that list.
+LIST_KEYS = ("tasks", "benchmark.tasks", "benchmark.default_tasks", "rates", "qps.rates", "method.force_tokens")
+#: Keys whose value is a list of lists: the comma form is refused.
+POINT_LIST_KEYS = ("grid",)
+#: What is allowed, said as the other one-line errors say it (else the type Hydra wanted).
+ALLOWED = {
+    "keep": "a fraction in (0, 1]",
+    "lookahead": "int >= 1",
+    "length": "int >= 1 (tokens)",
+    "limit": "int >= 1 (samples per task)",
+    "max_new": "null or int >= 1",
+    "warmup": "int >= 0",
+    "iters": "int >= 1",
+    "seed": "int >= 0",
+    "num_fewshot": "null or int >= 0",
+    "batch_size": "int >= 1",
+    "tasks": "task names: tasks=[a,b], tasks=a,b or tasks=all",
+    "grid": "a list of [batch, length] points, e.g. 'grid=[[1,4096],[2,2048]]'",
+    "rates": "request rates in req/s, e.g. rates=[0.1,0.2], or null to search",
+}
+#: Hydra flags after which the command prints, or composes another config: not composed here.
+PRINT_OR_ELSEWHERE = ("help", "hydra_help", "cfg", "info", "shell_completion", "config_path", "config_name",
+                      "config_dir", "experimental_rerun")  # fmt: skip
+TYPE_WORDS = {"Integer": "an int", "Float": "a number", "Boolean": "true or false", "String": "a string"}
+
+
+def _key(o: Override) -> str:
+    return str(o.key_or_group)
+
+
+def _text(o: Override) -> str:
+    return str(o.input_line) if o.input_line else f"{o.get_key_element()}={o.get_value_element_as_str()}"
+
+
+def list_form(o: Override) -> str | None:
+    """The override to run instead of ``o`` when ``o`` is the comma form of a list-valued
+    key (``tasks=a,b`` -> ``tasks=[a,b]``); None when ``o`` stays as it is. The comma form
+    of a key whose elements are lists (``grid``) is a :class:`ConfigError`."""
+    if not o.is_sweep_override():
+        return None
+    sweep = o.value()
+    if not isinstance(sweep, ChoiceSweep) or not sweep.simple_form:  # choice(...), range(...): meant as sweeps
+        return None
+    values = list(sweep.list)
+    key = _key(o)
+    if key in POINT_LIST_KEYS:
+        if all(isinstance(v, list) and v and all(isinstance(p, list) for p in v) for v in values):
+            return None  # a sweep of whole grids
+        points = [s for v, s in zip(values, o.sweep_string_iterator(), strict=True) if isinstance(v, list)]
+        if len(points) == len(values):
+            example = f"[{','.join(points)}]"
+        elif len(values) == 2 and not points:  # grid=1,256: the point [1, 256]
+            example = f"[[{','.join(o.sweep_string_iterator())}]]"
+        else:
+            example = "[[1,4096],[2,2048]]"
+        raise ConfigError(
+            f"{_text(o)}: a comma list is a sweep (one job per value), and each value of {key} must be a whole list of "
+            f"[batch, length] points; allowed: '{o.get_key_element()}={example}' (one job, quoted for the shell)"
+        )
+    if key in LIST_KEYS and not any(isinstance(v, list | dict) for v in values):
+        return f"{o.get_key_element()}=[{','.join(o.sweep_string_iterator())}]"
+    return None
+
+
+def _allowed(key: str, wanted: str | None) -> str:
+    leaf = key.rsplit(".", 1)[-1]
+    return ALLOWED.get(key) or ALLOWED.get(leaf) or TYPE_WORDS.get(wanted or "", "a value of the key's type")
+
+
+def _close(name: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def describe(e: BaseException, text: str = "", keys: Sequence[str] = ()) -> str:
+    """One line for Hydra's refusal ``e`` of the override ``text``: the key, the value, what
+    is allowed. ``keys``: the keys allowed where an unknown one was given (when known)."""
+    if isinstance(e, OverrideParseException):
+        if text.rstrip().endswith(","):
+            what = "ends with a comma"
+        elif text.count("[") != text.count("]") or text.count("'") % 2 or text.count('"') % 2:
+            what = "has an unclosed bracket or quote"
+        else:
+            what = "is not in Hydra's override grammar"
+        key = text.split("=", 1)[0].lstrip("+~")
+        many = "the list" if key in LIST_KEYS else "a sweep"
+        return (
+            f"{text} {what}; allowed: {key}=<{_allowed(key, None)}>, or {key}=a,b ({many}, no trailing comma); "
+            f"quote a value holding , [ ] = or spaces"
+        )
+    if isinstance(e, MissingConfigException) and e.missing_cfg_file and "/" in e.missing_cfg_file:
+        group, _, name = e.missing_cfg_file.rpartition("/")
+        options = list(e.options or [])
+        where = f"Hydra's {group} plugins" if group.startswith("hydra/") else f"conf/{group}/"
+        return f"{group}={name!r} is not in {where}; allowed: {options}{_close(name, options)}"
+    cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else None
+    lines = str(cause if cause is not None else e).splitlines()
+    first = lines[0] if lines else type(e).__name__
+    key = str(getattr(cause, "full_key", "") or text.split("=", 1)[0].lstrip("+~"))
+    value = text.split("=", 1)[1] if "=" in text else ""
+    m = re.match(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", first)
+    if m:
+        kind, wanted = m.group(2), m.group(3)
+        if kind == "list":
+            return f"{key}={value} is a list; allowed: one value, {_allowed(key, wanted)} ({key}={value.strip('[]')} sweeps several)"
+        what = "is a dict" if kind == "dict" else f"is not {TYPE_WORDS.get(wanted, wanted)}"
+        return f"{key}={value} {what}; allowed: {_allowed(key, wanted)}"
+    if "is not a valid bool" in first:
+        return f"{key}={value} is not true or false; allowed: true or false"
+    if "is not Optional" in first:
+        return f"{key}={value}: {key} cannot be null; allowed: {_allowed(key, None)}"
+    if "Could not override" in str(e) or "not in struct" in first or re.match(r"Key '.*' not in", first):
+        known = f"; allowed: {sorted(keys)}{_close(key.rsplit('.', 1)[-1], list(keys))}" if keys else ""
+        return f"{text or key}: unknown key {key!r}{known}"
+    return f"{text + ': ' if text else ''}{first}"
+
+
+def _keys_at(config_name: str, overrides: list[str], key: str) -> list[str]:
+    """The keys of the config node that holds ``key`` (composed without the unknown key)."""
+    from hydra import compose
+    from omegaconf import DictConfig, OmegaConf
+
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    try:
+        cfg = compose(config_name, overrides=overrides)
+    except Exception:
+        return []
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    return [str(k) for k in node] if isinstance(node, DictConfig) else []
+
+
+def _compose(config_name: str, overrides: list[Override], extra: Override | None = None) -> Any:
+    """Compose the config as Hydra will (``overrides`` plain, plus one value of a sweep)."""
+    from hydra import compose
+
+    given = [*overrides, *([extra] if extra is not None else [])]
+    try:
+        return compose(config_name, overrides=[_text(o) for o in given])
+    except (HydraException, OmegaConfBaseException) as e:
+        bad = extra
+        if bad is None:  # which override: the one whose key the error names, else the message's
+            named = str(getattr(e.__cause__, "full_key", "") or "")
+            bad = next((o for o in overrides if _key(o) == named or f" {_text(o)}" in str(e)), None)
+        keys: list[str] = []
+        if bad is not None and ("Could not override" in str(e)):
+            keys = _keys_at(config_name, [_text(o) for o in given if o is not bad], _key(bad))
+        raise ConfigError(describe(e, _text(bad) if bad is not None else "", keys)) from e
+
+
+def checked_overrides(config_name: str, texts: Sequence[str], compose_check: bool = True) -> list[str]:
+    """The command line's overrides as they will run (list-valued keys' comma forms as
+    lists), each one parsed and composed first: a :class:`ConfigError` (one line) for the
+    first that Hydra would refuse."""
+    from hydra import initialize_config_dir
+
+    parser = OverridesParser.create()
+    out: list[str] = []
+    parsed: list[Override] = []
+    for text in texts:
+        try:
+            o = parser.parse_overrides([text])[0]
+        except OverrideParseException as e:
+            raise ConfigError(describe(e, text)) from e
+        new = list_form(o)
+        if new is not None:
+            text, o = new, parser.parse_overrides([new])[0]
+        out.append(text)
+        parsed.append(o)
+    if not compose_check:
+        return out
+    plain = [o for o in parsed if not o.is_sweep_override()]
+    sweeps = [o for o in parsed if o.is_sweep_override()]
+    single = any(_key(o) == "hydra.mode" and str(o.value()) == "RUN" for o in plain)
+    if single and sweeps:
+        raise ConfigError(
+            f"{_text(sweeps[0])} is a sweep, but hydra.mode=RUN runs one job; allowed: one value, or drop hydra.mode=RUN"
+        )
+    keys = [_key(o) for o in plain]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        check_explicit(_compose(config_name, plain), keys)
+        for s in sweeps:
+            if isinstance(s.value(), ChoiceSweep):
+                for v in s.sweep_string_iterator():
+                    one = parser.parse_overrides([f"{s.get_key_element()}={v}"])[0]
+                    try:
+                        check_explicit(_compose(config_name, plain, one), [*keys, _key(one)])
+                    except ConfigError as e:
+                        raise ConfigError(f"{e} (a value of the sweep {_text(s)})") from e
+    return out
+
+
+def checked_argv(config_name: str, argv: Sequence[str]) -> list[str]:
+    """``argv`` (``sys.argv[1:]``) with its overrides checked and rewritten
+    (:func:`checked_overrides`); Hydra's flags pass unchanged. With a flag that changes what
+    is composed or only prints (``--help``, ``--cfg``, ``--config-name``, ...) overrides are
+    rewritten but not composed here."""
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            args = get_args_parser().parse_args(list(argv))
+    except SystemExit:  # a flag Hydra will refuse itself
+        return list(argv)
+    plain = not any(getattr(args, f, None) for f in PRINT_OR_ELSEWHERE)
+    overrides = list(args.overrides)
+    rewritten = checked_overrides(config_name, overrides, compose_check=plain)
+    pairs = iter(zip(overrides, rewritten, strict=True))
+    pending = next(pairs, None)
+    out: list[str] = []
+    for a in argv:
+        if pending is not None and a == pending[0]:
+            out.append(pending[1])
+            pending = next(pairs, None)
+        else:
+            out.append(a)
+    return out
+
+
+def main(hydra_main: Callable[[], Any], config_name: str) -> None:
+    """Run a Hydra entry point (its ``@hydra.main`` function) after :func:`checked_argv`:
+    a refused override is one line on stderr and exit status 1."""
+    try:
+        sys.argv[1:] = checked_argv(config_name, sys.argv[1:])
+    except ConfigError as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        sys.stderr.write(f"{e}\n")
+        sys.exit(1)
+    hydra_main()
