@@ -61,14 +61,25 @@ lm-eval: setup
 	$(PY) -m harness.lm_eval_run $(HYDRA_ARGS)
 
 # The regression gate (harness/regress.py): the quick suite of conf/regress.yaml against this
-# machine class's baseline in results/baseline/<class>/; exit 1 on a regression, 3 when the
-# class has no baseline yet (then `make regress-accept reason='...'`). suite=conf/regress-gpu.yaml
-# runs the GPU suite (a runner with the hub; .github/workflows/regress-gpu.yml).
-regress: setup
-	$(PY) -m harness.regress run $(if $(suite),--suite $(suite))
+# machine class's baseline in results/baseline/<class>/. The gate exits 0 pass, 1 regressed,
+# 2 not comparable, 3 no baseline for the class yet (then `make regress-accept reason='...'`),
+# 4 refused (a missing or corrupt baseline, a candidate folder it did not make); make reports
+# any failure as 2, so CI calls the module itself (.ci/run, .github/workflows/regress-gpu.yml).
+# Variables: suite=conf/regress-gpu.yaml (the GPU suite), baseline=<folder> (instead of the
+# class's), candidate=<folder>, format=text|markdown|json|junit; any other is refused.
+CMDLINE_VARS = $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+only_vars = $(if $(filter-out $(1) VENV VLLM_EXTRA gpu,$(CMDLINE_VARS)),$(error make $@: unknown variable(s) $(filter-out $(1) VENV VLLM_EXTRA gpu,$(CMDLINE_VARS)); allowed: $(1)))
+REGRESS_ARGS = $(strip $(if $(suite),--suite $(suite)) $(if $(baseline),--baseline $(baseline)) \
+  $(if $(candidate),--candidate $(candidate)) $(if $(format),--format $(format)))
 
+regress: setup
+	$(call only_vars,suite baseline candidate format)
+	$(PY) -m harness.regress run $(REGRESS_ARGS)
+
+# Promotes the last candidate to this class's baseline; commits nothing (commit results/baseline/<class>/).
 regress-accept: setup
-	$(PY) -m harness.regress accept --reason "$(reason)"
+	$(call only_vars,reason candidate)
+	$(PY) -m harness.regress accept --reason "$(reason)" $(if $(candidate),--candidate $(candidate))
 
 # The paper's tables (harness/paper.py): `make paper table=latency_grid [variant=cpu] [dry_run=true]`
 # runs conf/experiment/paper_<table>.yaml into results/paper/<table>/<variant>/;

@@ -1,9 +1,14 @@
 """SpecPrefill and every baseline as an lm-evaluation-harness model (``specprefill``).
 
-``lm_eval.simple_evaluate(model="specprefill", model_args={"model": "smollm2-135m",
-"method": "specprefill", "keep": 0.1}, tasks=[...])`` (after ``import
-harness.lm_eval_model``, which registers it), or ``make lm-eval`` (:mod:`harness.lm_eval_run`),
-runs any lm-eval task with any of our methods on our backends. What each request type does:
+``python -m harness.lm_eval_cli --model specprefill --model_args
+pretrained=smollm2-135m,speculator=self_layers:20,method=specprefill,keep=0.1 --tasks ...``
+(lm-eval's own command line, :mod:`harness.lm_eval_cli`), ``lm_eval.simple_evaluate(model=
+"specprefill", model_args={"pretrained": "smollm2-135m", "method": "specprefill", "keep": 0.1},
+tasks=[...])`` (after ``import harness.lm_eval_model``, which registers it), or ``make
+lm-eval`` (:mod:`harness.lm_eval_run`) runs any lm-eval task with any of our methods on our
+backends. ``pretrained`` is a ``conf/model`` name or, as for lm-eval's ``hf`` model, a hub id
+or a local checkpoint folder (a model config built on the fly: ``source: hub``). What each
+request type does:
 
 * ``generate_until``: the prompt lm-eval built (its template, few-shot examples, chat
   template when asked) is tokenized, the method plans it exactly as in ``make eval``
@@ -30,8 +35,10 @@ by (task, doc id), for one parquet row per document.
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,8 +53,11 @@ from specprefill.plan import Backend, Method, Plan, Prompt
 #: What a method that shortens the context takes as the context of an lm-eval prompt.
 PROMPT_SPLIT = "whole prompt as context"
 #: Arguments lm-eval passes to every model (``batch_size``, ``device``, ...) that have no
-#: meaning here beyond what is said at each.
-LM_EVAL_EXTRAS = ("max_batch_size", "device")
+#: meaning here beyond what is said at each; ``tokenizer`` is for lm-eval's RULER tasks
+#: (lm-eval merges model args into the tasks' metadata; they size prompts with it).
+LM_EVAL_EXTRAS = ("max_batch_size", "device", "tokenizer")
+#: The model when model args name none.
+DEFAULT_MODEL = "smollm2-135m"
 
 
 @dataclass
@@ -74,11 +84,50 @@ class DocCost:
             self.timings[k] = self.timings.get(k, 0.0) + float(v)
 
 
+def model_entry(pretrained: str, revision: str | None = None) -> tuple[str, dict[str, Any] | None]:
+    """(the ``conf/model`` name to compose, the model entry replacing it or None) for
+    ``pretrained=``: a ``conf/model`` name as it is; a hub id (``org/name``) or a local
+    checkpoint folder as a model built on the fly (``source: hub``, ``path``, ``dtype: auto``,
+    its context window from the checkpoint's config where that can be read, no speculator
+    unless ``speculator=`` gives one)."""
+    from harness.config import CONF
+
+    known = sorted(q.stem for q in (CONF / "model").glob("*.yaml"))
+    if pretrained in known:
+        return pretrained, None
+    folder = Path(pretrained).expanduser()
+    if not folder.is_dir() and not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", pretrained):
+        raise ValueError(
+            f"pretrained={pretrained!r}: not a conf/model name {known}, a hub id (org/name) or a local folder"
+        )
+    path = str(folder.resolve()) if folder.is_dir() else pretrained
+    name = re.sub(r"[^A-Za-z0-9._+=-]+", "-", folder.name if folder.is_dir() else pretrained.replace("/", "--"))
+    entry: dict[str, Any] = {"name": name.strip("-.") or "hub-model", "source": "hub", "path": path, "dtype": "auto"}
+    entry |= {"revision": revision} if revision else {}
+    try:  # the checkpoint's context window, where its config is at hand (a folder, the cache, the hub)
+        from transformers import AutoConfig
+
+        window = getattr(AutoConfig.from_pretrained(path, revision=revision), "max_position_embeddings", None)
+        entry |= {"max_context": int(window)} if window else {}
+    except (OSError, ValueError):
+        pass
+    return DEFAULT_MODEL, entry
+
+
 def compose_run_parts(
-    model: str, method: str, keep: float, lookahead: int, backend: str | None, options: dict[str, Any]
+    model: str,
+    method: str,
+    keep: float,
+    lookahead: int,
+    backend: str | None,
+    options: dict[str, Any],
+    model_fields: dict[str, Any] | None = None,
+    entry: dict[str, Any] | None = None,
 ) -> tuple[ModelConfig, Method, str]:
     """The model config, method and backend name an ``lm-eval --model_args`` string names,
-    composed and validated by the same Hydra configs and checks as ``make eval``."""
+    composed and validated by the same Hydra configs and checks as ``make eval``:
+    ``conf/model/<model>`` (or ``entry``, a model built on the fly) with ``model_fields``
+    (``speculator``, ``dtype``, ...) set on it."""
     import tempfile
 
     from hydra import compose, initialize_config_dir
@@ -96,14 +145,19 @@ def compose_run_parts(
     else:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)
-    return check_parts(container(cfg))
+    c = container(cfg)
+    c["model"] = {**(entry if entry is not None else c["model"]), **(model_fields or {})}
+    return check_parts(c)
 
 
 @register_model("specprefill")
 class SpecPrefillLM(LM):
     """An lm-eval model that runs one of our methods on one of our backends.
 
-    Model args: ``model`` (a ``conf/model`` name), ``method`` (a ``conf/method`` name),
+    Model args: ``pretrained`` (a ``conf/model`` name, a hub id or a local checkpoint
+    folder; ``model`` is the same, for a ``conf/model`` name), ``speculator``
+    (``self_layers:M``, ``hub:<id>``, ...: default the model config's), ``dtype``,
+    ``revision``, ``max_length`` (the context window), ``method`` (a ``conf/method`` name),
     ``keep``, ``lookahead``, ``backend`` (default: the model's), ``batch_size`` (prompts
     planned together: a method whose model runs batched, SpecPrefill's speculator, plans a
     batch in one call; the base decodes one at a time), and any option of the method by
@@ -111,17 +165,37 @@ class SpecPrefillLM(LM):
 
     def __init__(
         self,
-        model: str = "smollm2-135m",
+        pretrained: str | None = None,
         method: str = "specprefill",
         keep: float = 0.3,
         lookahead: int = 1,
         backend: str | None = None,
         batch_size: int | str = 1,
+        speculator: str | None = None,
+        dtype: str | None = None,
+        revision: str | None = None,
+        max_length: int | None = None,
+        model: str | None = None,
         **options: Any,
     ) -> None:
+        from harness.config import ConfigError
+
         for k in LM_EVAL_EXTRAS:
             options.pop(k, None)
-        model_cfg, built, backend_name = compose_run_parts(model, method, keep, lookahead, backend, options)
+        if pretrained is not None and model is not None and str(pretrained) != str(model):
+            raise ValueError(f"pretrained={pretrained!r} and model={model!r}; give one (pretrained=)")
+        name, entry = model_entry(str(pretrained or model or DEFAULT_MODEL), revision)
+        fields = {"speculator": speculator, "dtype": dtype, "max_context": max_length}
+        fields |= {"revision": revision} if revision and entry is None else {}
+        fields = {k: v for k, v in fields.items() if v is not None}
+        try:
+            model_cfg, built, backend_name = compose_run_parts(
+                name, method, keep, lookahead, backend, options, fields, entry
+            )
+        except ConfigError as e:
+            if "needs a speculator" not in str(e):
+                raise
+            raise ConfigError(f"{e}; give one in the model args: speculator=self_layers:M or hub:<id>") from None
         from harness.backends import make_backend
 
         backend_obj = make_backend(model_cfg, backend_name, built.needs_speculator)
@@ -151,6 +225,18 @@ class SpecPrefillLM(LM):
         self.batch_size = int(batch_size)
         self.tokenizer = backend.tokenizer
         self.costs: dict[tuple[str, int], DocCost] = defaultdict(DocCost)
+
+    def get_model_info(self) -> dict[str, Any]:
+        """What lm-eval records in its results' ``config``: the model and method that ran."""
+        return {
+            "model": self.model_cfg.name,
+            "model_source": self.model_cfg.source,
+            "model_path": self.model_cfg.path,
+            "speculator": self.model_cfg.speculator,
+            "dtype": self.model_cfg.dtype,
+            "backend": self.backend_name,
+            "method": {"name": self.method.name, **self.method.options()},
+        }
 
     # ------------------------------------------------------------------ tokens
 

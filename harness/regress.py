@@ -9,22 +9,38 @@ folders point by point (model, benchmark, length, task, method and its options, 
   interval excludes 0 *and* the drop exceeds ``--quality-tol`` (2 points on the 0-100
   scale): one flipped sample among many is noise, not a regression.
 * **Speed**: the speedup over the reference method measured inside each folder (never
-  absolute seconds across folders): from latency rows, the ratio of median TTFTs per
-  grid point within each run; from quality rows, the reference's mean TTFT over the
-  method's on the same samples (``ALL``). A point regresses when the candidate's speedup
-  falls by more than ``--speed-tol`` (15 %) of the baseline's, its bootstrap interval
-  included.
+  absolute seconds across folders), from the latency rows: the ratio of median TTFTs per
+  grid point, the two methods interleaved within each run. A point regresses when the
+  candidate's speedup falls by more than ``--speed-tol`` (15 %) of the baseline's, its
+  bootstrap interval included. The eval runs' TTFT ratios (the reference's mean TTFT over
+  the method's on the same samples, timed minutes apart) drift ~15 % between runs on a
+  shared CPU, so they are compared only with ``--eval-speed``.
 
-It prints one table (point, baseline, candidate, delta, interval, verdict), improvements
-too, and exits **0** when nothing regressed, **1** when something did (naming each point),
-**2** when the folders cannot be compared (no rows, nothing in common, or points present in
-only one folder with ``--require-all``).
+The verdict (``--format``): ``text`` (default) is one screen: short point labels (only the
+fields that tell the points apart; what all share on one line), regressions and
+improvements listed, the unchanged points folded into one line (``--all`` lists every
+point). ``markdown`` is the same in at most ~25 lines for a CI step summary (``--summary
+FILE`` appends it to FILE, e.g. ``$GITHUB_STEP_SUMMARY``, whatever the format); ``json`` is
+machine-readable (``exit_code`` and ``exit_codes`` in it); ``junit`` is one testcase per
+point, a failure per regression.
+
+Exit status (``compare`` and ``run``; :data:`EXIT_CODES`):
+
+* **0** pass: nothing regressed;
+* **1** regressed: at least one point (each named);
+* **2** not comparable: no rows, no point in common, points in only one folder with
+  ``--require-all``, or a suite command that failed (argparse's own usage errors exit 2 too);
+* **3** not compared: ``run`` found no baseline for this machine's class (quality is still
+  compared with another class's baseline, and a quality regression there exits 1);
+* **4** refused, before comparing, in one line naming the path: a baseline or candidate
+  folder that does not exist, a corrupt file in one, a ``--candidate`` folder the gate did
+  not make (it removes only folders carrying its marker file), a missing suite file.
 
 ``python -m harness.regress run`` runs the fixed quick suite (``conf/regress.yaml``) into a
 candidate folder and compares it with the committed baseline for this machine's class
-(``results/baseline/<class>/``), appending to its ``history.csv`` and plot; exit **3** when
-there is no baseline for the class (``.ci/run`` reports "not compared"). ``python -m
-harness.regress accept --reason '...'`` promotes the candidate to the baseline.
+(``results/baseline/<class>/``), appending to its ``history.csv`` and plot beside the
+baseline (nothing is committed: commit them with the baseline). ``python -m harness.regress
+accept --reason '...'`` promotes the candidate to the baseline.
 """
 
 from __future__ import annotations
@@ -32,17 +48,20 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import pandas as pd
 
 from harness.stats import Estimate, macro_mean_ci, paired_diff_ci, paired_ratio_ci, ratio_of_medians_ci
-from harness.store import read_results
+from harness.store import read_results, run_folders
 
 ROOT = Path(__file__).resolve().parents[1]
 # The speculator is part of a point: SpecPrefill with another speculator is another method,
@@ -51,7 +70,26 @@ QUALITY_KEY = ["model", "benchmark", "length", "method", "method_options", "keep
 LATENCY_KEY = [
     "model", "backend", "prompt_source", "batch", "length", "method", "method_options", "keep_rate", "speculator"
 ]  # fmt: skip
-OK, REGRESSED, INCOMPARABLE, NO_BASELINE = 0, 1, 2, 3
+OK, REGRESSED, INCOMPARABLE, NO_BASELINE, REFUSED = 0, 1, 2, 3, 4
+EXIT_CODES = {
+    OK: "pass: nothing regressed",
+    REGRESSED: "regressed: at least one point regressed (each named)",
+    INCOMPARABLE: "not comparable: no rows, no point in common, points in one folder only (--require-all), "
+    "or a suite command failed",
+    NO_BASELINE: "not compared: no baseline for this machine class (quality still checked against another class's)",
+    REFUSED: "refused before comparing: a missing folder, a corrupt file or a candidate folder the gate did not make",
+}
+VERDICT_NAMES = {OK: "pass", REGRESSED: "regressed", INCOMPARABLE: "not comparable", NO_BASELINE: "no baseline",
+                 REFUSED: "refused"}  # fmt: skip
+FORMATS = ("text", "markdown", "json", "junit")
+#: The file ``run`` writes into a candidate folder it makes; it removes only folders holding it.
+MARKER = ".regress-candidate"
+#: Rows of a changed point the markdown verdict lists (the rest: "and N more").
+MARKDOWN_ROWS = 10
+
+
+class Refused(Exception):
+    """The gate refuses before comparing (exit 4): one line naming the folder or file."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +103,26 @@ class Comparison:
     delta: Estimate  # quality: candidate - baseline (points); speed: candidate / baseline - 1
     verdict: str  # regressed | improved | same
     retention: Estimate | None = None  # quality: the candidate's score / its reference's, same samples
+    #: What the point is, field by field (model, benchmark, setup, method, keep, speculator,
+    #: options, where), for short labels: :func:`short_labels`.
+    fields: dict[str, str] = field(default_factory=dict, compare=False)
+
+
+@dataclass
+class Verdict:
+    """What the gate decided, in every ``--format``."""
+
+    code: int
+    rows: list[Comparison] = field(default_factory=list)
+    #: Points in one folder only, each as a dict of fields (:func:`short_labels`).
+    only: list[dict[str, str]] = field(default_factory=list)
+    baseline: str = ""
+    candidate: str = ""
+    quality_tol: float = 2.0
+    speed_tol: float = 0.15
+    speed_from: str = "latency rows"
+    #: One line said before the points (why not compared, what they were compared with).
+    note: str = ""
 
 
 def _label(r: dict) -> str:
@@ -79,6 +137,79 @@ def _speculator_s(r: dict) -> str:
     """A point's speculator as its label shows it (none for the reference: see :func:`_ok`)."""
     spec = r.get("speculator")
     return f" speculator={spec}" if isinstance(spec, str) and spec else ""
+
+
+def _fields(r: dict, reference: bool = False) -> dict[str, str]:
+    """A point's identity field by field, as a short label shows it: the reference keeps
+    everything (no keep) and runs no speculator (see :func:`_ok`); options without keep."""
+    keep = r.get("keep_rate")
+    keep_f = float(keep) if keep is not None else float("nan")
+    no_keep = reference or bool(np.isnan(keep_f))
+    opts = {k: v for k, v in json.loads(r.get("method_options") or "{}").items() if k != "keep_rate"}
+    spec = r.get("speculator")
+    return {
+        "model": str(r["model"]),
+        "method": str(r["method"]),
+        "keep": "" if no_keep else f"keep={keep_f:g}",
+        "speculator": f"speculator={spec}" if isinstance(spec, str) and spec else "",
+        "options": json.dumps(opts, sort_keys=True) if opts else "",
+    }
+
+
+def _quality_fields(key: tuple, reference: bool, where: str = "") -> dict[str, str]:
+    r = dict(zip(QUALITY_KEY, key, strict=True))
+    return _fields(r, reference) | {"kind": "quality", "benchmark": f"{r['benchmark']}-{r['length']}", "where": where}
+
+
+def _latency_fields(key: tuple) -> dict[str, str]:
+    r = dict(zip(LATENCY_KEY, key, strict=True))
+    return _fields(r) | {
+        "kind": "speed",
+        "setup": f"{r['backend']}, {r['prompt_source']} prompts",
+        "where": f"speedup {int(r['batch'])}x{int(r['length'])}",
+    }
+
+
+LABEL_FIELDS = ("model", "benchmark", "setup", "method", "keep", "speculator", "options", "where")
+
+
+def _varying_options(fields_list: list[dict[str, str]]) -> list[str]:
+    """Per point, its method options that differ between points of the same method, as
+    ``k=v`` (options every point of a method shares are the method's configuration, not
+    what tells its points apart)."""
+    parsed = [json.loads(f.get("options") or "{}") for f in fields_list]
+    by_method: dict[str, list[dict]] = {}
+    for f, opts in zip(fields_list, parsed, strict=True):
+        by_method.setdefault(f.get("method", ""), []).append(opts)
+    varying = {
+        method: {k for k in set().union(*group) if len({json.dumps(o.get(k), sort_keys=True) for o in group}) > 1}
+        for method, group in by_method.items()
+    }
+    return [
+        " ".join(f"{k}={opts[k]}" for k in sorted(varying.get(f.get("method", ""), set())) if k in opts)
+        for f, opts in zip(fields_list, parsed, strict=True)
+    ]
+
+
+def short_labels(fields_list: list[dict[str, str]]) -> tuple[list[str], list[str]]:
+    """(a short label per point, what every point shares). Method, keep and where (task,
+    grid point) always show; model, benchmark, setup and speculator show only where the
+    points differ in them (what all share is said once); of the method options only those
+    that differ between points of the same method."""
+    common: list[str] = []
+    show = {"method", "keep", "where", "options"}
+    for name in ("model", "benchmark", "setup", "speculator"):
+        values = sorted({f.get(name, "") for f in fields_list} - {""})
+        if len(values) == 1:
+            common.append(values[0])
+        elif values:
+            show.add(name)
+    options = _varying_options(fields_list)
+    labels = []
+    for f, opts in zip(fields_list, options, strict=True):
+        parts = [opts if name == "options" else f.get(name, "") for name in LABEL_FIELDS if name in show]
+        labels.append(" ".join(p for p in parts if p))
+    return labels, common
 
 
 def _ok(df: pd.DataFrame, kind: str) -> pd.DataFrame:
@@ -130,7 +261,9 @@ def _retention(d: pd.DataFrame, g: pd.DataFrame, task: str | None) -> Estimate |
     return paired_ratio_ci(m.loc[common].to_numpy(dtype=float), r.loc[common].to_numpy(dtype=float))
 
 
-def quality(base: pd.DataFrame, cand: pd.DataFrame, tol: float) -> tuple[list[Comparison], set[str], set[str]]:
+def quality(
+    base: pd.DataFrame, cand: pd.DataFrame, tol: float
+) -> tuple[list[Comparison], set[tuple], list[dict[str, str]]]:
     """Per task and ``ALL``: the paired score difference over the samples both ran."""
     out: list[Comparison] = []
     b, c = _ok(base, "eval"), _ok(cand, "eval")
@@ -140,6 +273,7 @@ def quality(base: pd.DataFrame, cand: pd.DataFrame, tol: float) -> tuple[list[Co
         gb = b.loc[b.groupby(QUALITY_KEY, dropna=False).groups[key]]
         gc = c.loc[c.groupby(QUALITY_KEY, dropna=False).groups[key]]
         label = _label(dict(zip(QUALITY_KEY, key, strict=True)) | {"benchmark": key[1], "length": key[2]})
+        reference = bool(gb["method"].iloc[0] == gb["reference_method"].iloc[0])
         diffs, means = [], []
         for task in sorted(set(gb["task"]) & set(gc["task"])):
             sb = gb[gb["task"] == task].drop_duplicates("sample_id").set_index("sample_id")["score"]
@@ -160,16 +294,23 @@ def quality(base: pd.DataFrame, cand: pd.DataFrame, tol: float) -> tuple[list[Co
                     d,
                     _quality_verdict(d, tol),
                     _retention(c, gc, task),
+                    _quality_fields(key, reference, task),
                 )
             )
         if len(diffs) > 1:  # ALL: the macro mean over tasks, resampled within each task
             d = macro_mean_ci(diffs)
             mb, mc = (float(np.mean([m[i] for m in means])) for i in (0, 1))
-            out.append(
-                Comparison("quality", f"{label} ALL", mb, mc, d, _quality_verdict(d, tol), _retention(c, gc, None))
-            )
-    only = {_label(dict(zip(QUALITY_KEY, k, strict=True))) for k in keys_b ^ keys_c}
-    return out, keys_b | keys_c, only
+            verdict = _quality_verdict(d, tol)
+            fields = _quality_fields(key, reference, "ALL")
+            out.append(Comparison("quality", f"{label} ALL", mb, mc, d, verdict, _retention(c, gc, None), fields))
+    is_reference = {
+        k: bool(g["method"].iloc[0] == g["reference_method"].iloc[0])
+        for frame in (b, c)
+        if not frame.empty
+        for k, g in frame.groupby(QUALITY_KEY, dropna=False)
+    }
+    only = [_quality_fields(k, is_reference.get(k, False)) for k in keys_b ^ keys_c]
+    return out, keys_b | keys_c, sorted(only, key=str)
 
 
 def _eval_speedups(d: pd.DataFrame) -> dict[tuple, Estimate]:
@@ -219,22 +360,108 @@ def _latency_speedups(d: pd.DataFrame) -> dict[tuple, Estimate]:
     return out
 
 
-def speed(base: pd.DataFrame, cand: pd.DataFrame, tol: float) -> tuple[list[Comparison], set, set]:
+def speed(
+    base: pd.DataFrame, cand: pd.DataFrame, tol: float, eval_speed: bool = False
+) -> tuple[list[Comparison], set, list[dict[str, str]]]:
+    """Speedups over the reference, compared point by point: from the latency rows (the
+    two methods interleaved in one run), and with ``eval_speed`` from the eval rows' TTFTs
+    too (timed minutes apart, so they drift with a shared machine's load)."""
     out: list[Comparison] = []
     seen: set = set()
-    only: set = set()
-    for kind, fn, keys in (("eval", _eval_speedups, QUALITY_KEY), ("latency", _latency_speedups, LATENCY_KEY)):
+    only: list[dict[str, str]] = []
+    sources = (("eval", _eval_speedups, QUALITY_KEY),) if eval_speed else ()
+    for kind, fn, keys in (*sources, ("latency", _latency_speedups, LATENCY_KEY)):
         sb, sc = fn(_ok(base, kind)), fn(_ok(cand, kind))
         seen |= {(kind, k) for k in sb.keys() | sc.keys()}
-        only |= {f"{kind} {k}" for k in sb.keys() ^ sc.keys()}
+
+        def fields(key: tuple, kind: str = kind) -> dict[str, str]:
+            if kind == "latency":
+                return _latency_fields(key)
+            return _quality_fields(key, False, "speedup TTFT ALL") | {"kind": "speed"}
+
+        only += [fields(k) for k in sorted(sb.keys() ^ sc.keys(), key=str)]
         for key in sorted(sb.keys() & sc.keys(), key=str):
             eb, ec = sb[key], sc[key]
             r = dict(zip(keys, key, strict=True))
             where = "ALL TTFT" if kind == "eval" else f"latency {int(r['batch'])}x{int(r['length'])}"
             label = f"{r['model']} {r['method']} keep={r['keep_rate']:g}{_speculator_s(r)} {where}"
             rel = Estimate(ec.value / eb.value - 1, ec.lo / eb.value - 1, ec.hi / eb.value - 1, ec.n)
-            out.append(Comparison("speed", label, eb.value, ec.value, rel, _speed_verdict(eb.value, ec, tol)))
+            verdict = _speed_verdict(eb.value, ec, tol)
+            out.append(Comparison("speed", label, eb.value, ec.value, rel, verdict, None, fields(key)))
     return out, seen, only
+
+
+#: Columns the comparison reads, by row kind: a folder lacking one is refused naming it.
+NEEDED = {
+    "": ("kind", "status", "model", "method", "method_options", "keep_rate", "reference_method", "run_id"),
+    "eval": ("benchmark", "length", "task", "sample_id", "score", "ttft_s", "hardware"),
+    "latency": ("backend", "prompt_source", "batch", "length", "warmup", "ttft_s"),
+}
+
+
+def _unreadable_file(folder: Path) -> tuple[Path, str] | None:
+    """(the first row file under ``folder`` that does not read as parquet, why)."""
+    for run in run_folders(folder):
+        for f in [run / "rows.parquet", *sorted((run / "parts").glob("*.parquet"))]:
+            if f.exists():
+                try:
+                    pd.read_parquet(f)
+                except Exception as e:  # whatever a corrupt file raises, it is the one to name
+                    why = (str(e).strip().splitlines() or [""])[0][:160]
+                    return f, f"{type(e).__name__}: {why}" if why else type(e).__name__
+    return None
+
+
+def read_folder(folder: Path, role: str) -> pd.DataFrame:
+    """Every row of a baseline or candidate folder, or :class:`Refused` in one line: the
+    folder does not exist, a file in it is corrupt (named: the store's reader would skip
+    it, and a baseline missing rows would pass as points in one folder only), or a column
+    the gate reads is missing from all its rows."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise Refused(f"{role} folder {folder} does not exist")
+    bad = _unreadable_file(folder)
+    if bad is not None:
+        raise Refused(f"{role} file {bad[0]} is corrupt or unreadable ({bad[1]})")
+    try:
+        df = read_results(folder)
+    except Exception as e:  # a file changed under us, or a reader's own error
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise Refused(f"{role} folder {folder} is unreadable ({type(e).__name__}: {why})") from e
+    if not df.empty:
+        kinds = set(df["kind"]) if "kind" in df else set()
+        for kind, cols in NEEDED.items():
+            missing = [c for c in cols if c not in df] if not kind or kind in kinds else []
+            if missing:
+                raise Refused(f"{role} folder {folder}: its rows have no {missing} column(s); not a results folder?")
+    return df
+
+
+def gate(
+    base: pd.DataFrame,
+    cand: pd.DataFrame,
+    quality_tol: float = 2.0,
+    speed_tol: float = 0.15,
+    require_all: bool = False,
+    skip_speed: bool = False,
+    eval_speed: bool = False,
+) -> Verdict:
+    """The verdict on two folders' rows (paths and notes are the caller's to fill in)."""
+    v = Verdict(OK, quality_tol=quality_tol, speed_tol=speed_tol)
+    v.speed_from = "none (quality only)" if skip_speed else "latency and eval rows" if eval_speed else "latency rows"
+    if base.empty or cand.empty:
+        v.code, v.note = INCOMPARABLE, f"cannot compare: no rows in the {'baseline' if base.empty else 'candidate'}"
+        return v
+    q, _, q_only = quality(base, cand, quality_tol)
+    s, _, s_only = ([], set(), []) if skip_speed else speed(base, cand, speed_tol, eval_speed)
+    v.rows, v.only = q + s, q_only + s_only
+    if not v.rows:
+        v.code, v.note = INCOMPARABLE, "cannot compare: the folders have no point in common"
+    elif any(r.verdict == "regressed" for r in v.rows):
+        v.code = REGRESSED
+    elif v.only and require_all:
+        v.code, v.note = INCOMPARABLE, "cannot compare: points present in only one folder (--require-all)"
+    return v
 
 
 def compare(
@@ -244,55 +471,224 @@ def compare(
     speed_tol: float = 0.15,
     require_all: bool = False,
     skip_speed: bool = False,
+    eval_speed: bool = False,
 ) -> tuple[int, list[Comparison], str]:
-    """(exit status, comparisons, the printed report)."""
-    lines: list[str] = []
-    base, cand = read_results(baseline), read_results(candidate)
-    if base.empty or cand.empty:
-        which = baseline if base.empty else candidate
-        return INCOMPARABLE, [], f"cannot compare: no rows in {which}\n"
-    q, _, q_only = quality(base, cand, quality_tol)
-    s, _, s_only = ([], set(), set()) if skip_speed else speed(base, cand, speed_tol)
-    rows = q + s
-    if not rows:
-        return INCOMPARABLE, [], "cannot compare: the folders have no point in common\n"
-    table = pd.DataFrame(
-        [
-            {
-                "kind": r.kind,
-                "point": r.point,
-                "baseline": f"{r.baseline:.3g}" if r.kind == "speed" else f"{r.baseline:.1f}",
-                "candidate": f"{r.candidate:.3g}" if r.kind == "speed" else f"{r.candidate:.1f}",
-                "delta": f"{r.delta.value:+.1%}" if r.kind == "speed" else f"{r.delta.value:+.1f}",
-                "95% interval": (
-                    f"[{r.delta.lo:+.1%}, {r.delta.hi:+.1%}]"
-                    if r.kind == "speed"
-                    else f"[{r.delta.lo:+.1f}, {r.delta.hi:+.1f}]"
-                ),
-                "n": r.delta.n,
-                "verdict": r.verdict,
-            }
-            for r in rows
-        ]
-    )
-    from harness.report import md_table
+    """(exit status, comparisons, the text verdict); :class:`Refused` for a missing or
+    corrupt folder."""
+    v = compare_verdict(baseline, candidate, quality_tol, speed_tol, require_all, skip_speed, eval_speed)
+    return v.code, v.rows, render(v, "text")
 
-    lines.append(md_table(table))
-    only = sorted(q_only | s_only)
+
+def compare_verdict(
+    baseline: Path,
+    candidate: Path,
+    quality_tol: float = 2.0,
+    speed_tol: float = 0.15,
+    require_all: bool = False,
+    skip_speed: bool = False,
+    eval_speed: bool = False,
+) -> Verdict:
+    base, cand = read_folder(baseline, "baseline"), read_folder(candidate, "candidate")
+    v = gate(base, cand, quality_tol, speed_tol, require_all, skip_speed, eval_speed)
+    v.baseline, v.candidate = _shown(baseline), _shown(candidate)
+    return v
+
+
+def _shown(path: Path) -> str:
+    """A path as the verdict prints it: relative to the repository when inside it."""
+    path = Path(path).absolute()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+# --------------------------------------------------------------------------- the verdict
+
+
+def _values(r: Comparison) -> tuple[str, str, str]:
+    """(baseline, candidate, delta with its interval) as printed."""
+    if r.kind == "speed":
+        d = r.delta
+        return f"{r.baseline:.2f}x", f"{r.candidate:.2f}x", f"{d.value:+.1%} [{d.lo:+.1%}, {d.hi:+.1%}]"
+    d = r.delta
+    return f"{r.baseline:.1f}", f"{r.candidate:.1f}", f"{d.value:+.1f} [{d.lo:+.1f}, {d.hi:+.1f}]"
+
+
+def _labelled(v: Verdict) -> tuple[list[tuple[str, Comparison]], list[str], list[str]]:
+    """(label and point, shared fields, labels of the one-folder points)."""
+    labels, common = short_labels([r.fields or {"where": r.point} for r in v.rows])
+    only, _ = short_labels(v.only) if v.only else ([], [])
+    only = [f"{f.get('kind', '')} {lab}".strip() for f, lab in zip(v.only, only, strict=True)]
+    return list(zip(labels, v.rows, strict=True)), common, only
+
+
+def _tolerances(v: Verdict) -> str:
+    return (
+        f"quality tolerance {v.quality_tol:g} points, speed tolerance {v.speed_tol:.0%} of the baseline's speedup, "
+        f"speed from the {v.speed_from}"
+    )
+
+
+def _speedups(pairs: list[tuple[str, Comparison]], most: int = 6) -> str:
+    """The compared speedups on one line (baseline -> candidate)."""
+    sp = [(lab, r) for lab, r in pairs if r.kind == "speed"]
+    text = "; ".join(f"{lab} {r.baseline:.2f}x -> {r.candidate:.2f}x ({r.delta.value:+.1%})" for lab, r in sp[:most])
+    return f"Speedups over the reference (baseline -> candidate): {text}" + (" ..." if len(sp) > most else "")
+
+
+def _final(v: Verdict) -> str:
+    if v.code == OK:
+        return f"no regression ({_tolerances(v)}): exit 0"
+    if v.code == REGRESSED:
+        n = sum(r.verdict == "regressed" for r in v.rows)
+        return f"REGRESSED: {n} point{'s' if n != 1 else ''} ({_tolerances(v)}): exit 1"
+    return f"{VERDICT_NAMES[v.code].upper()}: {EXIT_CODES[v.code]}: exit {v.code}"
+
+
+def render_text(v: Verdict, all_points: bool = False) -> str:
+    """One screen: regressions and improvements listed, the unchanged points folded into
+    one line (``all_points``: every point)."""
+    lines = [f"Regression gate: {v.candidate} against {v.baseline}"] if v.candidate and v.baseline else []
+    lines += [v.note] if v.note else []
+    pairs, common, only = _labelled(v)
+    if pairs:
+        lines.append("Shared by the points: " + ", ".join(common) if common else "")
+        width = min(48, max(len(lab) for lab, _ in pairs))
+        shown = [("Points", "regressed|improved|same")] if all_points else [
+            ("REGRESSED", "regressed"), ("Improved", "improved")
+        ]  # fmt: skip
+        for title, verdicts in shown:
+            sel = [(lab, r) for lab, r in pairs if r.verdict in verdicts.split("|")]
+            if sel:
+                lines.append(f"{title} ({len(sel)}):")
+            for lab, r in sel:
+                b, c, d = _values(r)
+                mark = "" if r.verdict == "same" else f"  {r.verdict}"
+                lines.append(f"  {r.kind:<7} {lab:<{width}}  {b:>6} -> {c:<6}  {d}  n={r.delta.n}{mark}")
+        same = sum(r.verdict == "same" for r in v.rows)
+        if not all_points:
+            lines.append(f"{same} point{'s' if same != 1 else ''} unchanged")
+        if any(r.kind == "speed" for r in v.rows):
+            lines.append(_speedups(pairs))
     if only:
-        lines.append(f"\nIn one folder only ({len(only)}): " + "; ".join(only) + "\n")
-    regressed = [r.point for r in rows if r.verdict == "regressed"]
-    improved = [r.point for r in rows if r.verdict == "improved"]
-    if improved:
-        lines.append(f"\nImproved: {'; '.join(improved)}\n")
-    if regressed:
-        lines.append(f"\nREGRESSED ({len(regressed)}): {'; '.join(regressed)}\n")
-        return REGRESSED, rows, "".join(lines)
-    if only and require_all:
-        lines.append("\ncannot compare: points present in only one folder (--require-all)\n")
-        return INCOMPARABLE, rows, "".join(lines)
-    lines.append(f"\nno regression (quality tolerance {quality_tol:g} points, speed tolerance {speed_tol:.0%})\n")
-    return OK, rows, "".join(lines)
+        lines.append(f"In one folder only ({len(only)}): " + "; ".join(only))
+    lines.append(_final(v))
+    return "\n".join(ln for ln in lines if ln) + "\n"
+
+
+def render_markdown(v: Verdict) -> str:
+    """The verdict for a CI step summary (``$GITHUB_STEP_SUMMARY``): at most ~25 lines."""
+    icon = {OK: "✅", REGRESSED: "❌"}.get(v.code, "⚠️")
+    lines = [f"### {icon} Regression gate: {VERDICT_NAMES[v.code]} (exit {v.code})", ""]
+    where = f"Candidate `{v.candidate}` against `{v.baseline}`." if v.candidate and v.baseline else ""
+    pairs, common, only = _labelled(v)
+    if common:
+        where += f" Shared by the points: {', '.join(common)}."
+    lines += [x for x in (where.strip(), v.note) if x]
+    changed = [(lab, r) for lab, r in pairs if r.verdict == "regressed"]
+    changed += [(lab, r) for lab, r in pairs if r.verdict == "improved"]
+    if changed:
+        lines += [
+            "",
+            "| verdict | point | baseline | candidate | delta [95 % interval] | n |",
+            "|---|---|---|---|---|---|",
+        ]
+        for lab, r in changed[:MARKDOWN_ROWS]:
+            b, c, d = _values(r)
+            mark = "❌ regressed" if r.verdict == "regressed" else "⬆️ improved"
+            lines.append(f"| {mark} | {r.kind} {lab} | {b} | {c} | {d} | {r.delta.n} |")
+        if len(changed) > MARKDOWN_ROWS:
+            lines.append(f"\n… and {len(changed) - MARKDOWN_ROWS} more (the job log lists every one).")
+    if pairs:
+        same = sum(r.verdict == "same" for r in v.rows)
+        lines += ["", f"{same} point{'s' if same != 1 else ''} unchanged ({_tolerances(v)})."]
+        if any(r.kind == "speed" for r in v.rows):
+            lines.append(_speedups(pairs, most=4) + ".")
+    if only:
+        text = "; ".join(only[:4]) + (f"; … ({len(only) - 4} more)" if len(only) > 4 else "")
+        lines.append(f"In one folder only ({len(only)}): {text}.")
+    codes = " · ".join(f"{k} {name}" for k, name in VERDICT_NAMES.items())
+    lines += ["", f"<sub>exit codes: {codes} (python -m harness.regress --help)</sub>"]
+    return "\n".join(lines) + "\n"
+
+
+def _number(x: float) -> float | None:
+    """A float for JSON (which has no NaN or infinity: those are null)."""
+    return float(x) if np.isfinite(x) else None
+
+
+def render_json(v: Verdict) -> str:
+    """Machine-readable: ``exit_code`` is the process's exit status, ``exit_codes`` says
+    what each means; every point with its label, values and interval."""
+    pairs, common, only = _labelled(v)
+    points = [
+        {
+            "kind": r.kind,
+            "label": lab,
+            "point": r.point,
+            "fields": r.fields,
+            "baseline": _number(r.baseline),
+            "candidate": _number(r.candidate),
+            "delta": _number(r.delta.value),
+            "delta_lo": _number(r.delta.lo),
+            "delta_hi": _number(r.delta.hi),
+            "n": int(r.delta.n),
+            "verdict": r.verdict,
+            "retention": None if r.retention is None else _number(r.retention.value),
+        }
+        for lab, r in pairs
+    ]
+    doc = {
+        "verdict": VERDICT_NAMES[v.code],
+        "exit_code": v.code,
+        "exit_codes": {str(k): text for k, text in EXIT_CODES.items()},
+        "baseline": v.baseline,
+        "candidate": v.candidate,
+        "note": v.note,
+        "tolerances": {"quality_points": v.quality_tol, "speed_fraction": v.speed_tol, "speed_from": v.speed_from},
+        "common": common,
+        "counts": {k: sum(r.verdict == k for r in v.rows) for k in ("regressed", "improved", "same")}
+        | {"one_folder_only": len(only)},
+        "points": points,
+        "one_folder_only": only,
+    }
+    return json.dumps(doc, indent=1, allow_nan=False) + "\n"
+
+
+def render_junit(v: Verdict) -> str:
+    """JUnit XML: one testcase per point (a failure per regression), one testcase for the
+    gate itself when it could not compare (an error) or had no baseline (skipped)."""
+    pairs, _, _ = _labelled(v)
+    suite = ET.Element("testsuite", name="regression gate")
+    for lab, r in pairs:
+        case = ET.SubElement(suite, "testcase", classname=f"regress.{r.kind}", name=lab, time="0")
+        b, c, d = _values(r)
+        if r.verdict == "regressed":
+            failure = ET.SubElement(case, "failure", message=f"regressed: {b} -> {c}, {d}, n={r.delta.n}")
+            failure.text = r.point
+        else:
+            ET.SubElement(case, "system-out").text = f"{r.verdict}: {b} -> {c}, {d}, n={r.delta.n}"
+    if v.code in (INCOMPARABLE, NO_BASELINE, REFUSED):
+        case = ET.SubElement(suite, "testcase", classname="regress", name="regression gate", time="0")
+        message = v.note or EXIT_CODES[v.code]
+        ET.SubElement(case, "skipped" if v.code == NO_BASELINE else "error", message=message)
+    cases = suite.findall("testcase")
+    suite.set("tests", str(len(cases)))
+    suite.set("failures", str(sum(c.find("failure") is not None for c in cases)))
+    suite.set("errors", str(sum(c.find("error") is not None for c in cases)))
+    suite.set("skipped", str(sum(c.find("skipped") is not None for c in cases)))
+    root = ET.Element("testsuites", name="regress")
+    root.append(suite)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def render(v: Verdict, fmt: str, all_points: bool = False) -> str:
+    if fmt == "markdown":
+        return render_markdown(v)
+    if fmt == "json":
+        return render_json(v)
+    if fmt == "junit":
+        return render_junit(v)
+    return render_text(v, all_points)
 
 
 # --------------------------------------------------------------------------- the suite
@@ -322,7 +718,7 @@ def suite_commands(out: Path, suite_file: Path = SUITE) -> list[list[str]]:
     import yaml
 
     if not suite_file.is_file():
-        raise SystemExit(f"regress: suite file {suite_file} does not exist (conf/regress*.yaml are the suites)")
+        raise Refused(f"suite file {suite_file} does not exist (conf/regress*.yaml are the suites)")
     suite = yaml.safe_load(suite_file.read_text())
     return [
         [sys.executable, "-m", f"harness.{entry['module']}", *entry["args"], f"out={out}"]
@@ -374,8 +770,20 @@ def _yerr(g: pd.DataFrame) -> np.ndarray:
     return np.clip(np.vstack([g["candidate"] - lo, hi - g["candidate"]]).astype(float), 0, None)
 
 
+def _plot_labels(points: list[str]) -> tuple[dict[str, str], str]:
+    """(a short legend label per history point, the words they all share): the method
+    options' JSON dropped, then every word all the points share (history rows written
+    before short labels existed read the same)."""
+    words = {p: re.sub(r" \{.*\}", "", p).split() for p in points}
+    shared = set.intersection(*(set(w) for w in words.values())) if words else set()
+    first = next(iter(words.values()), [])
+    labels = {p: " ".join(x for x in w if x not in shared) or p for p, w in words.items()}
+    return labels, " ".join(x for x in first if x in shared)
+
+
 def plot_history(history: Path, path: Path) -> None:
-    """Quality (ALL) and speedup per commit, one line per method and keep."""
+    """Quality (ALL) and speedup per run, one line per point; the legends below the axes,
+    their labels only what tells the points apart (the rest is in each panel's title)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -386,55 +794,97 @@ def plot_history(history: Path, path: Path) -> None:
     x_of = {r: i for i, r in enumerate(runs)}
     q = h[(h["kind"] == "quality") & h["point"].str.endswith(" ALL")]
     sp = h[h["kind"] == "speed"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, d, ylabel in ((axes[0], q, "score ALL (candidate)"), (axes[1], sp, "speedup over the reference")):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    panels = ((axes[0], q, "score, all tasks (candidate)"), (axes[1], sp, "speedup over the reference (x)"))
+    for ax, d, ylabel in panels:
+        labels, shared = _plot_labels(sorted(set(d["point"])))
         for point, g in d.groupby("point"):
             xs = [x_of[r] for r in zip(g["date"], g["git_sha"].astype(str), strict=True)]
-            ax.errorbar(
-                xs,
-                g["candidate"],
-                yerr=_yerr(g),
-                marker="o",
-                capsize=2,
-                label=point[-60:],
-            )
-        ax.set_xticks(range(len(runs)), [sha[:7] for _, sha in runs], rotation=45, fontsize=7)
+            ax.errorbar(xs, g["candidate"], yerr=_yerr(g), marker="o", capsize=3, label=labels[str(point)])
+        ax.set_xticks(range(len(runs)), [sha[:7] for _, sha in runs], rotation=45, fontsize=8)
         ax.set_xlabel("run (git SHA; dates in history.csv)")
         ax.set_ylabel(ylabel)
+        ax.set_title(shared, fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        if len(d):
+            ncol = 1 if max(map(len, labels.values())) > 30 else 2
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=ncol, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
-def run_suite(candidate: Path, baselines: Path, quality_tol: float, speed_tol: float, suite_file: Path = SUITE) -> int:
+def claim_candidate(folder: Path) -> None:
+    """Make ``folder`` the suite's empty candidate folder: a folder the gate made before
+    (holding :data:`MARKER`) is removed and made again; an empty one is taken; anything
+    else is :class:`Refused`, left as it is."""
+    folder = Path(folder)
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise Refused(f"--candidate {folder} is not a folder the gate made (a file or a link); it is left alone")
+    if folder.exists():
+        if (folder / MARKER).is_file():
+            shutil.rmtree(folder)
+        elif any(folder.iterdir()):
+            raise Refused(
+                f"--candidate {folder} holds files the gate did not write (no {MARKER} in it); it is left alone: "
+                f"give a new or empty folder, or remove it yourself"
+            )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MARKER).write_text("Made by python -m harness.regress run, which removes and remakes this folder.\n")
+
+
+def run_suite(
+    candidate: Path,
+    baselines: Path,
+    quality_tol: float,
+    speed_tol: float,
+    suite_file: Path = SUITE,
+    baseline: Path | None = None,
+    eval_speed: bool = False,
+    log: TextIO | None = None,
+) -> Verdict:
+    """Run the suite into ``candidate`` and compare it with this machine class's baseline
+    (or ``baseline``). Everything that can be refused is refused before the suite runs:
+    a missing suite file or baseline folder, a corrupt baseline, a candidate folder the
+    gate did not make. The suite's own output goes to ``log`` (default: this process's stdout)."""
     commands = suite_commands(candidate, suite_file)
-    shutil.rmtree(candidate, ignore_errors=True)
-    for cmd in commands:
-        print("+", " ".join(cmd[1:]), flush=True)
-        subprocess.run(cmd, cwd=ROOT, check=True)
     cls = hardware_class()
-    mine = baselines / cls
-    if not (mine / "rows").exists():
+    if baseline is not None:
+        base_dir = baseline / "rows" if (baseline / "rows").is_dir() else baseline
+        read_folder(base_dir, "baseline")
+    elif not baselines.is_dir():
+        raise Refused(f"baselines folder {baselines} does not exist")
+    else:
+        base_dir = baselines / cls / "rows"
+        if base_dir.exists():
+            read_folder(base_dir, "baseline")
+    claim_candidate(candidate)
+    for cmd in commands:
+        print("+", " ".join(cmd[1:]), file=log or sys.stdout, flush=True)
+        done = subprocess.run(cmd, cwd=ROOT, stdout=log)
+        if done.returncode:  # a suite that cannot run gives no candidate to compare
+            note = f"cannot compare: the suite command `{' '.join(cmd[1:3])} ...` failed (exit {done.returncode})"
+            return Verdict(INCOMPARABLE, candidate=_shown(candidate), note=note)
+    if baseline is None and not base_dir.exists():
         others = sorted(p.parent.name for p in baselines.glob("*/rows"))
-        print(
-            f"\nNOT COMPARED: no baseline for this machine's class {cls!r} in {baselines} (have: {others}). "
+        note = (
+            f"NOT COMPARED: no baseline for this machine's class {cls!r} in {_shown(baselines)} (have: {others}). "
             f"Accept this run as its baseline with `make regress-accept reason='first {cls} baseline'`."
         )
-        if others:  # float32 quality is the same on every CPU: compare it with another class's baseline
-            code, rows, text = compare(
-                baselines / others[0] / "rows", candidate, quality_tol, speed_tol, skip_speed=True
-            )
-            print(f"\nQuality only, against {others[0]}'s baseline:\n\n{text}")
-            if code == REGRESSED:
-                return REGRESSED
-        return NO_BASELINE
-    code, rows, text = compare(mine / "rows", candidate, quality_tol, speed_tol)
-    print(f"\nCandidate {candidate} against the {cls} baseline:\n\n{text}")
-    if rows:
-        append_history(mine / "history.csv", rows, cls)
-    return code
+        if not others:
+            return Verdict(NO_BASELINE, candidate=_shown(candidate), note=note)
+        # float32 quality is the same on every CPU: compare it with another class's baseline
+        v = compare_verdict(baselines / others[0] / "rows", candidate, quality_tol, speed_tol, skip_speed=True)
+        v.note = f"{note} Quality only, against {others[0]}'s baseline."
+        if v.code != REGRESSED:
+            v.code = NO_BASELINE
+        return v
+    v = compare_verdict(base_dir, candidate, quality_tol, speed_tol, eval_speed=eval_speed)
+    if baseline is None:
+        v.note = f"Against the {cls} baseline."
+        if v.rows:
+            append_history(baselines / cls / "history.csv", v.rows, cls)
+    return v
 
 
 def accept(candidate: Path, baselines: Path, reason: str) -> None:
@@ -460,18 +910,33 @@ def accept(candidate: Path, baselines: Path, reason: str) -> None:
     stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with (baselines / cls / "ACCEPTED.md").open("a") as f:
         f.write(f"- {stamp} at {git_sha()}: {reason.strip()}\n")
-    print(f"accepted {candidate} as the {cls} baseline ({target})")
+    print(
+        f"accepted {candidate} as the {cls} baseline ({target}). Nothing is committed: commit "
+        f"{_shown(baselines / cls)}/ (rows/, ACCEPTED.md, and history.csv and history.png, which every run appends to)."
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compare", help="compare two results folders")
+    c = sub.add_parser("compare", help="compare two results folders (e.g. the last candidate, without rerunning)")
     c.add_argument("--baseline", type=Path, required=True)
     c.add_argument("--candidate", type=Path, required=True)
     r = sub.add_parser("run", help="run the quick suite and compare it with this machine class's baseline")
-    r.add_argument("--candidate", type=Path, default=ROOT / "results" / "regress" / "candidate")
+    r.add_argument(
+        "--candidate",
+        type=Path,
+        default=ROOT / "results" / "regress" / "candidate",
+        help=f"the folder the suite writes (made by the gate: one holding its {MARKER} is removed and remade; "
+        "any other non-empty folder is refused)",
+    )
     r.add_argument("--suite", type=Path, default=SUITE, help="the suite file (default conf/regress.yaml)")
+    r.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="compare with this baseline folder instead of results/baseline/<class>/rows (no history appended)",
+    )
     a = sub.add_parser("accept", help="promote the candidate to this machine class's baseline")
     a.add_argument("--candidate", type=Path, default=ROOT / "results" / "regress" / "candidate")
     a.add_argument("--reason", required=True)
@@ -480,18 +945,59 @@ def main(argv: list[str] | None = None) -> None:
     for p in (c, r):
         p.add_argument("--quality-tol", type=float, default=2.0, help="points on the 0-100 scale (default 2)")
         p.add_argument("--speed-tol", type=float, default=0.15, help="fraction of the baseline's speedup (0.15)")
+        p.add_argument(
+            "--eval-speed",
+            action="store_true",
+            help="also gate the eval runs' TTFT ratios (default: speed from the latency rows only)",
+        )
+        p.add_argument("--format", choices=FORMATS, default="text", help="the verdict's form on stdout (text)")
+        p.add_argument("--all", action="store_true", help="text: list every point, not only the changed ones")
+        p.add_argument(
+            "--summary",
+            type=Path,
+            default=None,
+            help="also append the markdown verdict to this file ($GITHUB_STEP_SUMMARY)",
+        )
     c.add_argument("--require-all", action="store_true", help="points in only one folder make it exit 2")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0].startswith("--") and argv[0] not in ("-h", "--help"):
         argv = ["compare", *argv]  # `python -m harness.regress --baseline A --candidate B`
     args = ap.parse_args(argv)
-    if args.cmd == "compare":
-        code, _, text = compare(args.baseline, args.candidate, args.quality_tol, args.speed_tol, args.require_all)
-        print(text)
-        raise SystemExit(code)
-    if args.cmd == "run":
-        raise SystemExit(run_suite(args.candidate, args.baselines, args.quality_tol, args.speed_tol, args.suite))
-    accept(args.candidate, args.baselines, args.reason)
+    if args.cmd == "accept":
+        try:
+            accept(args.candidate, args.baselines, args.reason)
+        except Refused as e:
+            raise SystemExit(f"regress accept: {e}") from None
+        return
+    try:
+        if args.cmd == "compare":
+            v = compare_verdict(
+                args.baseline,
+                args.candidate,
+                args.quality_tol,
+                args.speed_tol,
+                args.require_all,
+                eval_speed=args.eval_speed,
+            )
+        else:
+            log = None if args.format == "text" else sys.stderr  # stdout carries only the verdict
+            v = run_suite(
+                args.candidate, args.baselines, args.quality_tol, args.speed_tol, args.suite, args.baseline,
+                args.eval_speed, log,
+            )  # fmt: skip
+    except Refused as e:
+        print(f"regress: {e}", file=sys.stderr)
+        v = Verdict(REFUSED, note=f"refused: {e}", quality_tol=args.quality_tol, speed_tol=args.speed_tol)
+        if args.format == "text":
+            if args.summary:
+                with args.summary.open("a") as f:
+                    f.write(render_markdown(v))
+            raise SystemExit(REFUSED) from None
+    print(render(v, args.format, args.all), end="", flush=True)
+    if args.summary:
+        with args.summary.open("a") as f:
+            f.write(render_markdown(v))
+    raise SystemExit(v.code)
 
 
 if __name__ == "__main__":

@@ -209,3 +209,72 @@ def test_lm_evals_own_model_args_build_our_model():
         cls.create_from_arg_string("model=tiny-random,method=specprefill,nope=1")
     with pytest.raises(ValueError, match="shortens the context using the question"):
         cls.create_from_arg_string("model=tiny-random,method=rag_bm25")
+
+
+def test_lm_evals_own_command_line_runs_our_model(tmp_path):
+    """`python -m harness.lm_eval_cli` is lm-eval's command line with `specprefill`
+    registered: pretrained= a conf model, speculator= and method options in --model_args,
+    a local task found without --include_path; lm-eval's results JSON records what ran."""
+    import sys
+
+    model_args = "pretrained=tiny-random,speculator=self_layers:2,method=specprefill,keep=0.3,pool_kernel=5"
+    cmd = [sys.executable, "-m", "harness.lm_eval_cli", "--model", "specprefill", "--model_args", model_args,
+           "--tasks", "specprefill_local_qa", "--limit", "2", "--output_path", str(tmp_path)]  # fmt: skip
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "|specprefill_local_qa|" in r.stdout.replace(" ", "") and "pretrained': 'tiny-random'" in r.stdout
+    (found,) = tmp_path.rglob("results_*.json")
+    doc = json.loads(found.read_text())
+    ran = doc["config"]
+    assert (ran["model"], ran["speculator"], ran["model_source"]) == ("tiny-random", "self_layers:2", "random_llama")
+    assert (ran["method"]["name"], ran["method"]["keep_rate"], ran["method"]["pool_kernel"]) == ("specprefill", 0.3, 5)
+    assert doc["n-samples"]["specprefill_local_qa"]["effective"] == 2
+    assert "contains,none" in doc["results"]["specprefill_local_qa"]
+
+
+def test_the_wrapper_registers_ours_beside_lm_evals_own_models():
+    """In a fresh process (lm-eval imports its own models only into an empty registry)."""
+    import sys
+
+    code = "from harness.lm_eval_cli import register; register(); from lm_eval.api.registry import get_model; "
+    code += "print(get_model('specprefill').__name__, get_model('hf').__name__)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.split() == ["SpecPrefillLM", "HFLM"], r.stderr[-2000:]
+
+
+def test_pretrained_is_a_conf_model_a_hub_id_or_a_folder(tmp_path, monkeypatch):
+    """pretrained= a conf/model name composes it; a hub id or a checkpoint folder becomes a
+    model built on the fly (source hub); speculator= sets the speculator, checked against
+    the model before anything loads; a hub model without one is told how to give it."""
+    from lm_eval.api.registry import get_model
+    from transformers import AutoConfig
+
+    from harness.lm_eval_model import model_entry
+    from harness.models import load, model_config
+
+    assert model_entry("tiny-random") == ("tiny-random", None)
+    monkeypatch.setattr(AutoConfig, "from_pretrained", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    _, entry = model_entry("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert entry == {"name": "HuggingFaceTB--SmolLM2-135M-Instruct", "source": "hub", "dtype": "auto",
+                     "path": "HuggingFaceTB/SmolLM2-135M-Instruct"}  # fmt: skip
+    with pytest.raises(ValueError, match=r"pretrained='nope': not a conf/model name"):
+        model_entry("nope")
+    monkeypatch.undo()
+
+    folder = tmp_path / "My Checkpoint"
+    loaded = load(model_config("tiny-random"))
+    loaded.base.save_pretrained(folder)
+    loaded.tokenizer.save_pretrained(folder)
+    cls = get_model("specprefill")
+    lm = cls.create_from_arg_obj({"pretrained": str(folder), "speculator": "self_layers:1", "dtype": "float32"})
+    cfg = lm.model_cfg
+    assert (cfg.source, cfg.path, cfg.name, cfg.speculator) == ("hub", str(folder), "My-Checkpoint", "self_layers:1")
+    assert cfg.max_context == loaded.base.config.max_position_embeddings
+    logprob, _ = lm.loglikelihood([_Req("The sky is blue. " * 10 + "The sky is", " blue")])[0]
+    assert logprob < 0
+    with pytest.raises(Exception, match="give one in the model args: speculator="):
+        cls.create_from_arg_obj({"pretrained": str(folder)})
+    lm = cls.create_from_arg_string("pretrained=tiny-random,speculator=self_layers:2,keep=0.1")
+    assert lm.model_cfg.speculator == "self_layers:2" and lm.method.options()["keep_rate"] == 0.1
+    with pytest.raises(Exception, match="has 2 layers"):
+        cls.create_from_arg_string("pretrained=tiny-random,speculator=self_layers:9")

@@ -3,14 +3,18 @@ naming the method, noise passes, folders that cannot be compared exit 2."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import shutil
+import subprocess
+import xml.etree.ElementTree as ET
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from harness.regress import INCOMPARABLE, OK, REGRESSED, compare, main
+from harness.regress import INCOMPARABLE, MARKER, OK, REFUSED, REGRESSED, ROOT, compare, main
 from harness.store import RunStore, record
 
 TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "qa_1")
@@ -132,7 +136,23 @@ def test_a_ttft_two_and_a_half_times_longer_regresses_the_speedup(base, tmp_path
     code, rows, _ = compare(base, cand)
     bad = [r for r in rows if r.verdict == "regressed"]
     assert code == REGRESSED and {r.kind for r in bad} == {"speed"}
-    assert all("specprefill" in r.point for r in bad) and len(bad) == 2  # the eval TTFT and the latency grid
+    assert len(bad) == 1 and "specprefill" in bad[0].point and "latency 1x2048" in bad[0].point
+    code, rows, _ = compare(base, cand, eval_speed=True)  # the eval TTFT ratio too, when asked
+    assert code == REGRESSED and sorted(r.point.split()[-1] for r in rows if r.verdict == "regressed") == [
+        "1x2048",
+        "TTFT",
+    ]
+
+
+def test_speed_is_gated_on_the_latency_rows_only(base, tmp_path):
+    """The eval runs' TTFTs are timed minutes apart (they drift ~15 % on a shared CPU): an
+    eval TTFT 2.5 times longer with the interleaved latency rows unchanged passes, and is
+    not even compared unless asked (--eval-speed)."""
+    cand = _folder(tmp_path / "cand", spec_ttft=2.5)
+    code, rows, text = compare(base, cand)
+    assert code == OK and [r.point.split()[-1] for r in rows if r.kind == "speed"] == ["1x2048"]
+    assert "speed from the latency rows" in text
+    assert compare(base, cand, eval_speed=True)[0] == REGRESSED
 
 
 def test_one_flipped_sample_is_noise(base, tmp_path):
@@ -148,7 +168,9 @@ def test_one_flipped_sample_is_noise(base, tmp_path):
 def test_improvements_are_reported_both_ways(base, tmp_path):
     scores = {t: [100.0] * 10 for t in TASKS}
     code, rows, text = compare(base, _folder(tmp_path / "cand", spec_scores=scores))
-    assert code == OK and "Improved:" in text and any(r.verdict == "improved" for r in rows)
+    better = [r for r in rows if r.verdict == "improved"]
+    assert code == OK and better and f"Improved ({len(better)}):" in text
+    assert all(f"  quality specprefill keep=0.3 {r.point.split()[-1]} " in text for r in better)
 
 
 def test_a_removed_point_is_listed_and_fails_with_require_all(base, tmp_path):
@@ -227,9 +249,7 @@ def test_history_records_retention_and_plots(base, tmp_path):
 def test_every_suite_command_plans(suite, tmp_path):
     """The CPU suite and the GPU runner's suite are valid commands: each dry-runs (plans,
     loads nothing) with exit 0."""
-    import subprocess
-
-    from harness.regress import ROOT, suite_commands
+    from harness.regress import suite_commands
 
     cmds = suite_commands(tmp_path / "cand", ROOT / "conf" / suite)
     assert [c[2] for c in cmds] == ["harness.run", "harness.latency"]
@@ -239,6 +259,205 @@ def test_every_suite_command_plans(suite, tmp_path):
         assert "specprefill" in r.stdout and str(tmp_path / "cand") in r.stdout
 
 
-def test_a_missing_suite_file_is_one_line(tmp_path):
-    with pytest.raises(SystemExit, match=r"suite file .*nope.yaml does not exist"):
+def test_a_missing_suite_file_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
         main(["run", "--suite", str(tmp_path / "nope.yaml"), "--candidate", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert e.value.code == REFUSED and re.fullmatch(r"regress: suite file .*nope.yaml does not exist.*\n", err)
+
+
+# --------------------------------------------------------------------------- the verdict
+
+
+def _regressed_folder(base, tmp_path):
+    """A candidate whose SpecPrefill lost half its correct answers (quality regressions)."""
+    scores = _spec_scores(base)
+    for t in scores:
+        correct = [i for i, s in enumerate(scores[t]) if s > 0]
+        for i in correct[: len(correct) // 2]:
+            scores[t][i] = 0.0
+    return _folder(tmp_path / "cand", spec_scores=scores)
+
+
+def test_the_text_verdict_is_one_screen_of_short_labels(base, tmp_path):
+    """No method-option JSON: each point by what tells it apart (method, keep, task or grid
+    point), what all share said once, the unchanged points folded into one line."""
+    code, rows, text = compare(base, _regressed_folder(base, tmp_path))
+    lines = text.splitlines()
+    assert code == REGRESSED and "{" not in text and max(map(len, lines)) <= 160 and len(lines) <= 15
+    assert "Shared by the points: m, ruler-2048, transformers, random prompts, speculator=s:8" in lines
+    bad = [r for r in rows if r.verdict == "regressed"]
+    assert f"REGRESSED ({len(bad)}):" in lines
+    listed = [ln.split()[1:4] for ln in lines if ln.startswith("  quality")]
+    assert len(listed) == len(bad) and all(x[:2] == ["specprefill", "keep=0.3"] for x in listed)
+    assert f"{len(rows) - len(bad)} points unchanged" in lines
+    assert lines[-1].startswith("REGRESSED") and lines[-1].endswith("exit 1")
+    everything = main_out(["compare", "--baseline", str(base), "--candidate", str(tmp_path / "cand"), "--all"])
+    assert sum(ln.startswith(("  quality", "  speed")) for ln in everything.splitlines()) == len(rows)
+
+
+def main_out(argv: list[str]) -> str:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+        main(argv)
+    return buf.getvalue()
+
+
+def test_short_labels_show_only_what_differs():
+    from harness.regress import short_labels
+
+    opts = {"pool_kernel": 13, "chunk_size": 32}
+    pts = [
+        {"model": "m", "benchmark": "ruler-2048", "method": "specprefill", "keep": "keep=0.1",
+         "speculator": "speculator=s:8", "options": json.dumps(opts), "where": "ALL"},
+        {"model": "m", "benchmark": "ruler-2048", "method": "specprefill", "keep": "keep=0.1",
+         "speculator": "speculator=s:8", "options": json.dumps(opts | {"pool_kernel": 5}), "where": "ALL"},
+        {"model": "m", "benchmark": "ruler-4096", "method": "full", "keep": "", "speculator": "", "options": "",
+         "where": "ALL"},
+    ]  # fmt: skip
+    labels, common = short_labels(pts)
+    assert labels == [
+        "ruler-2048 specprefill keep=0.1 pool_kernel=13 ALL",
+        "ruler-2048 specprefill keep=0.1 pool_kernel=5 ALL",
+        "ruler-4096 full ALL",
+    ]
+    assert common == ["m", "speculator=s:8"]
+
+
+def test_json_verdict_parses_with_the_exit_status(base, tmp_path, capsys):
+    cand = _regressed_folder(base, tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["compare", "--baseline", str(base), "--candidate", str(cand), "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert e.value.code == doc["exit_code"] == REGRESSED and doc["verdict"] == "regressed"
+    assert set(doc["exit_codes"]) == {"0", "1", "2", "3", "4"}
+    bad = [p for p in doc["points"] if p["verdict"] == "regressed"]
+    assert doc["counts"]["regressed"] == len(bad) > 0 and all(p["label"].startswith("specprefill") for p in bad)
+    assert doc["counts"]["same"] + len(bad) + doc["counts"]["improved"] == len(doc["points"])
+
+
+def test_junit_verdict_is_a_testcase_per_point_failing_the_regressions(base, tmp_path, capsys):
+    cand = _regressed_folder(base, tmp_path)
+    _, rows, _ = compare(base, cand)
+    with pytest.raises(SystemExit):
+        main(["compare", "--baseline", str(base), "--candidate", str(cand), "--format", "junit"])
+    suite = ET.fromstring(capsys.readouterr().out).find("testsuite")
+    assert suite is not None
+    cases = suite.findall("testcase")
+    failed = [c.get("name") for c in cases if c.find("failure") is not None]
+    assert len(cases) == int(suite.get("tests", -1)) == len(rows)
+    assert len(failed) == int(suite.get("failures", -1)) == sum(r.verdict == "regressed" for r in rows) > 0
+    assert all(str(n).startswith("specprefill keep=0.3") for n in failed)
+    # a gate that could not compare is one erroring testcase
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as e:
+        main(["compare", "--baseline", str(base), "--candidate", str(tmp_path / "empty"), "--format", "junit"])
+    suite = ET.fromstring(capsys.readouterr().out).find("testsuite")
+    assert e.value.code == INCOMPARABLE and suite is not None and suite.get("errors") == "1"
+
+
+def test_markdown_verdict_fits_a_step_summary(base, tmp_path, capsys):
+    """The default suite's committed baseline against itself, and against a candidate with
+    every point regressed, each in at most 25 lines; --summary appends the same markdown."""
+    from harness.regress import Estimate, Verdict, render_markdown
+
+    rows_dir = ROOT / "results" / "baseline" / "cpu-avx2" / "rows"
+    summary = tmp_path / "summary.md"
+    argv = ["compare", "--baseline", str(rows_dir), "--candidate", str(rows_dir), "--format", "markdown"]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--summary", str(summary)])
+    out = capsys.readouterr().out
+    assert e.value.code == OK and len(out.splitlines()) <= 25 and out.startswith("### ✅ Regression gate: pass")
+    assert summary.read_text() == out and "17 points unchanged" in out and "{" not in out
+    _, rows, _ = compare(rows_dir, rows_dir)
+    worse = [dataclasses.replace(r, delta=Estimate(-50.0, -60.0, -40.0, 8), verdict="regressed") for r in rows]
+    md = render_markdown(Verdict(REGRESSED, rows=worse, baseline="b", candidate="c"))
+    assert len(md.splitlines()) <= 25 and "❌ regressed" in md and f"and {len(worse) - 10} more" in md
+
+
+def _harmless_suite(tmp_path) -> str:
+    """A suite whose one command does nothing (a broken guard must not run the real one)."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("commands:\n  - module: regress\n    args: ['--help']\n")
+    return str(suite)
+
+
+def test_the_gate_removes_only_candidate_folders_it_made(tmp_path, capsys):
+    from harness.regress import claim_candidate
+
+    mine = tmp_path / "mine"
+    claim_candidate(mine)  # made: carries the marker
+    (mine / "old.txt").write_text("x")
+    claim_candidate(mine)  # its own folder: removed and made again
+    assert (mine / MARKER).is_file() and not (mine / "old.txt").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    claim_candidate(empty)
+    assert (empty / MARKER).is_file()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "thesis.tex").write_text("years of work")
+    (tmp_path / "baselines").mkdir()
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--candidate", str(theirs), "--baselines", str(tmp_path / "baselines"),
+              "--suite", _harmless_suite(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert e.value.code == REFUSED and (theirs / "thesis.tex").read_text() == "years of work"
+    assert len(err.splitlines()) == 1 and str(theirs) in err and "left alone" in err
+
+
+def test_a_missing_baseline_folder_is_refused_in_one_line(base, tmp_path, capsys):
+    missing = tmp_path / "nonexistent"
+    with pytest.raises(SystemExit) as e:
+        main(["compare", "--baseline", str(missing), "--candidate", str(base)])
+    err = capsys.readouterr().err
+    assert e.value.code == REFUSED and err == f"regress: baseline folder {missing} does not exist\n"
+    cand = tmp_path / "cand"  # run: refused before the suite runs or the candidate is touched
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--baseline", str(missing), "--candidate", str(cand), "--format", "json",
+              "--suite", _harmless_suite(tmp_path)])  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert e.value.code == doc["exit_code"] == REFUSED and str(missing) in doc["note"] and not cand.exists()
+
+
+def test_a_corrupt_baseline_is_refused_naming_the_file(base, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    shutil.copytree(base, broken)
+    bad = broken / "spec" / "rows.parquet"
+    if not bad.exists():
+        bad = next((broken / "spec").rglob("*.parquet"))
+    bad.write_bytes(bad.read_bytes()[:200])
+    with pytest.raises(SystemExit) as e:
+        main(["compare", "--baseline", str(broken), "--candidate", str(base)])
+    err = capsys.readouterr().err
+    assert e.value.code == REFUSED and len(err.splitlines()) == 1
+    assert f"baseline file {bad} is corrupt or unreadable" in err
+
+
+def test_make_regress_passes_baseline_and_refuses_unknown_variables():
+    def make(*args: str) -> subprocess.CompletedProcess:
+        cmd = ["make", "-n", "-o", ".venv/.installed", *args]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    r = make("regress", "baseline=/nonexistent", "format=markdown")
+    assert r.returncode == 0 and "-m harness.regress run --baseline /nonexistent --format markdown" in r.stdout
+    r = make("regress", "baselines=/nonexistent")
+    assert r.returncode != 0 and "unknown variable(s) baselines" in r.stderr and "harness.regress" not in r.stdout
+    r = make("regress-accept", "reason=first amx baseline, float32")
+    assert r.returncode == 0 and 'accept --reason "first amx baseline, float32"' in r.stdout
+
+
+def test_history_plot_legends_tell_the_keeps_apart():
+    """The legend labels of history rows (old ones with method-option JSON too) keep only
+    what differs between the points; what they share is the panel's title."""
+    from harness.regress import _plot_labels
+
+    opts = '{"chunk_size": 32, "pool_kernel": 13, "position_mode": "original"}'
+    points = [f"smollm2-135m ruler-2048 specprefill keep={k} {opts} speculator=self_layers:8 ALL" for k in (0.1, 0.3)]
+    labels, shared = _plot_labels([*points, "smollm2-135m ruler-2048 full keep=1 ALL"])
+    assert labels[points[0]] == "specprefill keep=0.1 speculator=self_layers:8"
+    assert labels[points[1]] == "specprefill keep=0.3 speculator=self_layers:8"
+    assert shared == "smollm2-135m ruler-2048 ALL"
