@@ -234,15 +234,16 @@ def job_errors(out: Path) -> list[tuple[str, str]]:
 
 
 def paper_tables(out: Path, root: Path | None = None) -> list[str]:
-    """The paper tables (markdown) a results folder feeds: every table and the headline
-    figures for ``results/paper`` itself, the table's own for a folder inside it."""
+    """The paper tables (markdown) a results folder feeds: every table, the headline
+    figures and the baselines page for ``results/paper`` itself, the table's own for a
+    folder inside it."""
     from harness import paper
 
     root = (root or paper.RESULTS).resolve()
     here = Path(out).resolve()
     if here == root:
         names = paper.experiment_names()
-        return [paper.render(t, root) for t in names] + [paper.headline(root)]
+        return [paper.render(t, root) for t in names] + [paper.headline(root), paper.baselines(root)]
     if root in here.parents:
         table = here.relative_to(root).parts[0]
         if table in paper.experiment_names():
