@@ -104,8 +104,11 @@ def test_make_setup_gpu_insists_on_cuda_and_adds_minference(tmp_path):
     """`make setup gpu=1`: the CUDA vLLM build, a torch that sees a GPU, then MInference built
     against it; without a CUDA driver it fails in one line before creating anything."""
     venv = tmp_path / "venv"
+    # A top-level make, as a user types it (under `make test` the parent's MAKEFLAGS/MAKELEVEL would
+    # make it print "make[1]: Entering directory").
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     plan = subprocess.run(["make", "-n", "setup", "gpu=1", f"VENV={venv}"], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.splitlines()  # fmt: skip
+                          text=True, check=True, env=env).stdout.splitlines()  # fmt: skip
     steps = [ln for ln in plan if ln.strip()]
     assert steps[0].startswith("nvidia-smi -L")  # the driver first
     install = next(i for i, ln in enumerate(steps) if "pip install -e '.[dev,vllm-cuda]'" in ln)
@@ -115,7 +118,7 @@ def test_make_setup_gpu_insists_on_cuda_and_adds_minference(tmp_path):
     assert make_line("eval", "gpu=1", "keep=0.1")[3:] == ["keep=0.1"]  # gpu= is make's, never Hydra's
     if subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0:
         return  # a machine with a driver would really set up
-    proc = subprocess.run(["make", "setup", "gpu=1", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(["make", "setup", "gpu=1", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode != 0 and not venv.exists()
     assert proc.stderr.splitlines()[0] == (
         "make setup gpu=1: no CUDA driver found (nvidia-smi -L fails); install the NVIDIA driver, or run plain "
