@@ -61,7 +61,7 @@ import numpy as np
 import pandas as pd
 
 from harness.stats import Estimate, macro_mean_ci, paired_diff_ci, paired_ratio_ci, ratio_of_medians_ci
-from harness.store import read_results, run_folders
+from harness.store import DamagedRowFile, read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 # The speculator is part of a point: SpecPrefill with another speculator is another method,
@@ -399,19 +399,6 @@ NEEDED = {
 }
 
 
-def _unreadable_file(folder: Path) -> tuple[Path, str] | None:
-    """(the first row file under ``folder`` that does not read as parquet, why)."""
-    for run in run_folders(folder):
-        for f in [run / "rows.parquet", *sorted((run / "parts").glob("*.parquet"))]:
-            if f.exists():
-                try:
-                    pd.read_parquet(f)
-                except Exception as e:  # whatever a corrupt file raises, it is the one to name
-                    why = (str(e).strip().splitlines() or [""])[0][:160]
-                    return f, f"{type(e).__name__}: {why}" if why else type(e).__name__
-    return None
-
-
 def read_folder(folder: Path, role: str) -> pd.DataFrame:
     """Every row of a baseline or candidate folder, or :class:`Refused` in one line: the
     folder does not exist, a file in it is corrupt (named: the store's reader would skip
@@ -420,11 +407,10 @@ def read_folder(folder: Path, role: str) -> pd.DataFrame:
     folder = Path(folder)
     if not folder.is_dir():
         raise Refused(f"{role} folder {folder} does not exist")
-    bad = _unreadable_file(folder)
-    if bad is not None:
-        raise Refused(f"{role} file {bad[0]} is corrupt or unreadable ({bad[1]})")
     try:
-        df = read_results(folder)
+        df = read_results(folder, strict=True)
+    except DamagedRowFile as e:
+        raise Refused(f"{role} file {e.path} is corrupt or unreadable ({e.reason})") from e
     except Exception as e:  # a file changed under us, or a reader's own error
         why = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         raise Refused(f"{role} folder {folder} is unreadable ({type(e).__name__}: {why})") from e

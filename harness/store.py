@@ -402,9 +402,21 @@ def check_layout(folder: Path, out: Path | None = None) -> None:
 _NAMED: set[tuple[str, float]] = set()
 
 
-def _damaged(path: Path, error: BaseException, quarantine: bool) -> None:
-    """One ``[store]`` line for a row file that cannot be read; the owning run moves it aside."""
+class DamagedRowFile(ValueError):
+    """A row file that does not read as parquet, raised by a strict reader (the regression
+    gate: a baseline missing rows must not pass as points in one folder only)."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path} is not a readable parquet file ({reason})")
+        self.path, self.reason = path, reason
+
+
+def _damaged(path: Path, error: BaseException, quarantine: bool, strict: bool = False) -> None:
+    """One ``[store]`` line for a row file that cannot be read; the owning run moves it
+    aside; a ``strict`` reader raises :class:`DamagedRowFile` instead."""
     reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".replace(" '<Buffer>'", "")
+    if strict:
+        raise DamagedRowFile(path, reason[:200]) from error
     if quarantine:
         aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}")
         try:
@@ -426,8 +438,9 @@ def _damaged(path: Path, error: BaseException, quarantine: bool) -> None:
           f"moves it aside and runs its units again)", file=sys.stderr)  # fmt: skip
 
 
-def _read_file(path: Path, quarantine: bool) -> pd.DataFrame | None:
-    """One row file, or None when it is damaged (named, and moved aside with ``quarantine``)."""
+def _read_file(path: Path, quarantine: bool, strict: bool = False) -> pd.DataFrame | None:
+    """One row file, or None when it is damaged (named, and moved aside with ``quarantine``;
+    :class:`DamagedRowFile` when ``strict``)."""
     import pyarrow as pa
 
     try:
@@ -435,7 +448,7 @@ def _read_file(path: Path, quarantine: bool) -> pd.DataFrame | None:
     except FileNotFoundError:
         raise
     except (pa.ArrowException, OSError, ValueError, KeyError) as e:  # pyarrow's errors on a damaged file vary
-        _damaged(path, e, quarantine)
+        _damaged(path, e, quarantine, strict)
         return None
 
 
@@ -454,14 +467,16 @@ def _upgrade(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _read_frames(folders: list[Path], attempts: int = 5, quarantine: bool = False) -> list[pd.DataFrame]:
+def _read_frames(
+    folders: list[Path], attempts: int = 5, quarantine: bool = False, strict: bool = False
+) -> list[pd.DataFrame]:
     """Every row file of the folders, read while a run may be writing them: a run that
     compacts its parts between our listing and our reading has put their rows in
     ``rows.parquet`` before unlinking them, so a part gone missing means: list again. A
     damaged file is skipped with one line (moved aside with ``quarantine``)."""
     for attempt in range(attempts):
         try:
-            frames = [_read_file(p, quarantine) for p in _files(folders)]
+            frames = [_read_file(p, quarantine, strict) for p in _files(folders)]
             return [f for f in frames if f is not None]
         except FileNotFoundError:
             if attempt == attempts - 1:
@@ -469,12 +484,13 @@ def _read_frames(folders: list[Path], attempts: int = 5, quarantine: bool = Fals
     return []
 
 
-def read_rows(folders: Iterable[Path], quarantine: bool = False) -> pd.DataFrame:
+def read_rows(folders: Iterable[Path], quarantine: bool = False, strict: bool = False) -> pd.DataFrame:
     """All rows of the given run folders, newest row per (run, row key); safe to call
     while a run is writing them (a part compacted away while reading is read again from
     ``rows.parquet``). A damaged row file is skipped with one ``[store]`` line; with
-    ``quarantine`` (the run that owns the folder) it is also moved aside."""
-    frames = _read_frames([Path(f) for f in folders], quarantine=quarantine)
+    ``quarantine`` (the run that owns the folder) it is also moved aside; with ``strict``
+    it raises :class:`DamagedRowFile`."""
+    frames = _read_frames([Path(f) for f in folders], quarantine=quarantine, strict=strict)
     frames = [f for f in frames if not f.empty]
     if not frames:
         return pd.DataFrame(columns=[f.name for f in fields(RunRecord)])
@@ -494,12 +510,13 @@ def run_folders(out: Path) -> list[Path]:
     )
 
 
-def read_results(out: Path, kind: str | None = None) -> pd.DataFrame:
+def read_results(out: Path, kind: str | None = None, strict: bool = False) -> pd.DataFrame:
     """Every row under a results folder, of every kind (a ``kind`` column: eval, latency,
-    qps), or of one ``kind``."""
+    qps), or of one ``kind``; ``strict``: a damaged row file raises :class:`DamagedRowFile`
+    instead of being skipped."""
     if kind is not None and kind not in KINDS:
         raise ValueError(f"kind={kind!r}; allowed: {list(KINDS)}")
-    df = read_rows(run_folders(out))
+    df = read_rows(run_folders(out), strict=strict)
     if kind is not None:
         df = df[df["kind"] == kind].reset_index(drop=True)
         own = {f.name for f in fields(RECORDS[kind])}

@@ -42,9 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # runnable as a plain script on a machine without the package installed
 
 from harness.bench import gpu_check_vllm  # noqa: E402
-from harness.bench.gpu_check_vllm import Parts  # noqa: E402
-from harness.report import md_table, summarize_latency  # noqa: E402
-from harness.timing import measure  # noqa: E402
+from harness.bench.gpu_check_parts import IdTokenizer, Parts, ids_below, latency_grid, random_llama  # noqa: E402
 from specprefill import FullPrefill, Prompt, SpecPrefill  # noqa: E402
 from specprefill.backends.transformers import TransformersBackend  # noqa: E402
 from specprefill.core import select_tokens, token_importance  # noqa: E402
@@ -93,42 +91,6 @@ CPU = Sizes(
 KEEPS = (0.1, 0.3)
 
 
-class IdTokenizer:
-    """The backend decodes generated text; random models have no vocabulary to spell it in."""
-
-    eos_token_id = None
-
-    def __len__(self) -> int:
-        return 0
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return " ".join(str(i) for i in ids)
-
-
-def random_llama(shape: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int) -> Any:
-    """A random Llama of ``shape`` with Llama-3.1's rope scaling, built on the device in ``dtype``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192, "rope_theta": 500000.0}  # fmt: skip
-    cfg = LlamaConfig(**shape, max_position_embeddings=131072, rope_parameters=rope)
-    torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = LlamaForCausalLM(cfg)
-    finally:
-        torch.set_default_dtype(previous)
-    model.config._attn_implementation = "sdpa"
-    return model.eval()
-
-
-def ids_below(backend: TransformersBackend) -> int:
-    """Token ids the random prompts draw from: any real vocabulary's first 32000, or the model's."""
-    return min(32000, int(backend.base_config.vocab_size))
-
-
 def parity(backend: TransformersBackend, n: int) -> str:
     ids = torch.randint(0, ids_below(backend), (n,), generator=torch.Generator().manual_seed(1))
     prompt = Prompt(ids)
@@ -148,38 +110,7 @@ def parity(backend: TransformersBackend, n: int) -> str:
 
 
 def grid(backend: TransformersBackend, cfg: Sizes) -> tuple[str, pd.DataFrame]:
-    from harness.prompts import random_prompts
-
-    methods = [FullPrefill(), *(SpecPrefill(keep_rate=k, lookahead=1, chunk_size=32, pool_kernel=13) for k in KEEPS)]
-    rows = []
-    for batch, length in cfg.grid:
-        gen = torch.Generator().manual_seed(batch * 7919 + length)
-        for it in range(cfg.warmup + cfg.iters):
-            prompts = random_prompts(batch, length, ids_below(backend), gen)
-            for m in methods:
-                t0 = time.perf_counter()
-                row: dict[str, Any] = {"method": m.name, "keep_rate": m.options().get("keep_rate"), "batch": batch,
-                                       "length": length, "iteration": it, "warmup": it < cfg.warmup}  # fmt: skip
-                try:
-                    row.update(measure(m, prompts, backend), status="ok")
-                except Exception as e:  # out of memory at one point: recorded, the grid goes on
-                    row.update(status="failed", error=f"{type(e).__name__}: {e}")
-                    if torch.cuda.is_available():
-                        torch.cuda.empty_cache()
-                row["wall_s"] = time.perf_counter() - t0
-                rows.append(row)
-            print(f"  {batch}x{length} iteration {it} done", flush=True)
-    df = pd.DataFrame(rows)
-    common = {"run_id": "gpu-check", "model": "random 8B + 1B", "backend": "transformers", "prompt_source": "random",
-              "reference_method": "full", "method_options": "{}", "config_hash": "gpu-check", "dtype": "x"}  # fmt: skip
-    df = df.assign(**common)
-    s = summarize_latency(df)
-    cols = ["batch", "length", "method", "keep_rate", "n", "failed", "ttft_median_s", "method_median_s",
-            "base_prefill_median_s", "kept_fraction", "speedup", "ideal_speedup", "efficiency"]  # fmt: skip
-    table = s[cols].astype(object).map(lambda v: f"{v:.3f}" if isinstance(v, float) else v)
-    failed = df[df["status"] != "ok"]
-    notes = "".join(f"- {r['batch']}x{r['length']} {r['method']}: {r['error']}\n" for _, r in failed.iterrows())
-    return md_table(table) + (f"\nFailed points:\n{notes}" if notes else ""), df
+    return latency_grid(backend, cfg.grid, KEEPS, cfg.warmup, cfg.iters, "random 8B + 1B")
 
 
 def scoring_memory(backend: TransformersBackend, lengths: tuple[int, ...], device: torch.device) -> str:
@@ -252,7 +183,7 @@ def main() -> None:
 
         gc.collect()
         torch.cuda.empty_cache()
-    vllm_md, ran, skipped = gpu_check_vllm.run(cpu_mode, device, random_llama, IdTokenizer())
+    vllm_md, ran, skipped = gpu_check_vllm.run(cpu_mode, device)
     out.append(vllm_md)
     summary = ["## What ran\n\n", *(f"- ran: {t}\n" for t in parts.ran + ran)]
     summary += [f"- skipped: {t}\n" for t in skipped]

