@@ -1,6 +1,6 @@
 """``report.html``: one self-contained page per results folder.
 
-The page holds what :func:`harness.report.build` made of the folder (any mix of eval,
+The page holds what :mod:`harness.analysis` made of the folder (any mix of eval,
 latency and serving rows): the figures (PNG, embedded as data URIs, so the file opens
 anywhere with no network and no other file), the quality summary and the per-task table
 with their 95 % intervals, the latency and serving summaries, the paper's tables where the
@@ -24,10 +24,11 @@ from jinja2 import Environment, select_autoescape
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
-from harness.report import (
+from harness import paper
+from harness.analysis.folder import Analysis
+from harness.rendering.tables import (
     INTERVAL_NOTE,
     UNPAIRED_NOTE,
-    Report,
     format_summary,
     score_by_task,
     speculator_note,
@@ -75,12 +76,13 @@ TTFT speedup over the reference measured side by side, each with its 95 % interv
 {% if speculator_note %}<p class="note" id="speculator-note">{{ speculator_note }}</p>{% endif %}
 {% endif %}
 
-{% if figures %}
+{% if figures or dropped %}
 <h2 id="figures">Figures</h2>
 {% for f in figures %}
 <figure><img src="data:image/png;base64,{{ f.data }}" alt="{{ f.title }}"><figcaption><b>{{ f.title }}.</b>
 {{ f.caption }}</figcaption></figure>
 {% endfor %}
+{% for title, why in dropped %}<p class="note dropped">Not drawn: <b>{{ title }}</b>: {{ why }}.</p>{% endfor %}
 {% endif %}
 
 {% if quality %}
@@ -130,10 +132,11 @@ with 95 % bootstrap intervals; ideal speedup from the FLOP model; efficiency = s
 
 #: What each figure shows, under it on the page (keyed by the file name).
 CAPTIONS = {
-    "pareto.png": "One point per method and keep rate (the label), over all tasks: quality retention "
-    "(the method's score / the reference's on the same samples) against TTFT speedup measured side by side, "
-    "both with paired 95 % bootstrap intervals. The hollow marker joined to each point is its ideal speedup, "
-    "1 / kept fraction (the base prefill shrunk in proportion, choosing the tokens free). Up and right is better.",
+    "pareto.png": "One point per method and keep rate (the label): quality retention (the method's score / "
+    "the reference's on the same samples) against its TTFT speedup over the reference, both with paired 95 % "
+    "bootstrap intervals; the first panel over all tasks, then one per task. The hollow marker joined to each "
+    "point is its ideal speedup from the FLOP model of the rows' own models (the method's work, its speculator "
+    "included, against full prefill). Up and right is better.",
     "score_vs_keep.png": "Score per task (thin) and over all tasks (bold) against the keep rate, the reference "
     "at 1.0; bars are 95 % intervals; a hollow point averages fewer samples than the fullest one of its task.",
     "needle_vs_keep.png": "The fraction of the evidence tokens (RULER needles, QA gold documents) each method "
@@ -196,8 +199,8 @@ def failures(rows: pd.DataFrame) -> pd.DataFrame:
 
 def provenance(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per run: what produced its rows and where."""
-    cols = ["run_id", "kind", "model", "model_weights", "method", "backend", "dtype", "hardware", "git_sha",
-            "versions", "rows", "ok", "failed", "unsupported", "from", "to"]  # fmt: skip
+    cols = ["run_id", "kind", "model", "model_weights", "method", "speculator", "backend", "dtype", "hardware",
+            "git_sha", "versions", "rows", "ok", "failed", "unsupported", "from", "to"]  # fmt: skip
     if rows.empty:
         return pd.DataFrame(columns=cols)
     out = []
@@ -210,7 +213,10 @@ def provenance(rows: pd.DataFrame) -> pd.DataFrame:
         stamp = pd.to_datetime(g["timestamp"].astype(float), unit="s")
         out.append({
             "run_id": run, "kind": first["kind"], "model": first.get("model"),
-            "model_weights": first.get("model_weights"), "method": first.get("method"),
+            "model_weights": first.get("model_weights"), "method": " + ".join(dict.fromkeys(g["method"].astype(str))),
+            # the reference runs none (its rows' speculator is blank once normalized)
+            "speculator": ", ".join(sorted({str(x) for x in g.get("speculator", pd.Series(dtype=object)).dropna()} - {""}))
+            or "-",
             "backend": first.get("backend"), "dtype": first.get("dtype"),
             "hardware": " | ".join(sorted(set(g["hardware"].dropna().astype(str)))),
             "git_sha": " ".join(sorted(set(g["git_sha"].dropna().astype(str)))),
@@ -237,8 +243,6 @@ def paper_tables(out: Path, root: Path | None = None) -> list[str]:
     """The paper tables (markdown) a results folder feeds: every table, the headline
     figures and the baselines page for ``results/paper`` itself, the table's own for a
     folder inside it."""
-    from harness import paper
-
     root = (root or paper.RESULTS).resolve()
     here = Path(out).resolve()
     if here == root:
@@ -251,36 +255,31 @@ def paper_tables(out: Path, root: Path | None = None) -> list[str]:
     return []
 
 
-def _speedup_ci(r: dict[str, Any]) -> str:
-    """A summary row's TTFT speedup with its interval (the inverse of the TTFT ratio's)."""
-    v, lo, hi = r["speedup"], r["ttft_ratio_hi"], r["ttft_ratio_lo"]
-    if pd.isna(v):
-        return "-"
-    return f"{v:.2f}x" + ("" if pd.isna(lo) or pd.isna(hi) else f" [{1 / lo:.2f}, {1 / hi:.2f}]")
-
-
 def _markdown(md: str) -> Markup:
     html = MarkdownIt("commonmark", {"html": False}).enable("table").render(md)
     return Markup(html)
 
 
-def render(report: Report, paper_root: Path | None = None) -> str:
-    """The page's HTML."""
+def render(
+    report: Analysis,
+    drawn: list[tuple[str, Path]],
+    paper_root: Path | None = None,
+    dropped: list[tuple[str, str]] | None = None,
+) -> str:
+    """The page's HTML: ``report``'s summaries, the figures ``drawn`` from them and why any
+    was not (``dropped``: (title, why))."""
     rows, s = report.rows, report.summary
     figures = [
         {"title": title, "caption": CAPTIONS.get(p.name, ""), "data": base64.b64encode(p.read_bytes()).decode()}
-        for title, p in report.figures
+        for title, p in drawn
     ]
     quality = by_task = latency = qps = qps_rates = None
     glance = None
     if not s.empty:
         quality = html_table(format_summary(s), "quality-summary", highlight_all=True)
-        top = format_summary(s[s["task"] == "ALL"]).assign(
-            speedup=[_speedup_ci(r) for r in s[s["task"] == "ALL"].to_dict("records")]
-        )
         keep = ["model", "benchmark", "length", "method", "keep_rate", "n", "failed", "unsupported", "score",
-                "retention", "speedup", "kept_fraction", "needle_kept"]  # fmt: skip
-        glance = html_table(top[[c for c in keep if c in top.columns]], "at-a-glance")
+                "retention", "speedup", "ideal_speedup", "kept_fraction", "needle_kept"]  # fmt: skip
+        glance = html_table(format_summary(s[s["task"] == "ALL"], keep), "at-a-glance")
         wide = score_by_task(s)
         if (
             len([c for c in wide.columns if c not in ("model", "benchmark", "length", "method", "keep_rate", "ALL")])
@@ -300,7 +299,7 @@ def render(report: Report, paper_root: Path | None = None) -> str:
         (i, n)
         for i, n, present in (
             ("glance", "At a glance", glance is not None),
-            ("figures", "Figures", figures),
+            ("figures", "Figures", figures or dropped),
             ("quality", "Quality", quality is not None),
             ("latency", "Latency", latency is not None),
             ("serving", "Serving", qps is not None),
@@ -318,6 +317,7 @@ def render(report: Report, paper_root: Path | None = None) -> str:
         has_rows=not rows.empty,
         sections=sections,
         figures=figures,
+        dropped=dropped or [],
         glance=glance,
         speculator_note=speculator_note(rows),
         quality=quality,
@@ -336,10 +336,15 @@ def render(report: Report, paper_root: Path | None = None) -> str:
     )
 
 
-def write_html(report: Report, paper_root: Path | None = None) -> Path:
+def write_html(
+    report: Analysis,
+    drawn: list[tuple[str, Path]],
+    paper_root: Path | None = None,
+    dropped: list[tuple[str, str]] | None = None,
+) -> Path:
     """Write ``<out>/report.html`` (to a temporary name, then renamed)."""
     path = report.out / "report.html"
     tmp = path.with_name(".report.html.tmp")
-    tmp.write_text(render(report, paper_root), encoding="utf-8")
+    tmp.write_text(render(report, drawn, paper_root, dropped), encoding="utf-8")
     tmp.replace(path)
     return path

@@ -41,8 +41,23 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from harness.analysis.latency import summarize_latency
+from harness.analysis.quality import (
+    MIXED,
+    Parts,
+    Point,
+    all_parts,
+    categories,
+    labels,
+    macro_mean,
+    paired_ratio,
+    point_rows,
+)
+from harness.analysis.serving import summarize_qps
+from harness.analysis.stats import Estimate
 from harness.dryrun import MFU, PEAK_FLOPS  # the FLOP model's GPU, shared with every dry run's estimate
-from harness.stats import Estimate, estimate, mean_draws, task_seed
+from harness.plots import _panels, _plt
+from harness.rendering.tables import md_table
 from harness.store import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -240,12 +255,74 @@ class Ours:
         return self.rows.empty
 
     def eval(self, model: str | None = None) -> pd.DataFrame:
+        """The ok eval rows (normalized: :mod:`harness.analysis.rows`), of ``model`` if given."""
         if self.rows.empty or "keep_rate" not in self.rows:
             cols = ["model", "method", "keep_rate", "task", "sample_id", "score", "ttft_s", "reference_method"]
-            return pd.DataFrame(columns=[*cols, "category"])
-        d = self.rows[(self.rows["kind"] == "eval") & (self.rows["status"] == "ok")]
-        d = d.assign(keep_rate=d["keep_rate"].astype(float).fillna(1.0))
-        return d if model is None else d[d["model"] == model]
+            return pd.DataFrame(columns=[*cols, "category", "is_reference", "hardware"])
+        return point_rows(self.rows, {} if model is None else {"model": model})
+
+    def _point(self, method: str | None, keep: float, model: str | None) -> pd.DataFrame:
+        """One method's rows at a keep rate (``None``: the reference's)."""
+        d = self.eval(model)
+        if method is None:
+            return d[d["is_reference"].astype(bool)]
+        return d[(d["method"] == method) & np.isclose(d["keep_rate"].astype(float), keep)]
+
+    @staticmethod
+    def _parts(rows: pd.DataFrame, group: str, key: Callable[[pd.Series], str] | None) -> Parts | None:
+        """The tasks a cell averages: with ``key`` None the summary's own labels (a task,
+        ``ALL``: over the rows' categories where they have any, else over tasks); with a
+        ``key``, its groups (``ALL``/``Avg``: the mean over them)."""
+        if rows.empty:
+            return None
+        if key is None:
+            return labels(rows).get(group)
+        cats = categories(rows, key)
+        if group in ("ALL", "Avg"):
+            return all_parts(set(rows["task"].astype(str)), cats)
+        return [cats[group]] if group in cats else None
+
+    def score(
+        self,
+        method: str,
+        keep: float,
+        group: str,
+        key: Callable[[pd.Series], str] | None = None,
+        model: str | None = None,
+    ) -> Estimate | None:
+        """The score of a cell (:func:`harness.analysis.quality.macro_mean`)."""
+        rows = self._point(method, keep, model)
+        parts = self._parts(rows, group, key)
+        e = macro_mean(Point(rows), "score", parts) if parts else None
+        return None if e is None or math.isnan(e.value) else e
+
+    def retention(
+        self,
+        method: str,
+        keep: float,
+        group: str,
+        key: Callable[[pd.Series], str] | None = None,
+        model: str | None = None,
+    ) -> Estimate | None:
+        """The method's score over the reference's on the samples both ran
+        (:func:`harness.analysis.quality.paired_ratio`)."""
+        rows = self._point(method, keep, model)
+        parts = self._parts(rows, group, key)
+        if not parts:
+            return None
+        e = paired_ratio(Point(rows), "score", Point(self._point(None, 1.0, model)), "score", parts)
+        return None if math.isnan(e.value) else e
+
+    def ttft_speedup(self, method: str, keep: float, model: str | None = None) -> Estimate | None:
+        """The summary's speedup over ``ALL``: the reference's TTFT over the method's on the
+        samples both ran, on one machine (:func:`harness.analysis.quality.paired_ratio`)."""
+        rows, ref = self._point(method, keep, model), self._point(None, 1.0, model)
+        parts = self._parts(rows, "ALL", None)
+        p, r = Point(rows), Point(ref)
+        if not parts or p.hardware() == MIXED or p.hardware() != r.hardware():
+            return None
+        e = paired_ratio(r, "ttft_s", p, "ttft_s", parts)
+        return None if math.isnan(e.value) else e
 
     def provenance(self) -> str:
         r = self.rows
@@ -256,83 +333,6 @@ class Ours:
                 if vals:  # a speculator only where a method has one
                     parts.append(f"{col} {', '.join(v[:12] if col == 'git_sha' else v for v in vals)}")
         return "; ".join(parts)
-
-    def groups(self, method: str, keep: float, key: Callable[[pd.Series], str], model: str | None) -> dict[str, Any]:
-        """Per group (a task, a category): the per-sample scores of each task in it, keyed
-        by (task, sample_id) so pairs line up with the reference."""
-        d = self.eval(model)
-        d = d[(d["method"] == method) & np.isclose(d["keep_rate"].astype(float), keep)]
-        out: dict[str, dict[str, pd.Series]] = {}
-        for task, g in d.groupby("task"):
-            s = g.drop_duplicates("sample_id").set_index("sample_id")["score"].astype(float)
-            out.setdefault(key(g.iloc[0]), {})[str(task)] = s
-        return out
-
-    def score(self, method: str, keep: float, group: str, key: Callable[[pd.Series], str], model: str | None = None):
-        """The macro mean over a group's tasks (``ALL``/``Avg``: over the groups), with a
-        bootstrap interval resampling each task's samples."""
-        gs = self.groups(method, keep, key, model)
-        names = list(gs) if group in ("ALL", "Avg") else [group]
-        if not names or any(n not in gs for n in names):
-            return None
-        tasks = {(g, t): s for g in names for t, s in gs[g].items()}
-        draws = {k: mean_draws(s.to_numpy(), task_seed(k[1])) for k, s in tasks.items()}
-        means = {k: float(s.mean()) for k, s in tasks.items()}
-        cat_val = {g: np.mean([means[(g, t)] for t in gs[g]]) for g in names}
-        cat_draws = {g: np.mean([draws[(g, t)] for t in gs[g]], axis=0) for g in names}
-        value = float(np.mean(list(cat_val.values())))
-        return estimate(value, np.mean(list(cat_draws.values()), axis=0), sum(len(s) for s in tasks.values()))
-
-    def retention(self, method: str, keep: float, group: str, key, reference: str = "full", model=None):
-        """score(method) / score(reference) on the samples both ran, each task resampled
-        with the same indices for both (paired)."""
-        m, r = self.groups(method, keep, key, model), self.groups(reference, 1.0, key, model)
-        names = list(m) if group in ("ALL", "Avg") else [group]
-        if not names or any(n not in m or n not in r for n in names):
-            return None
-        num_v, den_v, num_d, den_d, n = [], [], [], [], 0
-        for g in names:
-            tv, td, rv, rd = [], [], [], []
-            for t, s in m[g].items():
-                if t not in r[g]:
-                    return None
-                common = s.index.intersection(r[g][t].index)
-                if not len(common):
-                    return None
-                a, b = s.loc[common].to_numpy(), r[g][t].loc[common].to_numpy()
-                seed = task_seed(t)
-                tv.append(a.mean())
-                rv.append(b.mean())
-                td.append(mean_draws(a, seed))  # the same seed for both: the same resampled indices
-                rd.append(mean_draws(b, seed))
-                n += len(common)
-            num_v.append(np.mean(tv))
-            den_v.append(np.mean(rv))
-            num_d.append(np.mean(td, axis=0))
-            den_d.append(np.mean(rd, axis=0))
-        den = float(np.mean(den_v))
-        if den == 0:
-            return None
-        with np.errstate(divide="ignore", invalid="ignore"):
-            draws = np.mean(num_d, axis=0) / np.mean(den_d, axis=0)
-        draws[~np.isfinite(draws)] = np.nan
-        return estimate(float(np.mean(num_v)) / den, draws, n)
-
-    def ttft_speedup(self, method: str, keep: float, model: str | None = None) -> Estimate | None:
-        """From eval rows: the reference's mean TTFT over the method's on the same samples."""
-        from harness.stats import paired_ratio_ci
-
-        d = self.eval(model)
-        m = d[(d["method"] == method) & np.isclose(d["keep_rate"].astype(float), keep)]
-        r = d[d["method"] == d["reference_method"]]
-        if m.empty or r.empty:
-            return None
-        mi = m.drop_duplicates(["task", "sample_id"]).set_index(["task", "sample_id"])["ttft_s"]
-        ri = r.drop_duplicates(["task", "sample_id"]).set_index(["task", "sample_id"])["ttft_s"]
-        common = mi.index.intersection(ri.index)
-        if not len(common):
-            return None
-        return paired_ratio_ci(ri.loc[common].to_numpy(float), mi.loc[common].to_numpy(float))
 
     def why_missing(self, kind: str, method: str) -> str:
         """Why a method has no usable row: its rows' status and first error (``unsupported:
@@ -348,18 +348,10 @@ class Ours:
         return f"{bad['status'].iloc[0]}: {err}" if err else str(bad["status"].iloc[0])
 
     def latency(self) -> pd.DataFrame:
-        from harness.report import summarize_latency
-
         d = self.rows[self.rows["kind"] == "latency"] if not self.rows.empty else self.rows
-        if d.empty:
-            return pd.DataFrame()
-        s = summarize_latency(d)
-        s["method_name"] = s["method"].str.split(" (", regex=False).str[0]
-        return s
+        return summarize_latency(d) if not d.empty else pd.DataFrame()
 
     def qps(self) -> pd.DataFrame:
-        from harness.report import summarize_qps
-
         d = self.rows[self.rows["kind"] == "qps"] if not self.rows.empty else self.rows
         return summarize_qps(d) if not d.empty else pd.DataFrame()
 
@@ -371,7 +363,7 @@ class Ours:
 #: clone renders the same tables (``make paper-report`` reads it where no run folder is).
 POINTS = "rows.csv"
 #: What the tables read: :class:`Ours` (lookups, provenance, why a cell is empty),
-#: ``harness.report.summarize_latency`` and ``summarize_qps``; ``sub`` is the command's
+#: :mod:`harness.analysis`'s latency and serving summaries; ``sub`` is the command's
 #: subfolder (one per QPS category). tests/test_paper.py renders from these columns alone
 #: and from whole rows and compares.
 POINT_COLUMNS = (
@@ -539,7 +531,7 @@ def _ratio(a: Published | None, b: Published | None) -> float | None:
 
 
 def retention_cell(
-    ours: Ours, method: str, keep: float, group: str, key: Callable[[pd.Series], str], model: str | None
+    ours: Ours, method: str, keep: float, group: str, key: Callable[[pd.Series], str] | None, model: str | None
 ) -> str:
     """Our retention of one group, else why there is none: undefined where full prefill
     scored 0 there (a ratio over 0, however the method scored), not run otherwise."""
@@ -553,8 +545,6 @@ def retention_cell(
 
 
 def _md(rows: list[dict[str, str]]) -> str:
-    from harness.report import md_table
-
     return md_table(pd.DataFrame(rows)) if rows else "(nothing)\n"
 
 
@@ -591,8 +581,6 @@ def figure(marks: list[Mark], title: str, path: Path) -> Path | None:
     hollow markers, ours solid with their intervals); over categories or grid points, grouped
     bars (the paper's hatched and hollow, ours filled with their intervals; a lower bound
     marked ``>=``). None where there is nothing to draw."""
-    from harness.plots import _panels, _plt
-
     if not marks:
         return None
     panels = list(dict.fromkeys(m.panel for m in marks))
@@ -655,10 +643,6 @@ def figure(marks: list[Mark], title: str, path: Path) -> Path | None:
 Built = tuple[str, list[Mark]]
 
 
-def _by_task(r: pd.Series) -> str:
-    return str(r["task"])
-
-
 def _longbench_405b(exp: Experiment, pub: pd.DataFrame, ours: Ours, variant: str) -> Built:
     src = pub[pub["source"] == exp.source]
     model = exp.variants[variant].models.get("llama405b")
@@ -673,10 +657,10 @@ def _longbench_405b(exp: Experiment, pub: pd.DataFrame, ours: Ours, variant: str
         full = _paper(src, task=t, method="full", metric="score")
         r = {
             "dataset": t,
-            **columns("full score", cell(ours.score("full", 1.0, t, _by_task, model), full, no_delta=nd)),
+            **columns("full score", cell(ours.score("full", 1.0, t, None, model), full, no_delta=nd)),
         }
         for k in keeps:
-            r[f"retention keep {k:g} (ours)"] = retention_cell(ours, "specprefill", k, t, _by_task, model)
+            r[f"retention keep {k:g} (ours)"] = retention_cell(ours, "specprefill", k, t, None, model)
         rows.append(r)
     speed, marks = [], []
     for k in keeps:
@@ -685,8 +669,8 @@ def _longbench_405b(exp: Experiment, pub: pd.DataFrame, ours: Ours, variant: str
             {
                 "keep": f"{k:g}",
                 **columns("TTFT speedup", cell(sp, p, no_delta=nd)),
-                "score ALL (ours)": cell(ours.score("specprefill", k, "ALL", _by_task, model), None, "{:.1f}")[0],
-                "retention ALL (ours)": retention_cell(ours, "specprefill", k, "ALL", _by_task, model),
+                "score ALL (ours)": cell(ours.score("specprefill", k, "ALL", None, model), None, "{:.1f}")[0],
+                "retention ALL (ours)": retention_cell(ours, "specprefill", k, "ALL", None, model),
             }
         )
         panel = "TTFT speedup over full prefill vs keep"
@@ -694,7 +678,7 @@ def _longbench_405b(exp: Experiment, pub: pd.DataFrame, ours: Ours, variant: str
             marks.append(Mark(panel, "paper", "SpecPrefill", k, p.value))
         if sp is not None:
             marks.append(Mark(panel, variant, "SpecPrefill", k, sp.value, sp.lo, sp.hi))
-        ret = ours.retention("specprefill", k, "ALL", _by_task, model=model)
+        ret = ours.retention("specprefill", k, "ALL", None, model=model)
         if ret is not None:
             panel = "score retention (ALL) vs keep (the paper prints none)"
             marks.append(Mark(panel, variant, "SpecPrefill", k, ret.value, ret.lo, ret.hi))

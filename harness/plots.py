@@ -2,11 +2,11 @@
 
 Each function writes one PNG and returns its path, or ``None`` when the folder holds nothing
 that figure shows. Intervals are the summaries' 95 % bootstrap intervals
-(:mod:`harness.intervals`, :func:`harness.stats.ratio_of_medians_ci`); every figure names
-its sample counts.
+(:mod:`harness.analysis`); every figure names its sample counts. Nothing here computes a
+measure: each figure draws the summaries' columns.
 
 - :func:`pareto`: quality retention vs measured TTFT speedup, one point per method and keep
-  rate, with the ideal speedup of what each kept;
+  rate, over all tasks and per task, with the FLOP model's ideal speedup;
 - :func:`score_vs_keep`: score vs keep rate per task and overall (``ALL``, bold);
 - :func:`needle_vs_keep`: the fraction of needle (evidence) tokens kept vs keep rate;
 - :func:`score_vs_length`: score vs context length per method (RULER's 4K -> 128K view);
@@ -20,12 +20,15 @@ its sample counts.
 from __future__ import annotations
 
 import itertools
-import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from harness.analysis.folder import Analysis
+from harness.analysis.rows import normalize
+from harness.rendering.tables import natural_key
 
 #: Depth bins of the needle heatmap (fraction of the context before the needle).
 DEPTH_BINS = np.linspace(0.0, 1.0, 6)
@@ -159,63 +162,101 @@ def needle_vs_keep(summary: pd.DataFrame, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def pareto_points(summary: pd.DataFrame) -> pd.DataFrame:
-    """The points of :func:`pareto`: each non-reference method and keep rate over all tasks
-    (``ALL``) with its retention and speedup, their 95 % intervals (the speedup's from the
-    TTFT ratio's: ``1 / hi .. 1 / lo``), and its ideal speedup: ``1 / kept_fraction``, or the
-    summary's own ``ideal_speedup`` column where it has one (FLOPs, from latency rows)."""
+def pareto_points(summary: pd.DataFrame, task: str = "ALL") -> pd.DataFrame:
+    """The points of one :func:`pareto` panel: each non-reference method and keep rate on
+    ``task`` (``ALL``: over all tasks) with a retention and a speedup (the summary's, with
+    their intervals) and the summary's ideal speedup (the FLOP model's)."""
+    s = summary[(summary["task"] == task) & (summary["method_name"] != summary["reference"])]
+    return s.dropna(subset=["retention", "speedup"])
+
+
+def pareto_dropped(summary: pd.DataFrame) -> str | None:
+    """Why :func:`pareto` draws nothing (None when it draws): no point has both a retention
+    and a speedup, and which is missing."""
     s = summary[(summary["task"] == "ALL") & (summary["method_name"] != summary["reference"])]
-    s = s.dropna(subset=["retention", "speedup"])
-    ideal = 1.0 / s["kept_fraction"]
-    if "ideal_speedup" in s:
-        ideal = s["ideal_speedup"].astype(float).fillna(ideal)
-    return s.assign(speedup_lo=1.0 / s["ttft_ratio_hi"], speedup_hi=1.0 / s["ttft_ratio_lo"], ideal_speedup=ideal)
+    if not pareto_points(summary).empty:
+        return None
+    if s.empty:
+        return "only the reference ran: no method to place against it"
+    if s["retention"].isna().all():
+        ref = summary[(summary["task"] == "ALL") & (summary["method_name"] == summary["reference"])]
+        if not ref.empty and (ref["score"] == 0).all():
+            return "the reference scores 0 over all tasks, so retention (a score over the reference's) is undefined"
+        return "no method shares samples with a reference run, so no retention exists"
+    return "no TTFT ratio: no reference rows ran on the same machine with the same dtype and backend"
 
 
-def natural_key(label: object) -> list:
-    """A sort key that puts 'self_layers:8' before 'self_layers:12'."""
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(label))]
+def _panel_pareto(ax: Any, g: pd.DataFrame, title: str, xmax: float) -> None:
+    """One panel of :func:`pareto` (``g``: its points)."""
+    offsets = itertools.cycle([(6, 6), (6, -12), (-18, 6), (-18, -12)])  # labels off the point and its bars
+    for method, gm in sorted(g.groupby("method"), key=lambda x: natural_key(x[0])):
+        gm = gm.sort_values("keep_rate")
+        sp = gm["speedup"]
+        line = ax.errorbar(sp, gm["retention"], xerr=_yerr(sp, gm["speedup_lo"], gm["speedup_hi"]),
+                           yerr=_yerr(gm["retention"], gm["retention_lo"], gm["retention_hi"]),
+                           fmt="o-", capsize=3, label=str(method), zorder=3)  # fmt: skip
+        color = line[0].get_color()
+        for x, xi, y, k in zip(sp, gm["ideal_speedup"], gm["retention"], gm["keep_rate"], strict=True):
+            ax.annotate(f"{k:g}", (x, y), textcoords="offset points", xytext=next(offsets), fontsize=7,
+                        color=color, bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
+                        zorder=4)  # fmt: skip
+            if np.isfinite(xi):
+                ax.plot([x, xi], [y, y], ls=":", color=color, lw=1)
+                ax.plot([xi], [y], marker="o", mfc="none", color=color)
+    ax.plot([1.0], [1.0], marker="*", ms=12, color="black", ls="none", label=f"{g['reference'].iloc[0]} (reference)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_xlim(min(0.9, float(g["speedup_lo"].min(skipna=True) or 0.9)) * 0.95, xmax)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
 
 
 def pareto(summary: pd.DataFrame, path: Path) -> Path | None:
-    """Quality retention (score / the reference's on the same samples) vs measured TTFT
-    speedup over the reference, one point per method and keep rate (``ALL``), both with
-    their paired 95 % intervals. The hollow marker joined to each point is its ideal
-    speedup, 1 / kept fraction: the base prefill shrunk in proportion to the tokens kept,
-    at no cost for choosing them (attention's quadratic part would give more, the method's
-    own cost less)."""
-    s = pareto_points(summary)
-    if s.empty:
+    """Quality retention (score / the reference's on the same samples) vs TTFT speedup over
+    the reference, one point per method and keep rate, both with their paired 95 %
+    intervals: per model, benchmark and length a row of panels, ``ALL`` first and then one
+    per task (small multiples; a task whose reference scores 0 has no retention and says
+    so). The hollow marker joined to each point is its ideal speedup, the FLOP model's
+    (the rows' own base and speculator: full prefill's FLOPs over the method's work);
+    where the rows carry no FLOP counts (older runs), none is drawn and the legend says so."""
+    s = summary[(summary["method_name"] != summary["reference"])]
+    if pareto_points(summary).empty:
         return None
-    groups = list(s.groupby(["model", "benchmark", "length"]))
-    fig, axes = _panels(len(groups), 6.5)
-    for ax, ((model, bench, length), g) in zip(axes, groups, strict=False):
-        for method, gm in sorted(g.groupby("method"), key=lambda x: natural_key(x[0])):
-            gm = gm.sort_values("keep_rate")
-            sp = gm["speedup"]
-            line = ax.errorbar(sp, gm["retention"], xerr=_yerr(sp, gm["speedup_lo"], gm["speedup_hi"]),
-                               yerr=_yerr(gm["retention"], gm["retention_lo"], gm["retention_hi"]),
-                               fmt="o-", capsize=3, label=str(method))  # fmt: skip
-            color = line[0].get_color()
-            for x, xi, y, k in zip(sp, gm["ideal_speedup"], gm["retention"], gm["keep_rate"], strict=True):
-                ax.annotate(f"{k:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-                if np.isfinite(xi):
-                    ax.plot([x, xi], [y, y], ls=":", color=color, lw=1)
-                    ax.plot([xi], [y], marker="o", mfc="none", color=color)
-        ax.plot(
-            [1.0], [1.0], marker="*", ms=12, color="black", ls="none", label=f"{g['reference'].iloc[0]} (reference)"
-        )
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.axvline(1.0, color="grey", lw=0.8)
-        flops = "ideal_speedup" in summary and summary["ideal_speedup"].notna().any()
-        ideal = "ideal speedup (FLOPs)" if flops else "ideal speedup (1 / kept fraction)"
-        ax.plot([], [], marker="o", mfc="none", color="grey", ls=":", label=ideal)
-        ax.set_xlabel("TTFT speedup over the reference (measured side by side)")
-        ax.set_ylabel("quality retention (score / reference score)")
-        ax.set_title(f"{model} · {bench} {length} · ALL · {_n_range(g['n'])} samples per point; labels: keep rate",
-                     fontsize=9)  # fmt: skip
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    groups = [(k, g) for k, g in s.groupby(["model", "benchmark", "length"]) if not pareto_points(g).empty]
+    tasks = {k: ["ALL", *sorted(t for t in set(g["task"]) if t != "ALL" and not t.startswith("[") and " @" not in t)]
+             for k, g in groups}  # fmt: skip
+    width = max(len(t) for t in tasks.values())
+    plt = _plt()
+    fig, axes = plt.subplots(len(groups), width, figsize=(4.6 * width, 4.2 * len(groups)), squeeze=False)
+    for row, ((model, bench, length), g) in enumerate(groups):
+        pts = {t: pareto_points(g, t) for t in tasks[(model, bench, length)]}
+        drawn = pd.concat([p for p in pts.values() if not p.empty])
+        xs = pd.concat([drawn["speedup_hi"], drawn["speedup"], drawn["ideal_speedup"]]).astype(float)
+        xmax = max(1.1, float(np.nanmax(xs.to_numpy())) * 1.08)
+        for col, task in enumerate(tasks[(model, bench, length)]):
+            ax = axes[row, col]
+            n = g[g["task"] == task]["n"]
+            title = f"{model} · {bench} {length} · {task}" if col == 0 else task
+            if pts[task].empty:
+                ref = summary[(summary["task"] == task) & (summary["method_name"] == summary["reference"])]
+                why = "reference scores 0:\nretention undefined" if (ref["score"] == 0).any() else "no paired point"
+                ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="grey")
+                ax.set_title(title, fontsize=9)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                continue
+            _panel_pareto(ax, pts[task], f"{title} · {_n_range(n)}", xmax)
+            if col == 0:
+                ax.set_ylabel("quality retention (score / reference score)")
+            ax.set_xlabel("TTFT speedup over the reference")
+        for ax in axes[row, len(tasks[(model, bench, length)]) :]:
+            ax.set_visible(False)
+    first = axes[0, 0]
+    flops = bool(s["ideal_speedup"].notna().any())
+    ideal = "ideal speedup (FLOP model)" if flops else "ideal: not drawn (these rows record no FLOP counts)"
+    first.plot([], [], marker="o", mfc="none", color="grey", ls=":" if flops else "none", label=ideal)
+    first.plot([], [], ls="none", label="labels: keep rate")
+    first.legend(fontsize=7)
     return _save(fig, path)
 
 
@@ -254,15 +295,17 @@ def needle_grid(rows: pd.DataFrame) -> pd.DataFrame:
     cols = ["model", "benchmark", "method", "keep", "depth_bin", "length", "score", "n"]
     if rows.empty or "needle_depth" not in rows:
         return pd.DataFrame(columns=cols)
+    rows = normalize(rows)
     r = rows[(rows["status"] == "ok") & rows["task"].astype(str).str.startswith("niah")]
     r = r.dropna(subset=["needle_depth", "score"])
     if r.empty:
         return pd.DataFrame(columns=cols)
     r = r.assign(
         depth_bin=pd.cut(r["needle_depth"].astype(float).clip(0, 1), DEPTH_BINS, include_lowest=True, labels=False),
-        keep=r["keep_rate"].astype(float).fillna(1.0),
+        keep=r["keep_rate"].astype(float),
         length=r["length"].astype(int),
     )
+    r = r.assign(method=r["label"])
     g = r.groupby(["model", "benchmark", "method", "keep", "depth_bin", "length"])["score"]
     return g.agg(score="mean", n="size").reset_index()[cols]
 
@@ -383,7 +426,7 @@ def qps_curves(rates: pd.DataFrame, path: Path) -> Path | None:
     for ax, ((model, bench, length), g) in zip(axes, groups, strict=False):
         for (method, keep, _run), gm in g.groupby(["method", "keep_rate", "run_id"], dropna=False):
             gm = gm.sort_values("rate")
-            label = str(method) if pd.isna(keep) else f"{method} keep {keep:g}"
+            label = str(method) if gm["is_reference"].all() else f"{method} keep {keep:g}"
             line = ax.plot(gm["rate"], gm["ttft_p90_s"], "-", label=f"{label} ({_n_range(gm['requests'])} req/rate)")
             color = line[0].get_color()
             ok = gm["passed"].astype(bool)
@@ -399,3 +442,31 @@ def qps_curves(rates: pd.DataFrame, path: Path) -> Path | None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+def draw_all(a: Analysis, figs: Path) -> tuple[list[tuple[str, Path]], list[tuple[str, str]]]:
+    """Every figure of a folder's analysis under ``figs``: (the drawn ones as (title,
+    path); the ones left out as (title, why), for the page to say)."""
+    out: list[tuple[str, Path | None, str | None]] = []
+    s, lat, rates = a.summary, a.latency, a.qps_rates
+    if not s.empty:
+        ev = a.rows[a.rows["kind"] == "eval"]
+        out += [
+            ("Quality vs speed: retention vs TTFT speedup, over all tasks and per task", pareto(s, figs / "pareto.png"),
+             pareto_dropped(s)),
+            ("Score vs keep rate", score_vs_keep(s, figs / "score_vs_keep.png"), None),
+            ("Needle tokens kept vs keep rate", needle_vs_keep(s, figs / "needle_vs_keep.png"), None),
+            ("Score vs context length", score_vs_length(s, figs / "score_vs_length.png"), None),
+            ("NIAH: score by needle depth and context length", needle_heatmap(ev, figs / "needle_heatmap.png"),
+             None),
+        ]  # fmt: skip
+    if not lat.empty:
+        out += [
+            ("TTFT speedup vs keep rate", latency_vs_keep(lat, figs / "latency.png"), None),
+            ("TTFT over the batch x length grid", latency_grid(lat, figs / "latency_grid.png"), None),
+        ]
+    if not rates.empty:
+        out.append(("Serving: TTFT p90 vs request rate", qps_curves(rates, figs / "qps.png"), None))
+    drawn = [(t, p) for t, p, _ in out if p is not None]
+    dropped = [(t, why) for t, p, why in out if p is None and why]
+    return drawn, dropped

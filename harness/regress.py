@@ -4,8 +4,9 @@
 folders point by point (model, benchmark, length, task, method and its options, keep):
 
 * **Quality**: the paired difference of per-sample scores, over the samples both folders
-  ran (:func:`harness.stats.paired_diff_ci`, seeded, 2000 resamples); per task, and
-  ``ALL`` (a stratified bootstrap over the tasks). A point regresses when the drop's 95 %
+  ran (:func:`harness.analysis.quality.paired_difference`, seeded, 2000 resamples); per
+  task, and ``ALL`` as the summary takes it (over categories where the benchmark has them,
+  else over tasks; a stratified bootstrap). A point regresses when the drop's 95 %
   interval excludes 0 *and* the drop exceeds ``--quality-tol`` (2 points on the 0-100
   scale): one flipped sample among many is noise, not a regression.
 * **Speed**: the speedup over the reference method measured inside each folder (never
@@ -60,16 +61,24 @@ from typing import TextIO
 import numpy as np
 import pandas as pd
 
-from harness.stats import Estimate, macro_mean_ci, paired_diff_ci, paired_ratio_ci, ratio_of_medians_ci
+from harness.analysis.latency import summarize_latency
+from harness.analysis.quality import (
+    Point,
+    all_parts,
+    categories,
+    paired_difference,
+    paired_ratio,
+    references,
+    summarize,
+)
+from harness.analysis.rows import LATENCY_POINT, POINT, REFERENCE_OF, normalize
+from harness.analysis.stats import Estimate
 from harness.store import DamagedRowFile, read_results
 
 ROOT = Path(__file__).resolve().parents[1]
-# The speculator is part of a point: SpecPrefill with another speculator is another method,
-# never compared with the baseline's (a deeper one scores better and runs slower).
-QUALITY_KEY = ["model", "benchmark", "length", "method", "method_options", "keep_rate", "speculator"]
-LATENCY_KEY = [
-    "model", "backend", "prompt_source", "batch", "length", "method", "method_options", "keep_rate", "speculator"
-]  # fmt: skip
+# A point is the analysis layer's (harness.analysis.rows.POINT, LATENCY_POINT): the speculator
+# is part of it, so SpecPrefill with another speculator is another method, never compared
+# with the baseline's (a deeper one scores better and runs slower).
 OK, REGRESSED, INCOMPARABLE, NO_BASELINE, REFUSED = 0, 1, 2, 3, 4
 EXIT_CODES = {
     OK: "pass: nothing regressed",
@@ -157,12 +166,12 @@ def _fields(r: dict, reference: bool = False) -> dict[str, str]:
 
 
 def _quality_fields(key: tuple, reference: bool, where: str = "") -> dict[str, str]:
-    r = dict(zip(QUALITY_KEY, key, strict=True))
+    r = dict(zip(POINT, key, strict=True))
     return _fields(r, reference) | {"kind": "quality", "benchmark": f"{r['benchmark']}-{r['length']}", "where": where}
 
 
 def _latency_fields(key: tuple) -> dict[str, str]:
-    r = dict(zip(LATENCY_KEY, key, strict=True))
+    r = dict(zip(LATENCY_POINT, key, strict=True))
     return _fields(r) | {
         "kind": "speed",
         "setup": f"{r['backend']}, {r['prompt_source']} prompts",
@@ -213,13 +222,11 @@ def short_labels(fields_list: list[dict[str, str]]) -> tuple[list[str], list[str
 
 
 def _ok(df: pd.DataFrame, kind: str) -> pd.DataFrame:
-    d = df[(df["kind"] == kind) & (df["status"] == "ok")].copy() if not df.empty else df
-    if "keep_rate" in d:  # the reference keeps everything (NaN would never equal itself as a key)
-        d["keep_rate"] = d["keep_rate"].astype(float).fillna(1.0)
-    if not d.empty:  # the reference runs no speculator: its points are the same whatever the model's is
-        spec = d["speculator"] if "speculator" in d else pd.Series(None, index=d.index, dtype=object)
-        d["speculator"] = spec.where(d["method"] != d["reference_method"]).fillna("").astype(str)
-    return d
+    """The ok rows of ``kind``, normalized (:mod:`harness.analysis.rows`)."""
+    if df.empty:
+        return df
+    d = normalize(df)
+    return d[(d["kind"] == kind) & (d["status"] == "ok")]
 
 
 def _quality_verdict(delta: Estimate, tol: float) -> str:
@@ -242,122 +249,65 @@ def _speed_verdict(base: float, cand: Estimate, tol: float) -> str:
     return "same"
 
 
-def _retention(d: pd.DataFrame, g: pd.DataFrame, task: str | None) -> Estimate | None:
-    """The point's score over its reference's (``reference_method``) in the same folder, on
-    the samples both ran (one task, or every task pooled for ``ALL``), paired."""
-    ref_name = g["reference_method"].iloc[0]
-    if g["method"].iloc[0] == ref_name:
-        return None
-    first = g.iloc[0]
-    ref = d[(d["method"] == ref_name) & (d["model"] == first["model"]) & (d["benchmark"] == first["benchmark"])]
-    ref = ref[ref["length"] == first["length"]]
-    if task is not None:
-        g, ref = g[g["task"] == task], ref[ref["task"] == task]
-    m = g.drop_duplicates(["task", "sample_id"]).set_index(["task", "sample_id"])["score"]
-    r = ref.drop_duplicates(["task", "sample_id"]).set_index(["task", "sample_id"])["score"]
-    common = m.index.intersection(r.index)
-    if not len(common):
-        return None
-    return paired_ratio_ci(m.loc[common].to_numpy(dtype=float), r.loc[common].to_numpy(dtype=float))
-
-
 def quality(
     base: pd.DataFrame, cand: pd.DataFrame, tol: float
 ) -> tuple[list[Comparison], set[tuple], list[dict[str, str]]]:
-    """Per task and ``ALL``: the paired score difference over the samples both ran."""
+    """Per task and ``ALL`` (the summary's: over categories where the benchmark has them),
+    the paired score difference over the samples both folders ran
+    (:func:`harness.analysis.quality.paired_difference`), and the candidate's retention
+    (:func:`harness.analysis.quality.paired_ratio`, as its summary shows it)."""
     out: list[Comparison] = []
     b, c = _ok(base, "eval"), _ok(cand, "eval")
-    keys_b = {k for k, _ in b.groupby(QUALITY_KEY, dropna=False)} if not b.empty else set()
-    keys_c = {k for k, _ in c.groupby(QUALITY_KEY, dropna=False)} if not c.empty else set()
-    for key in sorted(keys_b & keys_c, key=str):
-        gb = b.loc[b.groupby(QUALITY_KEY, dropna=False).groups[key]]
-        gc = c.loc[c.groupby(QUALITY_KEY, dropna=False).groups[key]]
-        label = _label(dict(zip(QUALITY_KEY, key, strict=True)) | {"benchmark": key[1], "length": key[2]})
-        reference = bool(gb["method"].iloc[0] == gb["reference_method"].iloc[0])
-        diffs, means = [], []
-        for task in sorted(set(gb["task"]) & set(gc["task"])):
-            sb = gb[gb["task"] == task].drop_duplicates("sample_id").set_index("sample_id")["score"]
-            sc = gc[gc["task"] == task].drop_duplicates("sample_id").set_index("sample_id")["score"]
-            common = sorted(set(sb.index) & set(sc.index))
-            if not common:
+    groups_b = {k: g for k, g in b.groupby(POINT, dropna=False)} if not b.empty else {}
+    groups_c = {k: g for k, g in c.groupby(POINT, dropna=False)} if not c.empty else {}
+    refs_c = references(c) if not c.empty else {}
+    for key in sorted(groups_b.keys() & groups_c.keys(), key=str):
+        gb, gc = groups_b[key], groups_c[key]
+        point = dict(zip(POINT, key, strict=True))
+        label = _label(point)
+        reference = bool(gb["is_reference"].iloc[0])
+        ref_rows = refs_c.get(tuple(point[k] for k in REFERENCE_OF))
+        pb, pc = Point(gb), Point(gc)
+        rc = Point(ref_rows) if ref_rows is not None else None
+        tasks = sorted(set(pb.tasks) & set(pc.tasks))
+        cats = {name: [t for t in ts if t in tasks] for name, ts in categories(gb).items()}
+        wheres = [(t, [[t]]) for t in tasks] + ([("ALL", all_parts(tasks, {k: v for k, v in cats.items() if v}))]
+                                                if len(tasks) > 1 else [])  # fmt: skip
+        for where, parts in wheres:
+            d, mb, mc = paired_difference(pc, pb, "score", parts)
+            if d.n == 0:
                 continue
-            xb, xc = sb.loc[common].to_numpy(dtype=float), sc.loc[common].to_numpy(dtype=float)
-            d = paired_diff_ci(xc, xb)
-            diffs.append(xc - xb)
-            means.append((float(xb.mean()), float(xc.mean())))
-            out.append(
-                Comparison(
-                    "quality",
-                    f"{label} {task}",
-                    means[-1][0],
-                    means[-1][1],
-                    d,
-                    _quality_verdict(d, tol),
-                    _retention(c, gc, task),
-                    _quality_fields(key, reference, task),
-                )
-            )
-        if len(diffs) > 1:  # ALL: the macro mean over tasks, resampled within each task
-            d = macro_mean_ci(diffs)
-            mb, mc = (float(np.mean([m[i] for m in means])) for i in (0, 1))
-            verdict = _quality_verdict(d, tol)
-            fields = _quality_fields(key, reference, "ALL")
-            out.append(Comparison("quality", f"{label} ALL", mb, mc, d, verdict, _retention(c, gc, None), fields))
-    is_reference = {
-        k: bool(g["method"].iloc[0] == g["reference_method"].iloc[0])
-        for frame in (b, c)
-        if not frame.empty
-        for k, g in frame.groupby(QUALITY_KEY, dropna=False)
-    }
+            ret = None if reference or rc is None else paired_ratio(pc, "score", rc, "score", parts)
+            fields = _quality_fields(key, reference, where)
+            out.append(Comparison("quality", f"{label} {where}", mb, mc, d, _quality_verdict(d, tol), ret, fields))
+    is_reference = {k: bool(g["is_reference"].iloc[0]) for groups in (groups_b, groups_c) for k, g in groups.items()}
+    keys_b, keys_c = set(groups_b), set(groups_c)
     only = [_quality_fields(k, is_reference.get(k, False)) for k in keys_b ^ keys_c]
     return out, keys_b | keys_c, sorted(only, key=str)
 
 
+def _estimates(s: pd.DataFrame, key: list[str]) -> dict[tuple, Estimate]:
+    """A summary's speedups (not the reference's own) by point key."""
+    s = s[(s["method_name"] != s["reference"]) & s["speedup"].notna()]
+    cols = [{"method": "method_name", "reference_method": "reference"}.get(k, k) for k in key]
+    return {
+        tuple(r[cols]): Estimate(float(r["speedup"]), float(r["speedup_lo"]), float(r["speedup_hi"]), int(r["n"]))
+        for _, r in s.iterrows()
+    }
+
+
 def _eval_speedups(d: pd.DataFrame) -> dict[tuple, Estimate]:
-    """Per quality point: the reference's mean TTFT over the method's, on the samples both ran
-    in this folder, on one machine."""
-    out: dict[tuple, Estimate] = {}
+    """Per quality point: the summary's ``ALL`` speedup (the reference's TTFT over the
+    method's on the samples both ran, on one machine)."""
     if d.empty:
-        return out
-    for key, g in d.groupby(QUALITY_KEY, dropna=False):
-        ref = d[
-            (d["method"] == g["reference_method"].iloc[0])
-            & (d["model"] == key[0])
-            & (d["benchmark"] == key[1])
-            & (d["length"] == key[2])
-            & (d["hardware"] == g["hardware"].iloc[0])
-        ]
-        if ref.empty or g["method"].iloc[0] == g["reference_method"].iloc[0]:
-            continue
-        m = g.set_index(["task", "sample_id"])["ttft_s"]
-        r = ref.drop_duplicates(["task", "sample_id"]).set_index(["task", "sample_id"])["ttft_s"]
-        common = m.index.intersection(r.index)
-        if len(common):
-            out[key] = paired_ratio_ci(r.loc[common].to_numpy(), m.loc[common].to_numpy())
-    return out
+        return {}
+    s = summarize(d)
+    return _estimates(s[s["task"] == "ALL"], POINT)
 
 
 def _latency_speedups(d: pd.DataFrame) -> dict[tuple, Estimate]:
-    """Per latency point: median reference TTFT / median method TTFT within each run (timed
-    iterations only), the median over runs when several share a point."""
-    out: dict[tuple, Estimate] = {}
-    if d.empty:
-        return out
-    d = d[~d["warmup"].astype(bool)]
-    for key, g in d[d["method"] != d["reference_method"]].groupby(LATENCY_KEY, dropna=False):
-        ests = []
-        for run, gr in g.groupby("run_id"):
-            ref = d[
-                (d["run_id"] == run)
-                & (d["method"] == gr["reference_method"].iloc[0])
-                & (d["batch"] == key[3])
-                & (d["length"] == key[4])
-            ]
-            if not ref.empty:
-                ests.append(ratio_of_medians_ci(ref["ttft_s"].to_numpy(), gr["ttft_s"].to_numpy()))
-        if ests:
-            out[key] = sorted(ests, key=lambda e: e.value)[len(ests) // 2]
-    return out
+    """Per latency point: the latency summary's speedup (interleaved in one run)."""
+    return _estimates(summarize_latency(d), LATENCY_POINT) if not d.empty else {}
 
 
 def speed(
@@ -369,8 +319,8 @@ def speed(
     out: list[Comparison] = []
     seen: set = set()
     only: list[dict[str, str]] = []
-    sources = (("eval", _eval_speedups, QUALITY_KEY),) if eval_speed else ()
-    for kind, fn, keys in (*sources, ("latency", _latency_speedups, LATENCY_KEY)):
+    sources = (("eval", _eval_speedups, POINT),) if eval_speed else ()
+    for kind, fn, keys in (*sources, ("latency", _latency_speedups, LATENCY_POINT)):
         sb, sc = fn(_ok(base, kind)), fn(_ok(cand, kind))
         seen |= {(kind, k) for k in sb.keys() | sc.keys()}
 

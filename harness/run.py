@@ -54,7 +54,9 @@ from harness.placement import plan as place
 from harness.prompts import sample_prompt
 from harness.provenance import provenance
 from harness.store import RunStore, check_layout, method_columns, record
+from harness.timing import flops
 from harness.types import PromptFormat, Sample
+from specprefill.flops import Shape
 from specprefill.plan import Backend, Method, Unsupported, build_method
 
 
@@ -185,9 +187,12 @@ def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> di
     )
     # A method acting inside the model (MInference) patches it for this sample only, untimed.
     with job.method.applied(backend):
+        backend.method_flops = 0
         plan = job.method.plan(prompt, backend)
+        overhead = backend.method_flops
         gen = backend.generate(plan, max_new, stop=sample.stop)
     t = dict(plan.timings)
+    f_full, f_method = flops(Shape.of(backend.base_config), [prompt], [plan], overhead)
     return {
         "prompt_tokens": prompt.n,
         "kept_tokens": plan.k,
@@ -203,6 +208,8 @@ def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> di
         "selection_s": t.get("selection_s"),
         "method_timings": json.dumps(t, sort_keys=True),
         "base_prefill_s": gen.prefill_s,
+        "flops_full": float(f_full),
+        "flops_method": f_method,
         "decode_s": gen.decode_s,
         "timing_source": gen.timing_source,
         "output_tokens": len(gen.token_ids),

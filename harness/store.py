@@ -158,6 +158,11 @@ class EvalRecord(RunRecord):
     selection_s: float | None
     method_timings: str | None  # JSON: every part of the method's own cost (retriever_s, filter_s, ...)
     base_prefill_s: float | None
+    #: The FLOP model's (:mod:`specprefill.flops`) full prefill of this prompt and the
+    #: method's own work (its model calls plus the base prefill of what it kept; NaN where a
+    #: method rewrote the text): the ideal speedup of a point is their ratio of means.
+    flops_full: float | None
+    flops_method: float | None
     decode_s: float | None
     timing_source: str | None  # wall | engine | none (Generation.timing_source)
     output_tokens: int | None

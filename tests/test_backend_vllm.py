@@ -220,7 +220,7 @@ def test_latency_grid_on_vllm(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
 
     from harness import latency as lat
-    from harness.report import summarize_latency
+    from harness.analysis.latency import summarize_latency
     from harness.store import RunStore
 
     monkeypatch.chdir(tmp_path)

@@ -149,7 +149,7 @@ def test_any_method_is_timed_beside_the_reference_into_the_one_store(tmp_path, m
 def test_summary_speedup_is_the_ratio_of_medians_in_the_same_run():
     import pandas as pd
 
-    from harness.report import summarize_latency
+    from harness.analysis.latency import summarize_latency
 
     def rows(run, method, ttfts, warm=9.0):
         return [

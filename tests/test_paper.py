@@ -53,7 +53,7 @@ def test_unknown_table_and_variant_are_one_line_errors():
 
 def test_cell_format():
     """Ours, the paper's and Δ are three cells; a published number keeps its printed text."""
-    from harness.stats import Estimate
+    from harness.analysis.stats import Estimate
 
     published = paper.Published(33.32, "33.32")
     assert paper.cell(Estimate(40.0, 30.0, 50.0, 10), published, "{:.1f}") == (

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from harness.report import point_stats, summarize_qps, summarize_qps_rates
+from harness.analysis.serving import point_stats, summarize_qps, summarize_qps_rates
 from harness.serving import qps
 from harness.serving.qps import QPSConfig, next_rate, passes, prepare, request_text, truncate_at_stop
 from harness.store import RunStore

@@ -8,13 +8,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.report import summarize, to_markdown
+from harness.analysis.quality import summarize
+from harness.rendering.tables import to_markdown
 
 
-def _rows(method, keep, h, score, ttft, tasks, *, mopts=None, bopts=None, category="", bucket=""):
-    """One row per entry of ``tasks``; the i-th row of a task is its sample i (so a method's
-    rows pair with the reference's on the same samples)."""
-    seen: dict[str, int] = {}
+def _rows(method, keep, h, score, ttft, tasks, *, mopts=None, bopts=None, category="", bucket="", first=0):
+    """One row per entry of ``tasks``; the i-th row of a task is its sample ``first + i`` (so
+    a method's rows pair with the reference's on the same samples)."""
+    seen: dict[str, int] = {t: first - 1 for t in tasks}
     rows = []
     for t in tasks:
         seen[t] = seen.get(t, -1) + 1
@@ -71,7 +72,7 @@ def test_categories_macro_mean_and_all_is_mean_over_categories():
 def test_buckets():
     df = pd.DataFrame(
         _rows("full", None, "f", 100.0, 1.0, ["t"], bucket="0-4k")
-        + _rows("full", None, "f", 0.0, 1.0, ["t"], bucket="8k+")
+        + _rows("full", None, "f", 0.0, 1.0, ["t"], bucket="8k+", first=1)  # a task's sample ids are unique
     )
     s = summarize(df).set_index("task")["score"]
     assert s["t @0-4k"] == 100.0 and s["t @8k+"] == 0.0 and s["ALL @0-4k"] == 100.0 and s["t"] == 50.0
@@ -149,12 +150,13 @@ def test_runs_differing_only_in_dtype_are_kept_apart():
 
 
 def test_score_per_task_pivot_marks_partial_points_and_orders_all_last():
-    from harness.report import by_task_markdown, score_by_task
+    from harness.rendering.tables import by_task_markdown, score_by_task
 
     df = pd.DataFrame(
-        _rows("full", None, "f", 80.0, 4.0, ["t2", "t1"]) * 2  # two samples per task
+        _rows("full", None, "f", 80.0, 4.0, ["t2", "t1"])  # two samples per task
+        + _rows("full", None, "f", 80.0, 4.0, ["t2", "t1"], first=1)
         + _rows("random", 0.1, "r", 0.0, 1.0, ["t1", "t2"])
-        + _rows("random", 0.1, "r", 10.0, 1.0, ["t1"])  # two samples of t1, one of t2
+        + _rows("random", 0.1, "r", 10.0, 1.0, ["t1"], first=1)  # two samples of t1, one of t2
         + _rows("truncate", 0.1, "t", 30.0, 1.0, ["t1"])  # t2 never ran
     )
     wide = score_by_task(summarize(df)).set_index(["method", "keep_rate"])
@@ -180,8 +182,10 @@ def test_the_plot_marks_partial_points(tmp_path):
     from harness.plots import score_vs_keep as plot_score_vs_keep
 
     df = pd.DataFrame(
-        _rows("full", None, "f", 80.0, 4.0, ["t1"]) * 2
-        + _rows("random", 0.1, "r", 0.0, 1.0, ["t1"]) * 2
+        _rows("full", None, "f", 80.0, 4.0, ["t1"])
+        + _rows("full", None, "f", 80.0, 4.0, ["t1"], first=1)
+        + _rows("random", 0.1, "r", 0.0, 1.0, ["t1"])
+        + _rows("random", 0.1, "r", 0.0, 1.0, ["t1"], first=1)
         + _rows("random", 0.3, "s", 10.0, 1.0, ["t1"])  # one sample of two
     )
     drawn = []
@@ -249,14 +253,16 @@ def test_retention_and_ttft_ratio_are_paired_on_the_same_samples():
 
 def test_speculator_depth_table_and_the_choice_of_depth():
     """The depth sweep's table: one line per depth x keep beside full prefill, with speedup,
-    ideal (1 / kept fraction) and efficiency; the chosen depth is the best retention among
+    ideal (the FLOP model's counts in the rows) and efficiency; the chosen depth is the best retention among
     those faster than 1.3x at keep 0.1 (the oracle, all 30 layers, is slower than full)."""
     from harness.bench.speculator_depth import choose, markdown, table
 
     def spec(depth, score, ttft, keep=0.1):
         rows = _rows("specprefill", keep, f"d{depth}-{keep}", score, ttft, ["t1", "t2"],
                      mopts={"keep_rate": keep, "lookahead": 1})  # fmt: skip
-        return [{**r, "speculator": f"self_layers:{depth}", "speculator_s": ttft / 2} for r in rows]
+        # the FLOP model's counts (harness.run records them per sample): 1e9 full, 1e8 the method
+        return [{**r, "speculator": f"self_layers:{depth}", "speculator_s": ttft / 2, "flops_full": 1e9,
+                 "flops_method": 2e8} for r in rows]  # fmt: skip
 
     full = [
         {**r, "speculator": "self_layers:8", "speculator_s": None}
@@ -271,8 +277,8 @@ def test_speculator_depth_table_and_the_choice_of_depth():
         ("specprefill", 8, 0.3),
     ]  # fmt: skip
     d8 = t[(t["depth"] == 8) & (t["keep"] == 0.1)].iloc[0]
-    assert d8["speedup"] == pytest.approx(2.0) and d8["ideal_speedup"] == pytest.approx(10.0)
-    assert d8["efficiency"] == pytest.approx(0.2) and d8["retention"] == pytest.approx(0.75)
+    assert d8["speedup"] == pytest.approx(2.0) and d8["ideal_speedup"] == pytest.approx(5.0)  # FLOPs, not 1 / kept
+    assert d8["efficiency"] == pytest.approx(0.4) and d8["retention"] == pytest.approx(0.75)
     assert d8["speculator_s"] == pytest.approx(1.0)
     assert int(choose(t)["depth"]) == 8  # depth 4 is faster but keeps a quarter; 30 is slower than full
     assert "| self_layers:30 (oracle) | 0.1 |" in markdown(t) and "| full prefill | 1 |" in markdown(t)
@@ -313,7 +319,7 @@ def test_latency_speedups_per_depth_from_latency_rows():
 def test_an_early_exit_speculator_gets_a_line_pointing_at_the_committed_depth_sweep():
     from pathlib import Path
 
-    from harness.report import DEPTH_SWEEP, speculator_note
+    from harness.rendering.tables import DEPTH_SWEEP, speculator_note
 
     rows = pd.DataFrame(_rows("full", None, "f", 80.0, 4.0, ["t1"]) + _rows("specprefill", 0.1, "a", 20.0, 1.0, ["t1"]))
     rows["kind"] = "eval"
@@ -328,7 +334,7 @@ def test_an_early_exit_speculator_gets_a_line_pointing_at_the_committed_depth_sw
 def test_the_speculator_note_quotes_the_sweep_for_its_depth_and_the_oracle(tmp_path):
     """For the sweep's model, the line quotes the committed sweep at keep 0.1: the depth that
     ran (the interleaved speedup where measured) and the oracle; for another model, nothing."""
-    from harness.report import DEPTH_SWEEP_CSV, speculator_note
+    from harness.rendering.tables import DEPTH_SWEEP_CSV, speculator_note
 
     csv = tmp_path / "sweep.csv"
     pd.DataFrame({

@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 
 from harness import plots
+from harness.analysis.quality import summarize
 from harness.diagnostics import needle_depth
 from harness.html_report import failures, paper_tables
-from harness.report import build, summarize, write_all
+from harness.report import build, write_all
 from harness.store import RunStore, record
 
 COMMON = {"timestamp": 1.7e9, "model": "m", "git_sha": "abc1234", "hardware": "cpu-x", "dtype": "float32",
@@ -40,7 +41,7 @@ def _eval(run, method, keep, length, scores, ttft, depths=None, status="ok", err
                     score=None if status != "ok" else sc, ttft_s=None if status != "ok" else ttft,
                     kept_fraction=kept or (keep or 1.0), needle_kept=None if keep is None else 0.5,
                     needle_depth=(depths[i] if depths and task.startswith("niah") else None), references=["x"],
-                    config_hash=run,
+                    config_hash=run, flops_full=1e9 * (1 + i), flops_method=(1e9 if keep is None else 4e8) * (1 + i),
                 )
             )  # fmt: skip
     return rows
@@ -114,7 +115,7 @@ def test_needle_depth_is_the_evidence_position_in_the_context():
 
 
 def test_needle_grid_bins_depth_by_length(folder):
-    rows = build(folder, folder / "p").rows
+    rows = build(folder, folder / "p").analysis.rows
     cells = plots.needle_grid(rows[rows["kind"] == "eval"]).set_index(["method", "keep", "length", "depth_bin"])
     cells = cells.sort_index()
     # depths 0.05, 0.5, 0.95 fall in bins 0, 2, 4 of five; full scored 100, 100, 0
@@ -125,20 +126,17 @@ def test_needle_grid_bins_depth_by_length(folder):
 
 
 def test_pareto_points_speedup_interval_and_ideal(folder):
-    s = summarize(build(folder, folder / "p").rows.query("kind == 'eval'"))
+    s = summarize(build(folder, folder / "p").analysis.rows.query("kind == 'eval'"))
     p = plots.pareto_points(s)
     assert len(p) == 2  # specprefill 0.3 at 2048 and 4096; the failed 0.1 run has no score
     pt = p[(p["length"] == 2048) & (p["method"] == "specprefill") & (p["keep_rate"] == 0.3)].iloc[0]
     assert pt["speedup"] == pytest.approx(4.0)  # TTFT 1.0 vs full's 4.0 on the same samples
-    assert pt["ideal_speedup"] == pytest.approx(4.0)  # 1 / kept fraction 0.25
+    assert pt["ideal_speedup"] == pytest.approx(2.5)  # the rows' FLOP counts (not 1 / kept fraction 0.25)
     assert pt["speedup_lo"] == pytest.approx(4.0) and pt["speedup_hi"] == pytest.approx(4.0)  # constant TTFTs
     assert pt["retention"] == pytest.approx(1 / 3 * 100 / (2 / 3 * 100))  # 33.3 / 66.7 on niah; qa the same
-    # a summary that carries its own ideal (FLOPs, the speculator's cost included) keeps it;
-    # a line without one falls back to 1 / kept fraction
-    s2 = s.assign(ideal_speedup=[1.6 if (m != "full" and n == 2048) else float("nan") for m, n in
-                                 zip(s["method_name"], s["length"], strict=True)])  # fmt: skip
-    p2 = plots.pareto_points(s2).set_index("length")["ideal_speedup"]
-    assert p2.loc[2048] == pytest.approx(1.6) and p2.loc[4096] == pytest.approx(4.0)
+    # rows without FLOP counts (older runs) have no ideal: none is made up from the kept fraction
+    s2 = summarize(build(folder, folder / "p").analysis.rows.query("kind == 'eval'").drop(columns="flops_method"))
+    assert plots.pareto_points(s2)["ideal_speedup"].isna().all()
 
 
 def test_report_has_every_figure_table_and_failure_and_stays_in_its_folder(folder, tmp_path, monkeypatch):
@@ -161,13 +159,13 @@ def test_report_has_every_figure_table_and_failure_and_stays_in_its_folder(folde
 
 
 def test_failures_are_grouped_by_reason_with_counts(folder):
-    bad = failures(build(folder, folder / "p").rows).set_index("status")
+    bad = failures(build(folder, folder / "p").analysis.rows).set_index("status")
     assert bad.loc["failed", "reason"] == "RuntimeError: boom" and bad.loc["failed", "rows"] == 2
     assert bad.loc["unsupported", "rows"] == 2 and "niah_single_1/0" in bad.loc["unsupported", "units"]
 
 
 def test_qps_slo_comes_from_each_runs_config(folder):
-    rates = build(folder, folder / "p").qps_rates
+    rates = build(folder, folder / "p").analysis.qps_rates
     assert set(rates["slo_s"]) == {3.5} and len(rates) == 6
 
 

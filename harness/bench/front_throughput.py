@@ -125,7 +125,7 @@ async def drive(
 def table(rows: list[dict[str, Any]]) -> str:
     import pandas as pd
 
-    from harness.report import md_table
+    from harness.rendering.tables import md_table
 
     serial = {r["clients"]: r["requests_per_s"] for r in rows if r["front"] == "before"}
     cells = [

@@ -15,7 +15,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from harness.report import md_table, summarize_latency
+from harness.analysis.latency import summarize_latency
+from harness.rendering.tables import md_table
 from harness.timing import measure
 from specprefill import FullPrefill, SpecPrefill
 
@@ -85,7 +86,7 @@ def latency_grid(
     """Full prefill and SpecPrefill at each keep (chunks of 32, pool 13, L=1), interleaved
     iteration by iteration on the same fresh random prompts at every ``(batch, length)``
     point, timed through :func:`harness.timing.measure` (the path ``make latency`` times);
-    the speedups are :func:`harness.report.summarize_latency`'s. Returns the markdown table
+    the speedups are :func:`harness.analysis.latency.summarize_latency`'s. Returns the markdown table
     and the rows; a point that fails (out of memory) is recorded and the grid goes on."""
     from harness.prompts import random_prompts
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.stats import Estimate, estimate, mean_draws, task_seed
+from harness.analysis.stats import Estimate, estimate, mean_draws, task_seed
 
 #: our task -> lm-eval's task of the same data
 TASKS = {

@@ -20,13 +20,14 @@ base scores the prompt (a quality ceiling, no speedup possible).
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 
+from harness.analysis.latency import summarize_latency
+from harness.analysis.quality import summarize
 from harness.models import early_exit_layers
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_multikey_1"]
@@ -55,47 +56,33 @@ def run_latency(out: Path, depths: list[int], keeps: list[float], iters: int) ->
 
 
 def latency_speedups(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per (depth, keep): the interleaved TTFT speedup over full prefill with its 95 %
-    interval (:func:`harness.report.summarize_latency`), the ideal speedup from FLOPs and the
-    efficiency; one line per latency job."""
-    from harness.report import summarize_latency
-
-    out = []
-    for spec, g in rows.groupby("speculator"):
-        s = summarize_latency(g)
-        for r in s[~s["is_reference"].astype(bool)].itertuples():
-            out.append({
-                "depth": early_exit_layers(spec), "keep": float(r.keep_rate), "lat_n": int(r.n),
-                "lat_speedup": r.speedup, "lat_speedup_lo": r.speedup_lo, "lat_speedup_hi": r.speedup_hi,
-                "lat_ideal": r.ideal_speedup, "lat_efficiency": r.efficiency,
-            })  # fmt: skip
-    return pd.DataFrame(out, columns=["depth", "keep", "lat_n", "lat_speedup", "lat_speedup_lo", "lat_speedup_hi",
-                                      "lat_ideal", "lat_efficiency"])  # fmt: skip
+    """Per (depth, keep): the latency summary's interleaved TTFT speedup over full prefill
+    with its 95 % interval (:func:`harness.analysis.latency.summarize_latency`), the ideal
+    speedup from FLOPs and the efficiency."""
+    s = summarize_latency(rows)
+    s = s[~s["is_reference"].astype(bool)]
+    return pd.DataFrame({
+        "depth": s["speculator"].map(early_exit_layers), "keep": s["keep_rate"].astype(float),
+        "lat_n": s["n"].astype(int), "lat_speedup": s["speedup"], "lat_speedup_lo": s["speedup_lo"],
+        "lat_speedup_hi": s["speedup_hi"], "lat_ideal": s["ideal_speedup"], "lat_efficiency": s["efficiency"],
+    }).reset_index(drop=True)  # fmt: skip
 
 
 def table(rows: pd.DataFrame, latency: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One line per (depth, keep) and the full prefill reference, from the eval rows; with
-    ``latency`` (:func:`latency_speedups`), each line's interleaved speedup beside it."""
-    from harness.report import labelled, summarize
-
-    summary = summarize(rows)
-    overall = summary[summary["task"] == "ALL"].set_index(["method", "keep_rate"])
-    lab = labelled(rows[rows["status"] == "ok"])
-    out = []
-    for (method, keep), g in lab.groupby(["method", "keep_rate"]):
-        s = overall.loc[(method, keep)]
-        depth = early_exit_layers(g["speculator"].iloc[0]) if g["_base"].iloc[0] != "full" else None
-        speedup = s["speedup"]
-        ideal = 1.0 / s["kept_fraction"] if s["kept_fraction"] else float("nan")
-        out.append({
-            "method": g["_base"].iloc[0], "depth": depth, "keep": float(keep),
-            "n": int(s["n"]), "score": s["score"], "score_lo": s["score_lo"], "score_hi": s["score_hi"],
-            "retention": s["retention"], "retention_lo": s["retention_lo"], "retention_hi": s["retention_hi"],
-            "needle_kept": s["needle_kept"], "speculator_s": g["speculator_s"].mean(),
-            "ttft_s": s["ttft_s"], "ttft_ratio": s["ttft_ratio"], "speedup": speedup,
-            "ideal_speedup": ideal, "efficiency": speedup / ideal if ideal == ideal else float("nan"),
-        })  # fmt: skip
-    df = pd.DataFrame(out)
+    """One line per (depth, keep) and the full prefill reference: the summary's ``ALL``
+    row (:func:`harness.analysis.quality.summarize`); with ``latency``
+    (:func:`latency_speedups`), each line's interleaved speedup beside it."""
+    s = summarize(rows)
+    s = s[s["task"] == "ALL"]
+    ref = s["method_name"] == s["reference"]
+    df = pd.DataFrame({
+        "method": s["method_name"], "depth": [None if r else early_exit_layers(x) for r, x in zip(ref, s["speculator"],
+                                                                                             strict=True)],
+        "keep": s["keep_rate"].astype(float), "n": s["n"].astype(int),
+        **{c: s[c] for c in ("score", "score_lo", "score_hi", "retention", "retention_lo", "retention_hi",
+                             "needle_kept", "speculator_s", "ttft_s", "ttft_ratio", "speedup", "ideal_speedup",
+                             "efficiency")},
+    })  # fmt: skip
     if latency is not None and not latency.empty:
         df = df.merge(latency, on=["depth", "keep"], how="left")
     df["_keep"] = df["keep"].where(df["method"] != "full", -1.0)  # the reference first
@@ -162,7 +149,7 @@ def main() -> None:
         run_sweep(a.out, a.limit, a.depths, a.keeps)
         if not a.no_latency:
             run_latency(a.out / "latency", a.depths, a.keeps, a.iters)
-    from harness import plots, report
+    from harness import plots
     from harness.store import read_rows
 
     every = read_rows(sorted({p.parent for p in a.out.rglob("rows.parquet")}))
@@ -180,7 +167,7 @@ def main() -> None:
             f"retention {best['retention']:.2f}, speedup {best[col]:.2f}x."
         )
     (a.out / "speculator_depth.md").write_text(text + "\n")
-    summary = report.summarize(rows)
+    summary = summarize(rows)
     if col == "lat_speedup":  # the Pareto's x: the interleaved speedup and its interval
         summary = with_latency_speedups(summary, df)
     plots.pareto(summary, a.out / "speculator_depth_pareto.png")
@@ -189,19 +176,17 @@ def main() -> None:
 
 def with_latency_speedups(summary: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
     """The summary's overall SpecPrefill lines with the interleaved speedup (and its
-    interval, as the TTFT ratio's) in place of the eval run's, and the ideal speedup from
-    FLOPs (the speculator's cost included), for the Pareto plot."""
-    summary = summary.assign(ideal_speedup=float("nan"))
+    interval) in place of the eval run's and the latency rows' ideal speedup (FLOPs), for
+    the Pareto plot: the figure draws the latency summary's numbers, it computes none."""
     lat = df[df["method"] == "specprefill"].set_index(["depth", "keep"])
+    summary = summary.copy()
     for i, r in summary[(summary["task"] == "ALL") & (summary["method_name"] == "specprefill")].iterrows():
-        m = re.search(r"speculator=(self_layers:\d+)", str(r["method"]))  # the variant's label
-        key = (early_exit_layers(m.group(1) if m else None), float(r["keep_rate"]))
-        if key not in lat.index:
-            continue
-        x = lat.loc[key]
-        summary.loc[i, ["speedup", "ttft_ratio", "ttft_ratio_lo", "ttft_ratio_hi", "ideal_speedup"]] = [
-            x["lat_speedup"], 1 / x["lat_speedup"], 1 / x["lat_speedup_hi"], 1 / x["lat_speedup_lo"], x["lat_ideal"]
-        ]  # fmt: skip
+        key = (early_exit_layers(r["speculator"]), float(r["keep_rate"]))
+        if key in lat.index:
+            x = lat.loc[key]
+            summary.loc[i, ["speedup", "speedup_lo", "speedup_hi", "ideal_speedup"]] = [
+                x["lat_speedup"], x["lat_speedup_lo"], x["lat_speedup_hi"], x["lat_ideal"]
+            ]  # fmt: skip
     return summary
 
 

@@ -29,7 +29,7 @@ servers are stopped (process group, TERM then KILL) however the job ends. Rows g
 one results store (``kind=qps``, one per request and rate; a killed run resumes by
 rate) under ``<out>/<model>/<benchmark>-<length>/qps-<method>-<hash>/``; the summaries
 (per rate, and max QPS per method with its ratio to the reference's, on the same
-machine and dtype) are in ``<out>/summary.md`` (:func:`harness.report.summarize_qps`).
+machine and dtype) are in ``<out>/summary.md`` (:func:`harness.analysis.serving.summarize_qps`).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from tqdm.auto import tqdm
 
 import baselines  # noqa: F401  (registers the methods)
 from harness import report
+from harness.analysis.serving import point_stats
 from harness.benchmarks.base import Benchmark, BenchmarkConfig, build_benchmark
 from harness.config import (
     QPSSchema,
@@ -667,7 +668,7 @@ def execute(job: QPSJob) -> Path:
                     bench = json.loads(result.read_text())
                     front = None if servers.front_log is None else read_front_log(servers.front_log)
                     rows = request_rows(job, samples, bench, front, prompt_tokens, rate, prefix)
-                    verdict = passes(report.point_stats(pd.DataFrame(rows)), q)
+                    verdict = passes(point_stats(pd.DataFrame(rows)), q)
                     extra = {
                         "unit": f"rate-{rate:g}",
                         "request_throughput": float(bench.get("request_throughput") or 0.0),

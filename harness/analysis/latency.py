@@ -1,0 +1,95 @@
+"""The latency measures: TTFT over the batch x length grid and the speedup measured side by side.
+
+============== ============================================================================
+measure        estimator
+============== ============================================================================
+speedup        median TTFT of the reference / median TTFT of the method over the timed
+               iterations of one run (the two interleaved on the same prompts); interval:
+               each side's iterations resampled within itself (:func:`run_speedup`). With
+               several runs at a point, the run whose speedup is the median's, value and
+               interval both (:func:`point_speedup`)
+ttft           median, p90 and p99 over the timed iterations (the reference pools its runs)
+ideal_speedup  the FLOP model's full prefill over the method's work (median over iterations)
+efficiency     speedup / ideal_speedup
+============== ============================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.analysis.rows import LATENCY_POINT, normalize
+from harness.analysis.stats import Estimate, ratio_of_medians_ci
+
+COLUMNS = [
+    "model", "backend", "prompt_source", "batch", "length", "method", "keep_rate", "n", "failed", "ttft_median_s",
+    "ttft_p90_s", "ttft_p99_s", "method_median_s", "base_prefill_median_s", "kept_fraction", "speedup", "speedup_lo",
+    "speedup_hi", "ideal_speedup", "efficiency", "reference", "is_reference", "method_name", "speculator", "dtype",
+    "method_options",
+]  # fmt: skip
+
+
+def run_speedup(reference_ttft: np.ndarray, method_ttft: np.ndarray) -> Estimate:
+    """One run's speedup: median reference TTFT / median method TTFT, each side's timed
+    iterations resampled within itself."""
+    return ratio_of_medians_ci(reference_ttft, method_ttft)
+
+
+def point_speedup(runs: list[Estimate]) -> Estimate | None:
+    """A point measured in several runs: the median run's speedup (its value and interval;
+    with an even count the lower middle one), so the interval is that value's own."""
+    runs = [e for e in runs if not np.isnan(e.value)]
+    return sorted(runs, key=lambda e: e.value)[(len(runs) - 1) // 2] if runs else None
+
+
+def _stats(x: pd.Series) -> dict[str, float]:
+    a = x.to_numpy(dtype=float)
+    return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
+
+
+def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
+    """Latency rows: per point (:data:`~harness.analysis.rows.LATENCY_POINT`, the ``method``
+    column its label): TTFT median/p90/p99 over the timed iterations, the method's own cost,
+    the base prefill, and the module's speedup, ideal speedup and efficiency (the reference's
+    own line: 1.0, pooling its rows of every run at the point)."""
+    if rows.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    df = normalize(rows).copy()
+    df[["batch", "length"]] = df[["batch", "length"]].astype(int)
+    timed = df[~df["warmup"].astype(bool)]
+    ok = timed[timed["status"] == "ok"]
+    by_run = ["run_id", "batch", "length", "reference_method"]
+    refs = {k: g["ttft_s"].to_numpy(dtype=float) for k, g in ok[ok["is_reference"]].groupby(by_run)}
+    out = []
+    for key, g in timed.groupby([*LATENCY_POINT, "label", "is_reference"], dropna=False, sort=True):
+        item = dict(zip([*LATENCY_POINT, "label", "is_reference"], key, strict=True))
+        good = g[g["status"] == "ok"]
+        entry: dict[str, Any] = {k: item[k] for k in LATENCY_POINT}
+        entry.update(method=item["label"], method_name=item["method"], n=len(good),
+                     failed=int((g["status"] != "ok").sum()), reference=item["reference_method"],
+                     is_reference=bool(item["is_reference"]))  # fmt: skip
+        if good.empty:
+            out.append(entry)
+            continue
+        st = _stats(good["ttft_s"])
+        entry.update(
+            ttft_median_s=st["median"], ttft_p90_s=st["p90"], ttft_p99_s=st["p99"],
+            method_median_s=float(good["method_s"].median()), base_prefill_median_s=float(good["base_prefill_s"].median()),
+            kept_fraction=float(good["kept_fraction"].mean()),
+        )  # fmt: skip
+        if item["is_reference"]:
+            entry.update(speedup=1.0, ideal_speedup=1.0, efficiency=1.0)
+        else:
+            runs = [
+                run_speedup(refs[k], gr["ttft_s"].to_numpy(dtype=float)) for k, gr in good.groupby(by_run) if k in refs
+            ]
+            e = point_speedup(runs)
+            ideal = float(good["ideal_speedup"].median())
+            if e is not None:
+                entry.update(speedup=e.value, speedup_lo=e.lo, speedup_hi=e.hi, efficiency=e.value / ideal)
+            entry["ideal_speedup"] = ideal
+        out.append(entry)
+    return pd.DataFrame(out).reindex(columns=COLUMNS)

@@ -1,0 +1,307 @@
+"""The quality measures of eval rows, each defined once, with its estimator and interval.
+
+A measure is taken over *parts*: groups of tasks (:data:`Parts`). Its value is the mean
+over the groups of the mean over each group's tasks of the per-task sample mean: a task
+is ``[[task]]``, a LongBench category ``[[its tasks]]``, ``ALL`` the mean over categories
+where the benchmark has them (LongBench's "Avg") else ``[[every task]]`` (RULER's mean
+over tasks). Every interval is a 95 % percentile bootstrap of *the same statistic*: each
+task's samples are resampled within the task (2000 resamples, seeded per task by
+:func:`~harness.analysis.stats.task_seed`, so the same task gets the same resampled indices
+in every point and in both members of a pair) and combined exactly as the value is. The
+value is the statistic on the samples; the interval the percentiles of the statistic on
+the resamples: one estimator, so the point lies inside its interval.
+
+============== ============================================================================
+measure        estimator
+============== ============================================================================
+score          macro mean of per-sample scores (:func:`macro_mean`)
+kept_fraction  macro mean of per-sample kept fractions
+needle_kept    macro mean over the tasks that have evidence tokens (others have no value)
+retention      ratio of macro means, paired: the point's score over the reference's on the
+               samples both ran (:func:`paired_ratio`)
+ttft_ratio     ratio of macro means, paired: the point's TTFT over the reference's on the
+               samples both ran, when both ran on one machine (< 1 is faster)
+ttft_s         macro mean of per-sample TTFT (the method's own work and the base prefill);
+               ``speculator_s`` likewise, the speculator's part of it
+speedup        the reference's TTFT over the point's, paired (1 / ttft_ratio; its interval
+               from the same resampled pairs)
+ideal_speedup  the FLOP model's full prefill over the method's work, ratio of means over
+               the point's samples (:mod:`specprefill.flops`, the speculator included)
+efficiency     speedup / ideal_speedup
+difference     the gate: macro mean of per-sample paired differences, candidate - baseline
+============== ============================================================================
+
+Why a ratio of means and not a mean of per-sample (or per-task) ratios: a sample or task
+whose reference scores 0 makes its ratio undefined, and a mean of ratios weighs a task of
+near-zero score as much as any other; the ratio of the means is what a table of mean
+scores shows (the paper's retention is its table's score over full prefill's), and its
+bootstrap is the same ratio on each resample. For TTFT the ratio of means is the ratio of
+total prefill time over the same prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import pandas as pd
+
+from harness.analysis.rows import POINT, REFERENCE_OF, normalize
+from harness.analysis.stats import NAN, RESAMPLES, Estimate, estimate, mean_draws, task_seed
+
+#: Groups of task names: a measure is the mean over groups of the mean over a group's tasks.
+Parts = list[list[str]]
+#: What one machine is called when a point's rows ran on several (no ratio is formed).
+MIXED = "<more than one machine>"
+
+
+class Point:
+    """The ok rows of one point by task (each task's samples in sample-id order), with the
+    bootstrap draws of each column cached."""
+
+    def __init__(self, rows: pd.DataFrame) -> None:
+        self.rows = rows
+        self.tasks = {
+            str(t): g.drop_duplicates("sample_id").set_index("sample_id").sort_index() for t, g in rows.groupby("task")
+        }
+        self._draws: dict[tuple, np.ndarray] = {}
+
+    def values(self, task: str, column: str, ids: pd.Index | None = None) -> np.ndarray:
+        g = self.tasks.get(task)
+        if g is None or column not in g:
+            return np.array([], dtype=float)
+        s = g[column] if ids is None else g[column].reindex(ids)
+        return s.to_numpy(dtype=float)
+
+    def draws(self, task: str, column: str, ids: pd.Index | None = None) -> np.ndarray:
+        key = (task, column, None if ids is None else tuple(ids))
+        if key not in self._draws:
+            v = self.values(task, column, ids)
+            self._draws[key] = mean_draws(v[~np.isnan(v)], task_seed(task))
+        return self._draws[key]
+
+    def hardware(self, tasks: Iterable[str] | None = None) -> str:
+        """The one machine the rows of ``tasks`` (all) ran on, or :data:`MIXED`."""
+        gs = [g for t, g in self.tasks.items() if tasks is None or t in set(tasks)]
+        hw = {str(h) for g in gs for h in g.get("hardware", [""])}
+        return next(iter(hw)) if len(hw) == 1 else MIXED
+
+
+def _combine(parts: Parts, values: dict[str, float], draws: dict[str, np.ndarray], complete: bool):
+    """(value, draws) of the mean over groups of the mean over tasks, or None when a task
+    is missing (``complete``) or nothing is left."""
+    gv, gd = [], []
+    for group in parts:
+        have = [t for t in group if t in values and not np.isnan(values[t])]
+        if complete and len(have) < len(group):
+            return None
+        if have:
+            gv.append(np.mean([values[t] for t in have]))
+            gd.append(np.mean([draws[t] for t in have], axis=0))
+    if not gv:
+        return None
+    return float(np.mean(gv)), np.mean(gd, axis=0)
+
+
+def _tasks(parts: Parts) -> list[str]:
+    return [t for group in parts for t in group]
+
+
+def macro_mean(point: Point, column: str, parts: Parts, complete: bool = True) -> Estimate:
+    """The macro mean of ``column`` over ``parts`` with its stratified bootstrap interval;
+    ``complete``: NaN when a task has no value (a task a method failed entirely must not
+    drop out of a category or ``ALL``), else the tasks without values are left out."""
+    values, draws, n = {}, {}, 0
+    for t in _tasks(parts):
+        v = point.values(t, column)
+        v = v[~np.isnan(v)]
+        if v.size:
+            values[t], draws[t], n = float(v.mean()), point.draws(t, column), n + int(v.size)
+    got = _combine(parts, values, draws, complete)
+    return NAN if got is None else estimate(got[0], got[1], n)
+
+
+def common_ids(a: Point, a_col: str, b: Point, b_col: str, task: str) -> pd.Index:
+    """The samples of ``task`` both points ran with a value in their column."""
+    ga, gb = a.tasks.get(task), b.tasks.get(task)
+    if ga is None or gb is None or a_col not in ga or b_col not in gb:
+        return pd.Index([])
+    return ga.index[ga[a_col].notna()].intersection(gb.index[gb[b_col].notna()]).sort_values()
+
+
+def paired_ratio(num: Point, num_col: str, den: Point, den_col: str, parts: Parts) -> Estimate:
+    """``macro mean(num_col of num) / macro mean(den_col of den)`` over the samples both
+    ran, each task's pairs resampled together (the same indices on both sides)."""
+    nv, nd, dv, dd, n = {}, {}, {}, {}, 0
+    for t in _tasks(parts):
+        ids = common_ids(num, num_col, den, den_col, t)
+        if not len(ids):
+            continue
+        nv[t], dv[t] = float(num.values(t, num_col, ids).mean()), float(den.values(t, den_col, ids).mean())
+        nd[t], dd[t] = num.draws(t, num_col, ids), den.draws(t, den_col, ids)
+        n += len(ids)
+    top, bottom = _combine(parts, nv, nd, True), _combine(parts, dv, dd, True)
+    if top is None or bottom is None or bottom[0] == 0:
+        return Estimate(float("nan"), float("nan"), float("nan"), n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        draws = top[1] / bottom[1]
+    draws[~np.isfinite(draws)] = np.nan
+    return estimate(top[0] / bottom[0], draws, n)
+
+
+def paired_difference(cand: Point, base: Point, column: str, parts: Parts) -> tuple[Estimate, float, float]:
+    """(the macro mean of ``cand - base`` per sample over the samples both ran, with its
+    interval; the baseline's and the candidate's macro means over those samples)."""
+    dv, dd, bv, cv, n = {}, {}, {}, {}, 0
+    for t in _tasks(parts):
+        ids = common_ids(cand, column, base, column, t)
+        if not len(ids):
+            continue
+        c, b = cand.values(t, column, ids), base.values(t, column, ids)
+        dv[t], dd[t] = float((c - b).mean()), mean_draws(c - b, task_seed(t))
+        bv[t], cv[t] = float(b.mean()), float(c.mean())
+        n += len(ids)
+    got = _combine(parts, dv, dd, True)
+    if got is None:
+        return NAN, float("nan"), float("nan")
+    zero = {t: np.zeros(RESAMPLES) for t in dv}
+    b_all, c_all = _combine(parts, bv, zero, True), _combine(parts, cv, zero, True)
+    return estimate(got[0], got[1], n), b_all[0] if b_all else float("nan"), c_all[0] if c_all else float("nan")
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def categories(rows: pd.DataFrame, category: Callable[[pd.Series], str] | None = None) -> dict[str, list[str]]:
+    """Category -> its tasks: the rows' own ``category`` (LongBench), or ``category(row)``."""
+    out: dict[str, set[str]] = {}
+    for task, g in rows.groupby("task"):
+        c = category(g.iloc[0]) if category is not None else str(g["category"].iloc[0] or "")
+        if c:
+            out.setdefault(c, set()).add(str(task))
+    return {c: sorted(ts) for c, ts in sorted(out.items())}
+
+
+def all_parts(tasks: Iterable[str], cats: dict[str, list[str]]) -> Parts:
+    """``ALL``: the mean over categories where there are any, else over tasks."""
+    return [ts for _, ts in sorted(cats.items())] if cats else [sorted(tasks)]
+
+
+def labels(rows: pd.DataFrame) -> dict[str, Parts]:
+    """The summary rows of one point: each task, each category (``[category] <name>``) and
+    ``ALL``; with length buckets (LongBench-E), ``<task> @<bucket>`` and ``ALL @<bucket>``
+    (over the bucket's tasks), whose task names are ``"<task> @<bucket>"``."""
+    tasks = sorted({str(t) for t in rows["task"]})
+    cats = categories(rows)
+    out: dict[str, Parts] = {t: [[t]] for t in tasks}
+    out.update({f"[category] {c}": [ts] for c, ts in cats.items()})
+    out["ALL"] = all_parts(tasks, cats)
+    buckets = sorted({str(b) for b in rows["bucket"] if b})
+    for b in buckets:
+        names = sorted({f"{t} @{b}" for t in rows.loc[rows["bucket"] == b, "task"]})
+        out.update({name: [[name]] for name in names})
+        out[f"ALL @{b}"] = [names]
+    return out
+
+
+def bucketed(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows with a length bucket again, their task named ``"<task> @<bucket>"``."""
+    b = rows[rows["bucket"] != ""]
+    return b.assign(task=b["task"].astype(str) + " @" + b["bucket"].astype(str))
+
+
+# --------------------------------------------------------------------------- the summary
+
+COLUMNS = [
+    "model", "benchmark", "length", "task", "method", "keep_rate", "n", "failed", "unsupported",
+    "score", "score_lo", "score_hi", "retention", "retention_lo", "retention_hi",
+    "kept_fraction", "kept_fraction_lo", "kept_fraction_hi", "needle_kept", "needle_kept_lo", "needle_kept_hi",
+    "ttft_s", "speculator_s", "ttft_ratio", "ttft_ratio_lo", "ttft_ratio_hi", "speedup", "speedup_lo", "speedup_hi",
+    "ideal_speedup", "efficiency", "method_name", "reference", "hardware",
+    "speculator", "method_options", "benchmark_options", "dtype", "backend",
+]  # fmt: skip
+
+
+def references(ok: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
+    """The reference's ok rows by :data:`REFERENCE_OF` key."""
+    ref = ok[ok["is_reference"]]
+    return {k: g for k, g in ref.groupby(REFERENCE_OF, dropna=False)} if not ref.empty else {}
+
+
+def summarize(rows: pd.DataFrame) -> pd.DataFrame:
+    """Eval rows summarized: one row per point (:data:`~harness.analysis.rows.POINT`, the
+    ``method`` column its label) and label (task, category, ``ALL``, length bucket), with
+    every measure of the module's table and its interval. A ratio to the reference is
+    taken against the reference's rows of the same model, benchmark, options, length,
+    dtype and backend; a TTFT ratio only where both ran on one machine (the rows'
+    ``hardware``; a sweep resumed elsewhere gets none, not a cross-machine one)."""
+    if rows.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    df = normalize(rows)
+    ok = df[df["status"] == "ok"]
+    refs = references(ok)
+    ref_points = {k: (Point(g), Point(bucketed(g))) for k, g in refs.items()}
+    out = []
+    for key, g in df.groupby([*POINT, "label"], dropna=False, sort=True):
+        point = dict(zip([*POINT, "label"], key, strict=True))
+        good = g[g["status"] == "ok"]
+        p, pb = Point(good), Point(bucketed(good))
+        r = ref_points.get(tuple(point[k] for k in REFERENCE_OF))
+        bad = g[g["status"] != "ok"]
+        hardware = p.hardware() if not good.empty else ""
+        for label, parts in labels(g).items():
+            this, ref = (pb, r[1] if r else None) if " @" in label else (p, r[0] if r else None)
+            names = set(_tasks(parts))
+            # a TTFT ratio only side by side: this label's rows and the reference's on one machine
+            here = this.hardware(names)
+            same_machine = ref is not None and here != MIXED and ref.hardware(names) == here
+            in_label = (
+                bad["task"].isin(names) if " @" not in label else (bad["task"] + " @" + bad["bucket"]).isin(names)
+            )
+            row = {
+                "model": point["model"], "benchmark": point["benchmark"], "length": point["length"], "task": label,
+                "method": point["label"], "keep_rate": point["keep_rate"],
+                "n": sum(len(this.tasks[t]) for t in names if t in this.tasks),
+                "failed": int((bad[in_label]["status"] == "failed").sum()),
+                "unsupported": int((bad[in_label]["status"] == "unsupported").sum()),
+                "method_name": point["method"], "reference": point["reference_method"], "hardware": hardware,
+                **{k: point[k] for k in ("speculator", "method_options", "benchmark_options", "dtype", "backend")},
+            }  # fmt: skip
+            row.update(measures(this, ref, parts, same_machine))
+            out.append(row)
+    s = pd.DataFrame(out).reindex(columns=COLUMNS)
+    return s.sort_values(["model", "benchmark", "length", "task", "method", "keep_rate"]).reset_index(drop=True)
+
+
+def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> dict[str, float]:
+    """Every measure of one point over ``parts`` (the module's table), as summary columns."""
+    out: dict[str, float] = {}
+
+    def put(name: str, e: Estimate, interval: bool = True) -> None:
+        out[name] = e.value
+        if interval:
+            out[f"{name}_lo"], out[f"{name}_hi"] = e.lo, e.hi
+
+    put("score", macro_mean(p, "score", parts))
+    put("kept_fraction", macro_mean(p, "kept_fraction", parts))
+    put("needle_kept", macro_mean(p, "needle_kept", parts, complete=False))
+    put("ttft_s", macro_mean(p, "ttft_s", parts), interval=False)
+    put("speculator_s", macro_mean(p, "speculator_s", parts), interval=False)
+    put("ideal_speedup", paired_ratio(p, "flops_full", p, "flops_method", parts), interval=False)
+    nan = Estimate(float("nan"), float("nan"), float("nan"), 0)
+    put("retention", paired_ratio(p, "score", ref, "score", parts) if ref is not None else nan)
+    timed = ref is not None and same_machine
+    put("ttft_ratio", paired_ratio(p, "ttft_s", ref, "ttft_s", parts) if timed else nan)  # type: ignore[arg-type]
+    put("speedup", paired_ratio(ref, "ttft_s", p, "ttft_s", parts) if timed else nan)  # type: ignore[arg-type]
+    out["efficiency"] = out["speedup"] / out["ideal_speedup"] if out["ideal_speedup"] else float("nan")
+    return out
+
+
+def point_rows(rows: pd.DataFrame, where: dict[str, object]) -> pd.DataFrame:
+    """The normalized ok eval rows matching ``where`` (column -> value; floats compared
+    with a tolerance)."""
+    d = normalize(rows)
+    d = d[(d["status"] == "ok") & ((d["kind"] == "eval") if "kind" in d else True)]
+    for k, v in where.items():
+        d = d[np.isclose(d[k].astype(float), float(v))] if isinstance(v, float) else d[d[k] == v]  # type: ignore[arg-type]
+    return d

@@ -1,0 +1,110 @@
+"""Rows as every reader sees them: normalized once, when they are read.
+
+:func:`normalize` is the one place that
+
+* gives the reference its keep rate (:data:`REFERENCE_KEEP`: the reference prefills every
+  token; its rows store none);
+* blanks the reference's speculator (it runs none, so its point is the same whatever the
+  model's speculator is);
+* fills the optional columns (``""`` where a row kind or an older row has none);
+* marks the reference's rows (``is_reference``) and labels each run (``label``: the method's
+  name plus the options that tell apart runs that would otherwise share a point,
+  :func:`label_variants`).
+
+A point is one value of :data:`POINT` (the same key in the summary, the gate and the paper
+tables); latency points add the grid (:data:`LATENCY_POINT`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+#: The reference's keep rate: it prefills the whole prompt.
+REFERENCE_KEEP = 1.0
+#: What identifies a point of eval rows: a method with its options at a keep rate, on a
+#: model (and speculator), benchmark (and its options) and length, in a dtype and backend,
+#: compared with one reference method.
+POINT = [
+    "model", "speculator", "benchmark", "benchmark_options", "length", "method", "method_options", "keep_rate",
+    "dtype", "backend", "reference_method",
+]  # fmt: skip
+#: A latency point: the grid point and the prompts instead of the benchmark.
+LATENCY_POINT = [
+    "model", "speculator", "backend", "dtype", "prompt_source", "batch", "length", "method", "method_options",
+    "keep_rate", "reference_method",
+]  # fmt: skip
+#: The point key without the method: the reference a point's ratios are taken against.
+REFERENCE_OF = ["model", "benchmark", "benchmark_options", "length", "dtype", "backend", "reference_method"]
+#: Text columns a row may lack (a kind without them, an older row): ``""`` there.
+OPTIONAL_TEXT = (
+    "speculator", "benchmark", "benchmark_options", "method_options", "dtype", "backend", "category", "bucket",
+    "hardware", "prompt_source",
+)  # fmt: skip
+#: Run fields that tell apart otherwise equal runs in a label.
+RUN_KEYS = ("dtype", "backend", "speculator")
+#: Point fields a table does not show as columns: a label names them where runs differ.
+LABELLED = ("speculator", "benchmark_options", "method_options", "dtype", "backend")
+#: Marks a normalized frame (normalizing twice is a no-op).
+NORMALIZED = "is_reference"
+
+
+def _options(v: Any) -> dict[str, Any]:
+    """A stored options column as a dict (``{}`` where the row has none)."""
+    return json.loads(v) if isinstance(v, str) and v else {}
+
+
+def label_variants(df: pd.DataFrame, point: list[str]) -> pd.Series:
+    """A label per row: the method name, plus the options that tell apart runs which
+    would otherwise share a row of a table keyed by ``point`` without them (look-ahead,
+    pooling, truncation, output cap, speculator, dtype, ...)."""
+    labels = df["method"].astype(str).copy()
+    for _, g in df.groupby(point, dropna=False):
+        runs = g.drop_duplicates("config_hash") if "config_hash" in g else g.iloc[:1]
+        if len(runs) < 2:
+            continue
+        opts = {
+            h: {
+                **_options(r.get("method_options")),
+                **_options(r.get("benchmark_options")),
+                **{k: r.get(k) for k in RUN_KEYS},
+            }
+            for h, r in zip(runs["config_hash"], runs.to_dict("records"), strict=True)
+        }
+        differ = sorted({k for o in opts.values() for k in o if len({json.dumps(x.get(k)) for x in opts.values()}) > 1})
+        for h, o in opts.items():
+            desc = ", ".join(f"{k}={o.get(k)}" for k in differ if k != "keep_rate")
+            if desc:
+                labels[g.index[g["config_hash"] == h]] = f"{g['method'].iloc[0]} ({desc})"
+    return labels
+
+
+def normalize(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` (any kinds) as every reader reads them (see the module's doc). Idempotent."""
+    if NORMALIZED in rows:
+        return rows
+    df = rows.reset_index(drop=True).copy()
+    if df.empty and "method" not in df:
+        return df.assign(**{NORMALIZED: pd.Series(dtype=bool), "label": pd.Series(dtype=object)})
+    df["keep_rate"] = (df["keep_rate"] if "keep_rate" in df else pd.Series(float("nan"), index=df.index)).astype(float)
+    df["keep_rate"] = df["keep_rate"].fillna(REFERENCE_KEEP)
+    for c in OPTIONAL_TEXT:
+        df[c] = df[c].fillna("").astype(str) if c in df else ""
+    if "reference_method" not in df:
+        df["reference_method"] = ""
+    df["reference_method"] = df["reference_method"].fillna("").astype(str)
+    df[NORMALIZED] = df["method"] == df["reference_method"]
+    df.loc[df[NORMALIZED], "speculator"] = ""
+    for c in ("length", "batch"):
+        if c in df:
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    df["label"] = df["method"].astype(str)
+    kinds = df["kind"] if "kind" in df else pd.Series("eval", index=df.index)
+    for kind, point in (("eval", POINT), ("latency", LATENCY_POINT), ("qps", POINT)):
+        part = df[kinds == kind]
+        if not part.empty:  # the columns a table shows; the label carries the rest where runs differ
+            shown = [k for k in point if k not in LABELLED]
+            df.loc[part.index, "label"] = label_variants(part, shown)
+    return df

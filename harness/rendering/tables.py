@@ -1,0 +1,177 @@
+"""The summaries as text: markdown tables, ``value [lo, hi]`` cells, the notes under them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from harness.analysis.quality import COLUMNS as QUALITY_COLUMNS
+
+#: The columns of the quality table, in order; (value, lo, hi) cells show ``v [lo, hi]``.
+SHOWN = [
+    "model", "benchmark", "length", "task", "method", "keep_rate", "n", "failed", "unsupported", "score",
+    "retention", "needle_kept", "kept_fraction", "ttft_s", "ttft_ratio", "speedup", "ideal_speedup",
+]  # fmt: skip
+WITH_CI = {"score": "{:.1f}", "retention": "{:.2f}", "needle_kept": "{:.2f}", "ttft_ratio": "{:.2f}",
+           "speedup": "{:.2f}x"}  # fmt: skip
+PLAIN = {"kept_fraction": "{:.3f}", "ttft_s": "{:.2f}", "ideal_speedup": "{:.2f}x", "keep_rate": "{:g}"}
+assert set(SHOWN) <= set(QUALITY_COLUMNS)
+
+#: What the summary's intervals are, under every rendering of it.
+INTERVAL_NOTE = ("Score, retention (score / the reference's, same samples), needle kept, TTFT ratio and speedup: "
+                 "value [95 % bootstrap interval over samples, seeded; the same estimator as the value]. "
+                 "Ideal speedup: the FLOP model's full prefill over the method's work (its speculator "
+                 "included).")  # fmt: skip
+UNPAIRED_NOTE = (
+    "TTFT ratio `-` with a TTFT: no rows of the reference method for that task with the same dtype and "
+    "backend ran on the same machine (the rows' `hardware`), so no side-by-side ratio exists."
+)
+
+
+def md_table(df: pd.DataFrame) -> str:
+    """``df``'s cells, as they are (``str``), as a markdown table."""
+    cols = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def with_ci(v: float, lo: float, hi: float, fmt: str) -> str:
+    """``v [lo, hi]`` (``-`` without a value, ``v`` alone without an interval)."""
+    if pd.isna(v):
+        return "-"
+    if pd.isna(lo) or pd.isna(hi):
+        return fmt.format(v)
+    return f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def format_summary(summary: pd.DataFrame, columns: list[str] = SHOWN) -> pd.DataFrame:
+    """The summary's cells as text, :data:`SHOWN` columns: the measures with an interval as
+    ``value [lo, hi]`` (95 %), the others rounded, ``-`` where a value is missing."""
+    s = pd.DataFrame(index=summary.index)
+    for c in columns:
+        if c in WITH_CI:
+            s[c] = [with_ci(v, lo, hi, WITH_CI[c]) for v, lo, hi in
+                    zip(summary[c], summary[f"{c}_lo"], summary[f"{c}_hi"], strict=True)]  # fmt: skip
+        elif c in PLAIN:
+            s[c] = summary[c].map(lambda v, f=PLAIN[c]: "-" if pd.isna(v) else f.format(v))
+        else:
+            s[c] = summary[c]
+    return s
+
+
+def unpaired(summary: pd.DataFrame) -> bool:
+    """Whether some row has a TTFT but no side-by-side ratio to its reference."""
+    return bool((summary["ttft_s"].notna() & summary["ttft_ratio"].isna()).any())
+
+
+def to_markdown(summary: pd.DataFrame) -> str:
+    """The summary as markdown with its intervals and ``n``."""
+    if summary.empty:
+        return "(no results)\n"
+    lines = [md_table(format_summary(summary)).rstrip("\n"), "", INTERVAL_NOTE]
+    if unpaired(summary):
+        lines += ["", UNPAIRED_NOTE]
+    return "\n".join(lines) + "\n"
+
+
+POINT = ["model", "benchmark", "length", "method", "keep_rate"]
+
+
+def score_by_task(summary: pd.DataFrame) -> pd.DataFrame:
+    """The score column of ``summary`` pivoted: one row per model, benchmark, length,
+    method and keep rate; one column per task, then the category means, then ``ALL``
+    (length-bucket rows are left to the long table). A cell reads ``-`` where the point
+    has no score for that task, and carries ``(n=K)`` where it averages fewer samples
+    than the fullest point in its column (a partial or failing run)."""
+    s = summary[~summary["task"].str.contains(" @", regex=False)]
+    if s.empty:
+        return pd.DataFrame(columns=POINT)
+    names = set(s["task"])
+    tasks = sorted(t for t in names if t != "ALL" and not t.startswith("["))
+    order = [*tasks, *sorted(t for t in names if t.startswith("[")), *(["ALL"] if "ALL" in names else [])]
+    most = s.groupby(["model", "benchmark", "length", "task"])["n"].transform("max")
+
+    def cell(score: float, n: int, top: int) -> str:
+        if pd.isna(score):
+            return "-"
+        return f"{score:.1f}" + (f" (n={n})" if n < top else "")
+
+    s = s.assign(_cell=[cell(a, b, c) for a, b, c in zip(s["score"], s["n"], most, strict=True)])
+    wide = s.pivot_table(index=POINT, columns="task", values="_cell", aggfunc="first")
+    wide = wide.reindex(columns=order).fillna("-").reset_index()
+    wide.columns.name = None
+    return wide
+
+
+def by_task_markdown(summary: pd.DataFrame) -> str:
+    """``score_by_task`` as a markdown table; empty where there is one task or none."""
+    wide = score_by_task(summary)
+    if len([c for c in wide.columns if c not in (*POINT, "ALL")]) < 2:
+        return ""
+    wide["keep_rate"] = wide["keep_rate"].map(lambda v: "-" if pd.isna(v) else f"{v:g}")
+    return md_table(wide)
+
+
+def numbers_md(df: pd.DataFrame) -> str:
+    """A latency or serving summary as markdown, floats to three decimals."""
+    if df.empty:
+        return "(no results)\n"
+    return md_table(df.astype(object).map(lambda v: f"{v:.3f}" if isinstance(v, float) else v))
+
+
+#: The committed depth sweep of the early-exit speculator (``make speculator-depth``): its
+#: table, and the numbers the summary quotes from it.
+DEPTH_SWEEP = "results/reference/speculator_depth_smollm2_cpu.md"
+DEPTH_SWEEP_CSV = "results/reference/speculator_depth_smollm2_cpu.csv"
+DEPTH_SWEEP_MODEL = "smollm2-135m"
+
+
+def natural_key(label: object) -> list:
+    """A sort key that puts 'self_layers:8' before 'self_layers:12'."""
+    import re
+
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(label))]
+
+
+def _depth_numbers(specs: list[str], csv: Path) -> str:
+    """What the committed sweep measured at keep 0.1 for these depths and for the oracle."""
+    if not csv.exists():
+        return ""
+    d = pd.read_csv(csv)
+    d = d[(d["method"] == "specprefill") & (d["keep"] == 0.1)]
+    if d.empty:
+        return ""
+    d = d.set_index(d["depth"].map(lambda m: f"self_layers:{int(m)}"))
+    col = "lat_speedup" if "lat_speedup" in d and d["lat_speedup"].notna().any() else "speedup"
+    top = f"self_layers:{int(d['depth'].max())}"
+    parts = []
+    for spec in dict.fromkeys([*specs, top]):  # these depths, then the oracle
+        if spec in d.index:
+            r = d.loc[spec]
+            oracle = " (the oracle: all layers)" if spec == top else ""
+            parts.append(f"{spec}{oracle} keeps {r['retention']:.2f} of full prefill's score at {r[col]:.2f}x")
+    return f" At keep 0.1 it measured: {'; '.join(parts)}." if parts else ""
+
+
+def speculator_note(rows: pd.DataFrame, csv: Path | None = None) -> str | None:
+    """A line under the quality table when SpecPrefill ran with an early-exit speculator
+    (``self_layers:M``, the offline stand-in for the paper's separate small model): where
+    its loss at low keep rates comes from, where the depth sweep is and, for the sweep's
+    model, what it measured for these depths and for the oracle."""
+    if rows.empty or "speculator" not in rows:
+        return None
+    ev = rows[(rows["kind"] == "eval") & (rows["method"] == "specprefill")]
+    specs = sorted({str(s) for s in ev["speculator"].dropna() if str(s).startswith("self_layers:")}, key=natural_key)
+    if not specs:
+        return None
+    numbers = ""
+    if set(ev["model"].dropna().astype(str)) == {DEPTH_SWEEP_MODEL}:
+        numbers = _depth_numbers(specs, csv or Path(__file__).resolve().parents[2] / DEPTH_SWEEP_CSV)
+    return (
+        f"SpecPrefill's speculator here is the base model's own first layers ({', '.join(specs)}: an early "
+        f"exit, the offline stand-in for the paper's separate small speculator). At low keep rates most of "
+        f"its loss comes from that weak scorer, not from the method: `{DEPTH_SWEEP}` measures every depth up "
+        f"to the oracle (all layers: full prefill's quality, no speedup).{numbers}\n"
+    )

@@ -1,0 +1,300 @@
+"""The analysis layer: one definition per measure, points inside their intervals, and the
+summary, the gate and the paper tables printing the same number for the same point."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness import paper, regress
+from harness.analysis.folder import analyze_rows
+from harness.analysis.latency import point_speedup, summarize_latency
+from harness.analysis.quality import Point, macro_mean, paired_ratio, summarize
+from harness.analysis.stats import Estimate
+from harness.store import read_results
+
+ROOT = Path(__file__).resolve().parents[1]
+#: ``value [lo, hi]`` as every renderer prints an interval (``x`` after speedups).
+CELL = re.compile(r"(-?\d+(?:\.\d+)?)x? \[(-?\d+(?:\.\d+)?)x?, (-?\d+(?:\.\d+)?)x?\]")
+WITH_INTERVAL = ["score", "retention", "kept_fraction", "needle_kept", "ttft_ratio", "speedup"]
+
+
+def committed_rows() -> dict[str, pd.DataFrame]:
+    """Every committed set of rows: the regression baselines and the paper tables' point files
+    (one set per command subfolder)."""
+    out = {str(f.relative_to(ROOT)): read_results(f) for f in sorted((ROOT / "results" / "baseline").glob("*/rows"))}
+    for f in sorted(paper.RESULTS.glob(f"*/*/{paper.POINTS}")):
+        rows = paper.read_points(f)
+        for sub, g in rows.groupby("sub"):
+            out[f"{f.relative_to(ROOT)}:{sub}"] = g
+    assert len(out) >= 6, sorted(out)
+    return out
+
+
+def _inside(df: pd.DataFrame, measures: list[str]) -> list[str]:
+    bad = []
+    for m in measures:
+        if f"{m}_lo" not in df:
+            continue
+        v, lo, hi = (df[c].astype(float) for c in (m, f"{m}_lo", f"{m}_hi"))
+        has = v.notna() & lo.notna()
+        out = has & ~((lo <= v + 1e-12) & (v <= hi + 1e-12))
+        bad += [f"{m}: {a} [{b}, {c}]" for a, b, c in zip(v[out], lo[out], hi[out], strict=True)]
+    return bad
+
+
+def test_every_committed_markdown_interval_contains_its_value():
+    """Every ``v [lo, hi]`` printed in a committed summary or table (results/reference,
+    results/baseline, results/paper): lo <= v <= hi, as printed (rounding is monotone)."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files", "results/*.md"], cwd=ROOT, capture_output=True, text=True, check=True)
+    cells, bad = 0, []
+    for f in (ROOT / name for name in tracked.stdout.split()):
+        for m in CELL.finditer(f.read_text()):
+            v, lo, hi = map(float, m.groups())
+            cells += 1
+            if not lo <= v <= hi:
+                bad.append(f"{f.relative_to(ROOT)}: {m.group(0)}")
+    assert cells > 150 and not bad, bad
+
+
+@pytest.mark.parametrize("name", sorted(committed_rows()))
+def test_every_point_of_the_committed_rows_lies_in_its_interval(name):
+    rows = committed_rows()[name]
+    a = analyze_rows(ROOT, rows)
+    assert not a.summary.empty or not a.latency.empty or not a.qps.empty
+    assert not _inside(a.summary, WITH_INTERVAL), name
+    assert not _inside(a.latency, ["speedup"]), name
+
+
+def test_a_point_lies_in_its_interval_where_a_mean_of_ratios_would_not():
+    """Tasks of unequal size and score: the ratio of macro means and its paired bootstrap
+    agree; the mean of per-task ratios (the old point estimate) falls outside that interval."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for task, n, p_ref, p_m in (("a", 40, 0.9, 0.85), ("b", 12, 0.3, 0.05), ("c", 25, 0.5, 0.4)):
+        for i in range(n):
+            for method, p in (("full", p_ref), ("m", p_m)):
+                rows.append({"task": task, "sample_id": i, "method": method, "score": 100.0 * (rng.random() < p),
+                             "hardware": "x"})  # fmt: skip
+    df = pd.DataFrame(rows)
+    m, r = Point(df[df["method"] == "m"]), Point(df[df["method"] == "full"])
+    parts = [["a", "b", "c"]]
+    e = paired_ratio(m, "score", r, "score", parts)
+    assert e.lo <= e.value <= e.hi
+    assert all(r.values(t, "score").mean() > 0 for t in "abc")
+    mean_of_ratios = np.mean([m.values(t, "score").mean() / r.values(t, "score").mean() for t in "abc"])
+    assert not e.lo <= mean_of_ratios <= e.hi  # what the old report printed beside this interval
+    assert macro_mean(m, "score", parts).value == pytest.approx(np.mean([m.values(t, "score").mean() for t in "abc"]))
+
+
+def test_the_median_run_gives_the_speedup_and_its_interval():
+    runs = [
+        Estimate(1.0, 0.9, 1.1, 8),
+        Estimate(2.0, 1.9, 2.1, 8),
+        Estimate(3.0, 2.9, 3.1, 8),
+        Estimate(4.0, 3.9, 4.1, 8),
+    ]
+    e = point_speedup(runs)
+    assert e is not None and e.lo <= e.value <= e.hi  # a median of values (2.5) would lie in no run's interval
+    assert e.value == 2.0
+
+
+@pytest.fixture(scope="module")
+def tiny_rows(tmp_path_factory):
+    """A fresh tiny run: full prefill, SpecPrefill at two keep rates, two RULER tasks."""
+    from hydra import compose, initialize_config_dir
+
+    from harness.run import RunConfig, execute, prepare
+
+    out = tmp_path_factory.mktemp("tiny") / "res"
+    common = ["model=tiny-random", "length=1024", "tasks=[niah_single_1,vt]", "limit=4", f"out={out}"]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        for extra in (["method=full"], ["method=specprefill", "keep=0.3"], ["method=specprefill", "keep=0.5"]):
+            execute(prepare(RunConfig.from_hydra(compose(config_name="config", overrides=[*extra, *common]))))
+    return read_results(out)
+
+
+def _same_number_everywhere(rows: pd.DataFrame) -> int:
+    """For every eval point of ``rows``: the summary's ALL score, retention and speedup are
+    the gate's (the folder against itself) and the paper tables' (:class:`paper.Ours`); the
+    latency summary's speedups are the gate's. Returns how many numbers were compared."""
+    a = analyze_rows(ROOT, rows)
+    v = regress.gate(rows, rows, eval_speed=True)
+    compared = 0
+    gate_quality = {(c.fields["model"], c.fields["method"], c.fields["keep"], c.fields["speculator"],
+                     c.fields["options"], c.fields["where"]): c for c in v.rows if c.kind == "quality"}  # fmt: skip
+    ours = paper.Ours(rows)
+    for _, s in a.summary[a.summary["task"] == "ALL"].iterrows():
+        is_ref = s["method_name"] == s["reference"]
+        fields = regress._fields(s.to_dict() | {"method": s["method_name"]}, is_ref)
+        key = (fields["model"], fields["method"], fields["keep"], fields["speculator"], fields["options"], "ALL")
+        if key in gate_quality:  # the gate compares ALL where a point has more than one task
+            c = gate_quality[key]
+            assert c.candidate == pytest.approx(s["score"], abs=1e-9)
+            if not is_ref:
+                assert c.retention is not None
+                assert (c.retention.value, c.retention.lo, c.retention.hi) == pytest.approx(
+                    (s["retention"], s["retention_lo"], s["retention_hi"]), nan_ok=True
+                )
+            compared += 1
+        sc = ours.score(s["method_name"], float(s["keep_rate"]), "ALL", model=s["model"])
+        assert sc is not None and (sc.value, sc.lo, sc.hi) == pytest.approx((s["score"], s["score_lo"], s["score_hi"]))
+        compared += 1
+        if is_ref:
+            continue
+        ret = ours.retention(s["method_name"], float(s["keep_rate"]), "ALL", model=s["model"])
+        if not np.isnan(s["retention"]):
+            assert ret is not None and (ret.value, ret.lo, ret.hi) == pytest.approx(
+                (s["retention"], s["retention_lo"], s["retention_hi"])
+            )
+            compared += 1
+        sp = ours.ttft_speedup(s["method_name"], float(s["keep_rate"]), s["model"])
+        if not np.isnan(s["speedup"]):
+            assert sp is not None and (sp.value, sp.lo, sp.hi) == pytest.approx(
+                (s["speedup"], s["speedup_lo"], s["speedup_hi"])
+            )
+            gate_speed = [c for c in v.rows if c.kind == "speed" and c.fields.get("where") == "speedup TTFT ALL"
+                          and c.fields["method"] == s["method_name"] and c.fields["keep"] == fields["keep"]]  # fmt: skip
+            assert [c.candidate for c in gate_speed] == pytest.approx([s["speedup"]])
+            compared += 2
+    lat = a.latency[~a.latency["is_reference"].astype(bool)].dropna(subset=["speedup"])
+    gate_lat = [c.candidate for c in v.rows if c.kind == "speed" and "latency" in c.point]
+    assert sorted(gate_lat) == pytest.approx(sorted(lat["speedup"]))
+    return compared + len(gate_lat)
+
+
+def synthetic_rows(seed: int = 0) -> pd.DataFrame:
+    """LongBench-like eval rows: two categories of unequal size, tasks of unequal n, full
+    prefill and two keep rates, one machine."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    tasks = {"qa1": ("QA", 9), "qa2": ("QA", 5), "sum1": ("Summ", 14)}
+    for method, keep, p, t in (
+        ("full", None, 0.7, 4.0),
+        ("specprefill", 0.1, 0.4, 1.5),
+        ("specprefill", 0.3, 0.6, 2.5),
+    ):
+        for task, (cat, n) in tasks.items():
+            for i in range(n):
+                rows.append({
+                    "kind": "eval", "status": "ok", "model": "m", "benchmark": "longbench", "length": 0, "task": task,
+                    "category": cat, "sample_id": i, "method": method, "keep_rate": keep, "reference_method": "full",
+                    "method_options": "{}" if keep is None else f'{{"keep_rate": {keep}}}', "config_hash": f"{keep}",
+                    "benchmark_options": "{}", "hardware": "x", "dtype": "float32", "backend": "transformers",
+                    "score": 100.0 * (rng.random() < p), "ttft_s": t * rng.uniform(0.8, 1.2), "kept_fraction": keep or 1.0,
+                    "needle_kept": None, "run_id": f"r{keep}", "speculator": "self_layers:8",
+                })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_summary_gate_and_paper_print_the_same_number_with_categories():
+    """``ALL`` over categories (LongBench's Avg) is the same in the summary, the gate and the
+    paper tables: a macro mean of macro means, not a mean over tasks or pooled samples."""
+    rows = synthetic_rows()
+    assert _same_number_everywhere(rows) >= 8
+    qa = np.mean([rows[(rows["task"] == t) & (rows["keep_rate"] == 0.1)]["score"].mean() for t in ("qa1", "qa2")])
+    summ = rows[(rows["task"] == "sum1") & (rows["keep_rate"] == 0.1)]["score"].mean()
+    assert summarize(rows).query("task == 'ALL' and keep_rate == 0.1")["score"].iloc[0] == pytest.approx(
+        (qa + summ) / 2
+    )
+
+
+def test_summary_gate_and_paper_print_the_same_number_on_a_fresh_run(tiny_rows):
+    assert _same_number_everywhere(tiny_rows) >= 8
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(committed_rows()) if "baseline" in n or "longbench" in n])
+def test_summary_gate_and_paper_print_the_same_number_on_the_committed_rows(name):
+    assert _same_number_everywhere(committed_rows()[name]) >= 4
+
+
+def test_the_paper_table_prints_the_summarys_retention():
+    """The rendered longbench table's retention ALL cells are the summary's, as printed."""
+    rows = paper.read_points(paper.RESULTS / "longbench_405b" / "cpu" / paper.POINTS)
+    s = summarize(rows[rows["kind"] == "eval"])
+    table = paper.render("longbench_405b")
+    for _, r in s[(s["task"] == "ALL") & (s["method_name"] != s["reference"])].iterrows():
+        assert f"{r['retention']:.2f} [{r['retention_lo']:.2f}, {r['retention_hi']:.2f}] n={r['n']}" in table
+
+
+def test_latency_summary_keeps_the_point_key():
+    rows = read_results(ROOT / "results" / "baseline" / "cpu-amx" / "rows")
+    lat = summarize_latency(rows[rows["kind"] == "latency"])
+    assert {"speculator", "method_options", "dtype", "method_name"} <= set(lat.columns)
+    assert set(lat.loc[~lat["is_reference"], "speculator"]) == {"self_layers:8"}
+    assert set(lat.loc[lat["is_reference"], "speculator"]) == {""}  # the reference runs none
+
+
+# --------------------------------------------------------------------------- one definition
+
+HARNESS = ROOT / "harness"
+
+
+def _sources() -> dict[str, str]:
+    return {str(p.relative_to(ROOT)): p.read_text() for p in HARNESS.rglob("*.py")}
+
+
+@pytest.mark.parametrize(
+    "pattern,home",
+    [
+        (r"fillna\((1\.0|REFERENCE_KEEP)\)", "harness/analysis/rows.py"),  # the reference's keep rate
+        (r"ratio_of_medians_ci\(", "harness/analysis/"),  # the latency speedup
+        (
+            r"def (paired_ratio|macro_mean|paired_difference|summarize|summarize_latency|summarize_qps)\b",
+            "harness/analysis/",
+        ),
+        (r"mean_draws\(|task_seed\(", "harness/analysis/|harness/bench/lm_eval_crosscheck.py"),
+        (r"1\.0 / .*kept_fraction|1 / .*kept_fraction", "(none)"),  # no ideal from the kept fraction
+    ],
+)
+def test_each_measure_is_defined_in_one_place(pattern, home):
+    hits = [f for f, text in _sources().items() for line in text.splitlines()
+            if re.search(pattern, line) and not line.lstrip().startswith(("#", '"', "'"))]  # fmt: skip
+    assert (hits and all(re.match(home, f) for f in hits)) or (home == "(none)" and not hits), hits
+    if pattern.startswith("fillna"):
+        assert len(hits) == 1, hits
+
+
+def _imports(path: Path) -> set[str]:
+    """Every ``harness`` module ``path`` imports, at the top or inside a function."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("harness"):
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("harness")}
+    return out
+
+
+def test_no_import_circle_through_the_renderers_the_paper_tables_or_the_analysis():
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in HARNESS.rglob("*.py")}  # fmt: skip
+    graph = {m: {i for i in _imports(p) if i in modules and i != m} for m, p in modules.items()}
+    watched = {m for m in modules if m in ("harness.report", "harness.html_report", "harness.paper", "harness.plots")
+               or m.startswith(("harness.analysis", "harness.rendering"))}  # fmt: skip
+
+    def reaches(a: str, b: str) -> bool:
+        seen, todo = set(), [a]
+        while todo:
+            x = todo.pop()
+            for y in graph[x]:
+                if y == b:
+                    return True
+                if y not in seen:
+                    seen.add(y)
+                    todo.append(y)
+        return False
+
+    circles = [m for m in watched if reaches(m, m)]
+    assert not circles, circles
+    for m in (x for x in modules if x.startswith("harness.analysis")):  # the layer imports no renderer
+        assert not any(reaches(m, r) for r in ("harness.report", "harness.html_report", "harness.paper",
+                                                "harness.plots", "harness.rendering.tables")), m  # fmt: skip
