@@ -385,7 +385,6 @@ def latency_grid(lat: pd.DataFrame, path: Path) -> Path | None:
         return None
     batches = sorted(set(s["batch"].astype(int)))
     fig, axes = _panels(len(batches), 5.0)
-    ref = s[s["is_reference"].astype(bool)].groupby(["model", "backend", "batch", "length"])["ttft_median_s"].median()
     for ax, b in zip(axes, batches, strict=False):
         g = s[s["batch"] == b]
         for (method, keep, is_ref), gm in g.groupby(["method", "keep_rate", "is_reference"], dropna=False):
@@ -395,10 +394,8 @@ def latency_grid(lat: pd.DataFrame, path: Path) -> Path | None:
             line = ax.errorbar(gm["length"], gm["ttft_median_s"], yerr=np.vstack([np.zeros_like(up), up]),
                                fmt="o-", capsize=3, color="black" if is_ref else None, lw=2 if is_ref else 1.2,
                                label=label)  # fmt: skip
-            if not is_ref and gm["ideal_speedup"].notna().any():
-                keys = pd.MultiIndex.from_frame(gm[["model", "backend", "batch", "length"]])
-                base = ref.reindex(keys).to_numpy(dtype=float)
-                ax.plot(gm["length"], base / gm["ideal_speedup"].to_numpy(dtype=float), ls="--", lw=1, marker="_",
+            if not is_ref and gm["ideal_ttft_s"].notna().any():
+                ax.plot(gm["length"], gm["ideal_ttft_s"].to_numpy(dtype=float), ls="--", lw=1, marker="_",
                         ms=16, mew=2, color=line[0].get_color(), label=f"ideal, keep {keep:g}")  # fmt: skip
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

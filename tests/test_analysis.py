@@ -230,6 +230,9 @@ def test_latency_summary_keeps_the_point_key():
     assert {"speculator", "method_options", "dtype", "method_name"} <= set(lat.columns)
     assert set(lat.loc[~lat["is_reference"], "speculator"]) == {"self_layers:8"}
     assert set(lat.loc[lat["is_reference"], "speculator"]) == {""}  # the reference runs none
+    m = lat[~lat["is_reference"]].iloc[0]
+    ref = lat[lat["is_reference"]].iloc[0]
+    assert m["ideal_ttft_s"] == pytest.approx(ref["ttft_median_s"] / m["ideal_speedup"])  # what latency_grid draws
 
 
 # --------------------------------------------------------------------------- one definition

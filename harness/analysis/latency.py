@@ -9,7 +9,8 @@ speedup        median TTFT of the reference / median TTFT of the method over the
                several runs at a point, the run whose speedup is the median's, value and
                interval both (:func:`point_speedup`)
 ttft           median, p90 and p99 over the timed iterations (the reference pools its runs)
-ideal_speedup  the FLOP model's full prefill over the method's work (median over iterations)
+ideal_speedup  the FLOP model's full prefill over the method's work (median over iterations);
+               ``ideal_ttft_s``: the reference's median TTFT at the point over it
 efficiency     speedup / ideal_speedup
 ============== ============================================================================
 """
@@ -27,7 +28,7 @@ from harness.analysis.stats import Estimate, ratio_of_medians_ci
 COLUMNS = [
     "model", "backend", "prompt_source", "batch", "length", "method", "keep_rate", "n", "failed", "ttft_median_s",
     "ttft_p90_s", "ttft_p99_s", "method_median_s", "base_prefill_median_s", "kept_fraction", "speedup", "speedup_lo",
-    "speedup_hi", "ideal_speedup", "efficiency", "reference", "is_reference", "method_name", "speculator", "dtype",
+    "speedup_hi", "ideal_speedup", "ideal_ttft_s", "efficiency", "reference", "is_reference", "method_name", "speculator", "dtype",
     "method_options",
 ]  # fmt: skip
 
@@ -92,4 +93,10 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
                 entry.update(speedup=e.value, speedup_lo=e.lo, speedup_hi=e.hi, efficiency=e.value / ideal)
             entry["ideal_speedup"] = ideal
         out.append(entry)
-    return pd.DataFrame(out).reindex(columns=COLUMNS)
+    df = pd.DataFrame(out).reindex(columns=COLUMNS)
+    # the ideal TTFT: the reference's median at the point over the method's ideal speedup
+    at = ["model", "backend", "dtype", "prompt_source", "batch", "length", "reference"]
+    ref = df[df["is_reference"].astype(bool)].groupby(at, dropna=False)["ttft_median_s"].first()
+    base = ref.reindex(pd.MultiIndex.from_frame(df[at])).to_numpy(dtype=float)
+    df["ideal_ttft_s"] = base / df["ideal_speedup"].to_numpy(dtype=float)
+    return df
