@@ -225,18 +225,22 @@ def pareto(summary: pd.DataFrame, path: Path) -> Path | None:
     groups = [(k, g) for k, g in s.groupby(["model", "benchmark", "length"]) if not pareto_points(g).empty]
     tasks = {k: ["ALL", *sorted(t for t in set(g["task"]) if t != "ALL" and not t.startswith("[") and " @" not in t)]
              for k, g in groups}  # fmt: skip
-    width = max(len(t) for t in tasks.values())
+    cols = min(4, max(len(t) for t in tasks.values()))  # small multiples, wrapped at four a row
+    rows_of = {k: -(-len(t) // cols) for k, t in tasks.items()}
     plt = _plt()
-    fig, axes = plt.subplots(len(groups), width, figsize=(4.6 * width, 4.2 * len(groups)), squeeze=False)
-    for row, ((model, bench, length), g) in enumerate(groups):
-        pts = {t: pareto_points(g, t) for t in tasks[(model, bench, length)]}
+    fig, axes = plt.subplots(sum(rows_of.values()), cols, figsize=(4.6 * cols, 4.0 * sum(rows_of.values())),
+                             squeeze=False)  # fmt: skip
+    first_row = 0
+    for (model, bench, length), g in groups:
+        names = tasks[(model, bench, length)]
+        pts = {t: pareto_points(g, t) for t in names}
         drawn = pd.concat([p for p in pts.values() if not p.empty])
         xs = pd.concat([drawn["speedup_hi"], drawn["speedup"], drawn["ideal_speedup"]]).astype(float)
         xmax = max(1.1, float(np.nanmax(xs.to_numpy())) * 1.08)
-        for col, task in enumerate(tasks[(model, bench, length)]):
-            ax = axes[row, col]
+        cells = [axes[first_row + i // cols, i % cols] for i in range(rows_of[(model, bench, length)] * cols)]
+        for ax, task in zip(cells, names, strict=False):
             n = g[g["task"] == task]["n"]
-            title = f"{model} · {bench} {length} · {task}" if col == 0 else task
+            title = f"{model} · {bench} {length} · {task}" if task == "ALL" else task
             if pts[task].empty:
                 ref = summary[(summary["task"] == task) & (summary["method_name"] == summary["reference"])]
                 why = "reference scores 0:\nretention undefined" if (ref["score"] == 0).any() else "no paired point"
@@ -246,11 +250,11 @@ def pareto(summary: pd.DataFrame, path: Path) -> Path | None:
                 ax.set_yticks([])
                 continue
             _panel_pareto(ax, pts[task], f"{title} · {_n_range(n)}", xmax)
-            if col == 0:
-                ax.set_ylabel("quality retention (score / reference score)")
+            ax.set_ylabel("retention (score / reference's)")
             ax.set_xlabel("TTFT speedup over the reference")
-        for ax in axes[row, len(tasks[(model, bench, length)]) :]:
+        for ax in cells[len(names) :]:
             ax.set_visible(False)
+        first_row += rows_of[(model, bench, length)]
     first = axes[0, 0]
     flops = bool(s["ideal_speedup"].notna().any())
     ideal = "ideal speedup (FLOP model)" if flops else "ideal: not drawn (these rows record no FLOP counts)"
