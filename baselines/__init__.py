@@ -1,4 +1,3 @@
 """Baseline prefill methods, siblings of full prefill and SpecPrefill behind
-:class:`specprefill.plan.Method`. Importing the package registers them all."""
-
-from baselines import gemfilter, llmlingua, minference, rag, random_keep, truncate  # noqa: F401  (registration)
+:class:`specprefill.plan.Method`, each registered by name in its own module
+(:func:`specprefill.plan.register_method`); :mod:`harness.registry` imports them on first use."""

@@ -43,6 +43,13 @@ class GemFilter(Method):
         if isinstance(self.filter_layer, bool) or not isinstance(self.filter_layer, int) or self.filter_layer < 1:
             raise ValueError(f"filter_layer={self.filter_layer!r} is invalid; allowed: int >= 1 (1-based layer)")
 
+    def check_model(self, model: str, layers: int | None, max_context: int, longest_prompt: int) -> None:
+        """The filter layer must be one of the base's."""
+        if layers is not None and self.filter_layer > layers:
+            raise ValueError(
+                f"filter_layer={self.filter_layer}: model {model!r} has {layers} layers; allowed: 1 .. {layers}"
+            )
+
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:
         t0 = time.perf_counter()
         cap = backend.base_capture(prompt.input_ids, self.filter_layer)

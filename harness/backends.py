@@ -6,8 +6,9 @@ import dataclasses
 
 from hydra.errors import CompactHydraException
 
+from harness.catalog import ModelConfig
 from harness.config import check_backend
-from harness.models import LoadedModel, ModelConfig, load
+from harness.models import LoadedModel, load
 from harness.placement import Placement
 from harness.placement import plan as place
 from specprefill.backends.transformers import TransformersBackend

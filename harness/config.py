@@ -28,7 +28,9 @@ from hydra.errors import CompactHydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from harness.benchmarks.base import BenchmarkConfig
-from harness.models import ModelConfig
+from harness.catalog import ModelConfig
+from harness.registry import build_method
+from specprefill.plan import Method
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 BACKENDS = ("transformers", "vllm")
@@ -142,9 +144,9 @@ def check_common(c: dict[str, Any]) -> None:
 def check_model_fits(model: Any, methods: list[Any], longest_prompt: int) -> None:
     """What needs the model's shape, checked from its config before anything loads: a
     speculator for each method that needs one; an early-exit speculator (``self_layers:M``)
-    and a layer option (GemFilter's ``filter_layer``) within the base's layers; the
-    look-ahead's extra tokens within the context window after the longest prompt."""
-    from harness.models import parse_speculator
+    within the base's layers; then each method's own options against the model's shape
+    (:meth:`specprefill.plan.Method.check_model`)."""
+    from harness.catalog import parse_speculator
     from harness.placement import layer_count
 
     for m in methods:
@@ -157,21 +159,11 @@ def check_model_fits(model: Any, methods: list[Any], longest_prompt: int) -> Non
             f"speculator={model.speculator!r}: model {model.name!r} has {layers} layers; "
             f"allowed: self_layers:1 .. self_layers:{layers}"
         )
-    for m in methods:
-        opts = m.options()
-        layer = opts.get("filter_layer")
-        if layers is not None and isinstance(layer, int) and layer > layers:
-            raise ConfigError(
-                f"method {m.name!r}: filter_layer={layer}: model {model.name!r} has {layers} layers; "
-                f"allowed: 1 .. {layers}"
-            )
-        la = int(opts.get("lookahead", 1) or 1)
-        if la > 1 and longest_prompt + la - 1 > model.max_context:  # la = 1: the benchmark's own check
-            raise ConfigError(
-                f"lookahead={la}: {la - 1} look-ahead tokens after a prompt of up to {longest_prompt} tokens pass "
-                f"model {model.name!r}'s context window ({model.max_context}); allowed: lookahead <= "
-                f"{max(1, model.max_context - longest_prompt + 1)}"
-            )
+    for m in methods:  # each method checks its own options against the shape (Method.check_model)
+        try:
+            m.check_model(model.name, layers, model.max_context, longest_prompt)
+        except ValueError as e:
+            raise ConfigError(f"method {m.name!r}: {e}") from e
 
 
 def check_in_model(methods: list[Any], backend: str) -> None:
@@ -180,7 +172,7 @@ def check_in_model(methods: list[Any], backend: str) -> None:
     backend ``transformers``. On vLLM the engine owns the model, so refuse the pairing
     before anything loads rather than record every sample unsupported beside a reference
     that ran at full cost. The same for a method that reads the base model's own attention
-    (``reads_base``: GemFilter's filter layer), which only the transformers backend exposes.
+    (``reads_base``: a method reading the base's own attention), which only the transformers backend exposes.
     Then :func:`check_side_models`: the models a method loads beside the base."""
     for m in methods:
         if getattr(m, "acts_in_model", False) and backend != "transformers":
@@ -457,3 +449,28 @@ def method_conf(name: str, keep: float, lookahead: int) -> tuple[str, dict[str, 
     cfg = OmegaConf.merge({"keep": keep, "lookahead": lookahead}, {"m": OmegaConf.load(path)})
     assert isinstance(cfg, DictConfig)
     return method_spec(container(cfg)["m"])
+
+
+def check_prompt_scope(method: Method) -> None:
+    """lm-eval hands a model one prompt string, so a method that shortens the context using
+    the question (scope ``query_aware_context``: RAG, LongLLMLingua) has nothing to work on."""
+    if method.scope == "query_aware_context":
+        raise ConfigError(
+            f"method={method.name!r} shortens the context using the question, which lm-eval prompts do not split "
+            f"out; allowed: methods of scope 'prompt' or 'context'"
+        )
+
+
+def check_parts(c: dict[str, Any]) -> tuple[ModelConfig, Method, str]:
+    """The model, method and backend a composed config names, checked as ``make eval``
+    checks them, plus what lm-eval needs: serves ``make lm-eval`` and the ``specprefill``
+    model built from lm-eval's argument string. Imports nothing of lm-eval."""
+    check_common(c)
+    backend = str(c["backend"])
+    check_backend(backend)
+    name, opts = method_spec(c["method"])
+    method, model = build_method(name, opts), model_from(c)
+    check_prompt_scope(method)
+    check_model_fits(model, [method], 0)
+    check_in_model([method], backend)
+    return model, method, backend

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch comes with these; harness.paper's report imports this module without it
-    from harness.models import ModelConfig
+    from harness.catalog import ModelConfig
     from harness.placement import Placement
 
 #: The FLOP model's GPU: dense bf16 peak of an H100/H200 SXM (FLOP/s), at an assumed 40 % utilisation.
@@ -49,7 +49,7 @@ def prefill_gpu_hours(arch: dict[str, Any], work: Iterable[tuple[float, int]]) -
 def _stored_gib(arch: dict[str, Any] | None, params_b: float) -> float:
     """A checkpoint's weights as stored (GiB): from its architecture in its own dtype (FP8
     layers at one byte), else ``params_b`` billion parameters in bf16."""
-    from harness.models import BYTES_PER_PARAM
+    from harness.catalog import BYTES_PER_PARAM
     from harness.placement import GIB, weight_bytes
 
     if arch is None:
@@ -61,7 +61,7 @@ def _stored_gib(arch: dict[str, Any] | None, params_b: float) -> float:
 def checkpoints(model: ModelConfig, speculator: str | None) -> list[tuple[str, str, float | None]]:
     """``(role, what, GiB to download or None)`` for the base and the speculator (if the run
     loads one): hub ids with their revision, or where local weights come from."""
-    from harness.models import parse_speculator
+    from harness.catalog import parse_speculator
     from harness.placement import model_architecture
 
     base: tuple[str, float | None]

@@ -47,10 +47,10 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-import baselines  # noqa: F401  (registers the baseline methods)
 from harness import report
 from harness.backends import make_backend
-from harness.benchmarks.base import BenchmarkConfig, build_benchmark
+from harness.benchmarks.base import BenchmarkConfig
+from harness.catalog import BYTES_PER_PARAM, ModelConfig
 from harness.config import (
     LatencySchema,
     check_backend,
@@ -68,15 +68,16 @@ from harness.config import (
     model_identity,
 )
 from harness.dryrun import requirements_text
-from harness.models import BYTES_PER_PARAM, ModelConfig, check_runnable
+from harness.models import check_runnable
 from harness.placement import Placement
 from harness.placement import plan as place
 from harness.prompts import random_prompts, sample_prompt
 from harness.provenance import provenance
+from harness.registry import build_benchmark, build_method
 from harness.store import RunStore, check_layout, method_columns, record
 from harness.timing import measure
 from specprefill.flops import Shape
-from specprefill.plan import Backend, Method, Prompt, Unsupported, build_method, check_choice
+from specprefill.plan import Backend, Method, Prompt, Unsupported, check_choice
 
 PROMPTS = ("auto", "random", "benchmark")
 

@@ -35,9 +35,9 @@ from typing import Any
 def tokenizer_for(model_args: dict[str, Any]) -> str:
     """What lm-eval's RULER tasks load the tokenizer from for these model args: the
     checkpoint of a hub model, the SmolLM2 tokenizer our conf models use."""
+    from harness.catalog import model_config
     from harness.lm_eval_model import DEFAULT_MODEL, model_entry
     from harness.lm_eval_run import tokenizer_source
-    from harness.models import model_config
 
     name, entry = model_entry(str(model_args.get("pretrained") or model_args.get("model") or DEFAULT_MODEL))
     return str(entry["path"]) if entry is not None else tokenizer_source(model_config(name))

@@ -46,8 +46,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
-import baselines  # noqa: F401  (registers the baseline methods)
-from harness.models import ModelConfig
+from harness.catalog import ModelConfig
 from specprefill.plan import Backend, Method, Plan, Prompt
 
 #: What a method that shortens the context takes as the context of an lm-eval prompt.
@@ -133,8 +132,7 @@ def compose_run_parts(
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from harness.config import CONF, container
-    from harness.lm_eval_run import check_parts
+    from harness.config import CONF, check_parts, container
 
     overrides = [f"model={model}", f"method={method}", f"keep={keep}", f"lookahead={lookahead}"]
     overrides += [f"backend={backend}"] if backend else []
@@ -214,7 +212,7 @@ class SpecPrefillLM(LM):
         self, model: ModelConfig, method: Method, backend_name: str, backend: Backend, batch_size: int | str
     ) -> None:
         LM.__init__(self)
-        from harness.lm_eval_run import check_prompt_scope
+        from harness.config import check_prompt_scope
 
         check_prompt_scope(method)
         if str(batch_size).startswith("auto"):

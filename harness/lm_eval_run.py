@@ -42,28 +42,23 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-import baselines  # noqa: F401  (registers the baseline methods)
 from harness import report
+from harness.catalog import ModelConfig
 from harness.config import (
     ConfigError,
     LMEvalSchema,
-    check_backend,
-    check_common,
-    check_in_model,
     check_keys,
-    check_model_fits,
+    check_parts,
     config_errors,
     config_hash,
     container,
     finish,
-    method_spec,
-    model_from,
     model_identity,
 )
-from harness.models import ModelConfig, check_runnable
+from harness.models import check_runnable
 from harness.provenance import provenance
 from harness.store import RunStore, check_layout, method_columns, record
-from specprefill.plan import Method, build_method
+from specprefill.plan import Method
 
 LOCAL_TASKS = Path(__file__).resolve().parent / "lm_eval_tasks"
 RULER_DATA = ("packaged", "lm-eval")
@@ -100,31 +95,6 @@ class LMEvalJob:
             "include_path": self.include_path,
             "prompt_split": "whole prompt as context",
         }
-
-
-def check_prompt_scope(method: Method) -> None:
-    """lm-eval hands a model one prompt string, so a method that shortens the context using
-    the question (scope ``query_aware_context``: RAG, LongLLMLingua) has nothing to work on."""
-    if method.scope == "query_aware_context":
-        raise ConfigError(
-            f"method={method.name!r} shortens the context using the question, which lm-eval prompts do not split "
-            f"out; allowed: methods of scope 'prompt' or 'context'"
-        )
-
-
-def check_parts(c: dict[str, Any]) -> tuple[ModelConfig, Method, str]:
-    """The model, method and backend a composed config names, checked as ``make eval``
-    checks them, plus what lm-eval needs: serves ``make lm-eval`` and the ``specprefill``
-    model built from lm-eval's argument string. Imports nothing of lm-eval."""
-    check_common(c)
-    backend = str(c["backend"])
-    check_backend(backend)
-    name, opts = method_spec(c["method"])
-    method, model = build_method(name, opts), model_from(c)
-    check_prompt_scope(method)
-    check_model_fits(model, [method], 0)
-    check_in_model([method], backend)
-    return model, method, backend
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,4 +1,4 @@
-"""The model catalog: what each ``conf/model/*.yaml`` names, whether it can run here, and loading.
+"""The models: whether each catalog entry (:mod:`harness.catalog`) can run here, and loading.
 
 Three sources:
 
@@ -15,200 +15,23 @@ import hashlib
 import importlib.util
 import json
 import os
-import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-SOURCES = ("smollm2_gguf", "random_llama", "hub", "replica")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-BYTES_PER_PARAM = {"bfloat16": 2, "float16": 2, "float32": 4}
-BACKENDS = ("transformers", "vllm")
-#: Quantization methods vLLM 0.32 loads only with ``allow_deprecated_quantization``.
-DEPRECATED_QUANTIZATION = ("fbgemm_fp8",)
-LOCAL_MODELS = ("smollm2-135m", "tiny-random")
-
-
-def fast_bf16() -> bool:
-    """Whether bfloat16 matmuls are native here: a CUDA GPU, or a CPU with AMX or
-    AVX-512 BF16. Elsewhere (e.g. AVX2-only CPUs) PyTorch emulates bf16, measured 4x
-    slower than fp32 on an AVX2 AMD EPYC (4K-token SmolLM2 prefill: 77 s vs 19 s)."""
-    if torch.cuda.is_available():
-        return True
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags for f in ("amx_bf16", "avx512_bf16"))
-
-
-#: A value that becomes one component of a results path (model, method, benchmark, task names).
-SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")
-
-
-def check_path_part(what: str, value: Any) -> str:
-    """``value`` as one safe path component, or a ``ValueError`` naming it: results, plots
-    and logs must never leave the results folder."""
-    if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or ".." in value:
-        raise ValueError(
-            f"{what}={value!r} becomes part of a results path; allowed: letters, digits and . _ + = - "
-            f"(starting with a letter or digit; no '/', no '..')"
-        )
-    return value
-
-
-def resolve_dtype(dtype: str) -> str:
-    """``auto`` -> bfloat16 where bf16 is native (:func:`fast_bf16`), else float32."""
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if fast_bf16() else "float32"
-
-
-def cache_root() -> Path:
-    """``$SPECPREFILL_CACHE`` or ``~/.cache/specprefill-bench``."""
-    return Path(os.environ.get("SPECPREFILL_CACHE", Path.home() / ".cache" / "specprefill-bench"))
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """One entry of ``conf/model``. Validated on construction."""
-
-    name: str
-    source: str
-    path: str | None = None
-    revision: str | None = None
-    dtype: str = "bfloat16"
-    max_context: int = 8192
-    #: LongBench-style max input length (prompt tokens before truncation); None = max_context.
-    max_input_length: int | None = None
-    speculator: str | None = None
-    chat_template: bool = True
-    tensor_parallel: int = 1
-    #: vLLM pipeline-parallel size (multi-node through vLLM's Ray executor when > 1 node).
-    pipeline_parallel: int = 1
-    #: Nodes the vLLM engine spans (tensor parallel inside a node, pipeline stages across
-    #: nodes). > 1 uses vLLM's Ray executor on a running Ray cluster (``RAY_ADDRESS``).
-    nodes: int = 1
-    params_b: float = 0.0
-    speculator_params_b: float = 0.0
-    weights: str = "real"
-    shape: dict[str, Any] = field(default_factory=dict)
-    #: LlamaConfig fields of a randomly initialised speculator (``speculator: random``).
-    speculator_shape: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    #: The backend this model runs on unless ``backend=`` says otherwise (the paper's
-    #: models: vllm). Not part of the run identity (the backend that ran is).
-    backend: str = "transformers"
-    #: The checkpoint's own ``config.json``, transcribed in ``conf/model/arch/<name>.json``:
-    #: its architecture and quantization, for planning without downloading it.
-    architecture: str | None = None
-    speculator_architecture: str | None = None
-    #: GPU memory a dry run plans with where no GPU is visible (per GPU, GiB).
-    gpu_memory_gib: float = 80.0
-    #: The speculator prefills long prompts this many tokens at a time (None: one forward).
-    speculator_chunk: int | None = None
-
-    def __post_init__(self) -> None:
-        check_path_part("model.name", self.name)
-        # ``auto`` is resolved here, so rows and run identities record the dtype that ran.
-        object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
-        if self.source not in SOURCES:
-            raise ValueError(f"model {self.name!r}: source={self.source!r}; allowed: {list(SOURCES)}")
-        if self.dtype not in DTYPES:
-            hint = (
-                "; an FP8 checkpoint declares its quantization in its own config (architecture:), with a bfloat16 "
-                "compute dtype"
-                if self.dtype == "fp8"
-                else ""
-            )
-            raise ValueError(f"model {self.name!r}: dtype={self.dtype!r}; allowed: {['auto', *DTYPES]}{hint}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"model {self.name!r}: backend={self.backend!r}; allowed: {list(BACKENDS)}")
-        if self.source == "hub" and not self.path:
-            raise ValueError(f"model {self.name!r}: source=hub needs path (a hub id or a local folder)")
-        if self.source == "replica" and not (self.architecture and self.shape):
-            raise ValueError(f"model {self.name!r}: source=replica needs architecture (conf/model/arch) and shape")
-        if self.max_context < 1:
-            raise ValueError(f"model {self.name!r}: max_context={self.max_context} must be >= 1")
-        mil = self.max_input_length
-        if mil is not None and (isinstance(mil, bool) or not isinstance(mil, int) or mil < 1):
-            raise ValueError(f"model {self.name!r}: max_input_length={mil!r}; allowed: null or int >= 1")
-        if not isinstance(self.chat_template, bool):
-            raise ValueError(f"model {self.name!r}: chat_template={self.chat_template!r}; allowed: true or false")
-        if self.tensor_parallel < 1:
-            raise ValueError(f"model {self.name!r}: tensor_parallel={self.tensor_parallel} must be >= 1")
-        if self.pipeline_parallel < 1:
-            raise ValueError(f"model {self.name!r}: pipeline_parallel={self.pipeline_parallel} must be >= 1")
-        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
-            raise ValueError(f"model {self.name!r}: nodes={self.nodes!r}; allowed: int >= 1")
-        if self.pipeline_parallel % self.nodes:
-            raise ValueError(
-                f"model {self.name!r}: nodes={self.nodes} must divide pipeline_parallel={self.pipeline_parallel} "
-                f"(tensor parallel stays inside a node; pipeline stages are spread over nodes)"
-            )
-        if self.weights not in ("real", "random"):
-            raise ValueError(f"model {self.name!r}: weights={self.weights!r}; allowed: real, random")
-        spec = parse_speculator(self.speculator)
-        if spec is not None and spec[0] == "random" and not self.speculator_shape:
-            raise ValueError(f"model {self.name!r}: speculator=random needs speculator_shape (LlamaConfig fields)")
-        if spec is not None and spec[0] == "replica" and not (self.speculator_architecture and self.speculator_shape):
-            raise ValueError(
-                f"model {self.name!r}: speculator=replica needs speculator_architecture and speculator_shape"
-            )
-
-    @property
-    def weights_label(self) -> str:
-        """What the weights are, for every row's ``model_weights``: ``random``, ``real``, or
-        for the embedded SmolLM2 the trained weights as that package ships them, a Q4_1
-        GGUF dequantized to float (close to, not equal to, the original bf16 weights)."""
-        if self.source == "smollm2_gguf":
-            return "real, dequantized from Q4_1 GGUF"
-        if self.source == "replica":
-            return f"random, {self.architecture} architecture (replica)"
-        return self.weights
-
-
-def model_config(name: str, **overrides: Any) -> ModelConfig:
-    """A ``conf/model/<name>.yaml`` entry as a validated :class:`ModelConfig` (Python use,
-    benchmarks and tests), with fields overridden by keyword."""
-    import yaml
-
-    path = Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml"
-    if not path.exists():
-        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise ValueError(f"unknown model {name!r}; allowed: {known}")
-    return ModelConfig(**{**yaml.safe_load(path.read_text()), **overrides})
-
-
-def parse_speculator(spec: str | None) -> tuple[str, str | int] | None:
-    """``self_layers:M`` -> ("self_layers", M); ``hub:<id or path>`` -> ("hub", id);
-    ``smollm2`` -> the packaged SmolLM2-135M-Instruct; ``random`` -> a random Llama of
-    ``speculator_shape``; None -> None."""
-    if spec is None:
-        return None
-    kind, _, arg = str(spec).partition(":")
-    if kind in ("smollm2", "random", "replica") and not arg:
-        return kind, ""
-    if kind == "self_layers":
-        if not arg.isdigit() or int(arg) < 1:
-            raise ValueError(f"speculator={spec!r}: self_layers needs a layer count >= 1, e.g. 'self_layers:8'")
-        return kind, int(arg)
-    if kind == "hub" and arg:
-        return kind, arg
-    raise ValueError(
-        f"speculator={spec!r}; allowed: null, 'self_layers:M', 'hub:<hub id or folder>', 'smollm2', 'random' or "
-        f"'replica' (of speculator_architecture, in speculator_shape)"
-    )
-
-
-def early_exit_layers(spec: object) -> int | None:
-    """M for an early-exit speculator ``self_layers:M``; None for any other or none."""
-    parsed = parse_speculator(None if spec is None or spec != spec else str(spec))  # NaN: a column's gap
-    return int(parsed[1]) if parsed is not None and parsed[0] == "self_layers" else None
-
+from harness.catalog import (
+    BYTES_PER_PARAM,
+    DEPRECATED_QUANTIZATION,
+    DTYPES,
+    LOCAL_MODELS,
+    ModelConfig,
+    cache_root,
+    parse_speculator,
+)
+from harness.placement import architecture, model_architecture, plan, quantization, weight_bytes
 
 # --------------------------------------------------------------------------- feasibility
 
@@ -237,7 +60,6 @@ def weights_gib(cfg: ModelConfig) -> float:
     """Weights of base + speculator in GiB: from the checkpoint's architecture where the
     config names one (quantized layers at their own width), else from ``params_b``; the
     speculator is never quantized."""
-    from harness.placement import model_architecture, weight_bytes
 
     arch, spec = model_architecture(cfg), model_architecture(cfg, speculator=True)
     base = weight_bytes(arch, cfg.dtype) if arch else cfg.params_b * 1e9 * BYTES_PER_PARAM[cfg.dtype]
@@ -248,7 +70,6 @@ def weights_gib(cfg: ModelConfig) -> float:
 def resources(cfg: ModelConfig, backend: str = "transformers", needs_speculator: bool = True) -> str:
     """What a run of ``cfg`` needs, for dry runs: devices, quantization, weight and
     speculator memory, the engine's share of each GPU (:func:`harness.placement.plan`)."""
-    from harness.placement import plan
 
     return plan(cfg, backend, needs_speculator).describe()
 
@@ -379,7 +200,6 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
 
 def replica_folder(cfg: ModelConfig, speculator: bool = False) -> Path:
     """The folder of a replica base (or its replica speculator), built once (:mod:`harness.replicas`)."""
-    from harness.placement import architecture
     from harness.replicas import replica_dir
 
     arch = architecture(cfg.speculator_architecture if speculator else cfg.architecture)
@@ -520,7 +340,6 @@ def vllm_engine_args(
         args["revision"] = cfg.revision
     if utilization is not None:
         args["gpu_memory_utilization"] = utilization
-    from harness.placement import model_architecture, quantization
 
     if quantization(model_architecture(cfg)) in DEPRECATED_QUANTIZATION:
         # vLLM 0.32 deprecates fbgemm_fp8, the paper's 405B-FP8 checkpoint's own method, and

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from harness.models import BYTES_PER_PARAM, ModelConfig, parse_speculator
+from harness.catalog import BYTES_PER_PARAM, ModelConfig, parse_speculator
 
 ARCH_DIR = Path(__file__).resolve().parents[1] / "conf" / "model" / "arch"
 #: GPU memory kept free on the speculator's GPU beyond what is planned (CUDA context,

@@ -75,7 +75,8 @@ def hardware() -> str:
 
 
 def _weights_hash(model: Any) -> str | None:
-    from harness.models import ModelConfig, weights_hash
+    from harness.catalog import ModelConfig
+    from harness.models import weights_hash
 
     return weights_hash(model) if isinstance(model, ModelConfig) else None
 

@@ -24,10 +24,10 @@ import hydra
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-import baselines  # noqa: F401  (registers the baseline methods)
 from harness import report
 from harness.backends import make_backend
-from harness.benchmarks.base import Benchmark, BenchmarkConfig, TokenizerInfo, build_benchmark
+from harness.benchmarks.base import Benchmark, BenchmarkConfig, TokenizerInfo
+from harness.catalog import ModelConfig
 from harness.config import (
     EvalSchema,
     benchmark_config,
@@ -48,16 +48,17 @@ from harness.config import (
 )
 from harness.diagnostics import needle_depth, needle_kept, needle_tokens
 from harness.dryrun import requirements_text
-from harness.models import ModelConfig, check_runnable, load_tokenizer, tokenizer_id
+from harness.models import check_runnable, load_tokenizer, tokenizer_id
 from harness.placement import Placement
 from harness.placement import plan as place
 from harness.prompts import sample_prompt
 from harness.provenance import provenance
+from harness.registry import build_benchmark, build_method
 from harness.store import RunStore, check_layout, method_columns, record
 from harness.timing import flops
 from harness.types import PromptFormat, Sample
 from specprefill.flops import Shape
-from specprefill.plan import Backend, Method, Unsupported, build_method
+from specprefill.plan import Backend, Method, Unsupported
 
 
 @dataclass(frozen=True)

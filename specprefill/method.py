@@ -66,6 +66,16 @@ class SpecPrefill(Method):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}={v!r} is invalid; allowed: int >= 0")
 
+    def check_model(self, model: str, layers: int | None, max_context: int, longest_prompt: int) -> None:
+        """The look-ahead's extra tokens must fit the context window after the longest prompt."""
+        la = int(self.lookahead)
+        if la > 1 and longest_prompt + la - 1 > max_context:  # la = 1: the benchmark's own check
+            raise ValueError(
+                f"lookahead={la}: {la - 1} look-ahead tokens after a prompt of up to {longest_prompt} tokens pass "
+                f"model {model!r}'s context window ({max_context}); allowed: lookahead <= "
+                f"{max(1, max_context - longest_prompt + 1)}"
+            )
+
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:
         return self.plan_batch([prompt], backend)[0]
 

@@ -195,6 +195,14 @@ class Method(ABC):
         """The options recorded in every result row."""
         return dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
 
+    def check_model(self, model: str, layers: int | None, max_context: int, longest_prompt: int) -> None:
+        """Refuse, before anything loads, options the model's shape cannot take: a
+        ``ValueError`` naming the option and what is allowed. ``model``: its name (for the
+        message); ``layers``: the base's layer
+        count (None where unknown); ``max_context``: its context window; ``longest_prompt``:
+        the run's longest prompt in tokens. Nothing to check by default."""
+        return None
+
     @contextlib.contextmanager
     def applied(self, backend: Backend) -> Iterator[None]:
         """The scope in which this method acts inside the backend's model; nothing by default.

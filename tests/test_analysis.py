@@ -265,24 +265,27 @@ def test_each_measure_is_defined_in_one_place(pattern, home):
         assert len(hits) == 1, hits
 
 
+PACKAGES = ("harness", "specprefill", "baselines")
+
+
 def _imports(path: Path) -> set[str]:
-    """Every ``harness`` module ``path`` imports, at the top or inside a function."""
+    """Every project module ``path`` imports, at the top or inside a function."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("harness"):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGES):
             out.add(node.module)
             out |= {f"{node.module}.{a.name}" for a in node.names}
         elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.startswith("harness")}
+            out |= {a.name for a in node.names if a.name.startswith(PACKAGES)}
     return out
 
 
-def test_no_import_circle_through_the_renderers_the_paper_tables_or_the_analysis():
+def test_the_import_graph_has_no_circle():
+    """No circle anywhere in the project (a function-level import counts), and the analysis
+    layer imports no renderer."""
     modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
-               for p in HARNESS.rglob("*.py")}  # fmt: skip
+               for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}  # fmt: skip
     graph = {m: {i for i in _imports(p) if i in modules and i != m} for m, p in modules.items()}
-    watched = {m for m in modules if m in ("harness.report", "harness.html_report", "harness.paper", "harness.plots")
-               or m.startswith(("harness.analysis", "harness.rendering"))}  # fmt: skip
 
     def reaches(a: str, b: str) -> bool:
         seen, todo = set(), [a]
@@ -296,8 +299,30 @@ def test_no_import_circle_through_the_renderers_the_paper_tables_or_the_analysis
                     todo.append(y)
         return False
 
-    circles = [m for m in watched if reaches(m, m)]
+    circles = sorted(m for m in modules if reaches(m, m))
     assert not circles, circles
-    for m in (x for x in modules if x.startswith("harness.analysis")):  # the layer imports no renderer
+    for m in (x for x in modules if x.startswith("harness.analysis")):
         assert not any(reaches(m, r) for r in ("harness.report", "harness.html_report", "harness.paper",
                                                 "harness.plots", "harness.rendering.tables")), m  # fmt: skip
+
+
+def test_the_default_reference_pareto_has_the_flop_ideal_and_a_panel_per_task(tmp_path, monkeypatch):
+    """The committed default run's rows: the Pareto's ideal is the FLOP model's (about 1.36x at
+    keep 0.1 for self_layers:20 on SmolLM2, not 1 / kept fraction = 9.8x), drawn over all tasks
+    and in one panel per task."""
+    from harness import plots
+    from harness.analysis.folder import analyze
+
+    a = analyze(ROOT / "results" / "reference" / "default_eval")
+    s = a.summary
+    at = s[(s["task"] == "ALL") & (s["method_name"] == "specprefill") & (s["keep_rate"] == 0.1)].iloc[0]
+    assert 1.3 < at["ideal_speedup"] < 1.45 and at["kept_fraction"] < 0.11
+    titles = []
+    real = plots._panel_pareto
+    monkeypatch.setattr(
+        plots, "_panel_pareto", lambda ax, g, title, xmax: titles.append(title) or real(ax, g, title, xmax)
+    )
+    assert plots.pareto(s, tmp_path / "p.png").exists()
+    tasks = sorted(set(s["task"]) - {"ALL"})
+    assert len(titles) == 1 + len(tasks) == 7 and "ALL" in titles[0]
+    assert all(any(t in title for title in titles) for t in tasks)

@@ -97,7 +97,8 @@ def test_extra_args_only_for_non_contiguous_plans():
 
 @pytest.fixture(scope="module")
 def backends():
-    from harness.models import load, model_config, smollm2_dir, vllm_engine_args
+    from harness.catalog import model_config
+    from harness.models import load, smollm2_dir, vllm_engine_args
     from specprefill.backends.transformers import TransformersBackend
 
     cfg = model_config("smollm2-135m", dtype="float32", max_context=2048)  # fp32: bitwise-stable argmax on both
@@ -351,7 +352,8 @@ def test_small_random_models_give_vllm_their_weights_large_ones_dummy(monkeypatc
     model (synth1b) gets vLLM's dummy weights, and its engine is recorded as unchecked."""
     from safetensors.torch import load_file
 
-    from harness.models import load, model_config, vllm_model
+    from harness.catalog import model_config
+    from harness.models import load, vllm_model
 
     monkeypatch.setenv("SPECPREFILL_CACHE", str(tmp_path))
     cfg = model_config("tiny-random")

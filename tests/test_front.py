@@ -187,7 +187,7 @@ def test_the_fronts_speculator_is_chunked_as_placement_planned():
     prefills model.speculator_chunk tokens at a time: the memory placement planned for it."""
     import dataclasses
 
-    from harness.models import model_config
+    from harness.catalog import model_config
 
     for chunk in (64, None):
         model = model_config("tiny-random", speculator_chunk=chunk)

@@ -11,6 +11,7 @@ import pytest
 
 from harness import integrity
 from harness.benchmarks import ruler
+from harness.catalog import model_config
 from harness.integrity import ensure, fingerprint, problems, write_manifest
 
 
@@ -135,4 +136,4 @@ def test_a_damaged_smollm2_checkpoint_is_rebuilt(tmp_path, monkeypatch):
     _new_process()
     models.smollm2_dir()
     assert len(rebuilt) == 3
-    assert models.weights_hash(models.model_config("smollm2-135m")) == fingerprint(out)
+    assert models.weights_hash(model_config("smollm2-135m")) == fingerprint(out)

@@ -12,7 +12,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from harness import latency as lat
-from harness.models import load, model_config
+from harness.catalog import model_config
+from harness.models import load
 from harness.store import RunStore, read_results
 from harness.timing import flops
 from specprefill import SpecPrefill

@@ -123,8 +123,8 @@ def test_lm_eval_folder_depends_on_the_tasks_and_the_method(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_lm():
     from harness.backends import make_backend
+    from harness.catalog import model_config
     from harness.lm_eval_model import SpecPrefillLM
-    from harness.models import model_config
     from specprefill import SpecPrefill
 
     model = model_config("tiny-random")
@@ -249,8 +249,9 @@ def test_pretrained_is_a_conf_model_a_hub_id_or_a_folder(tmp_path, monkeypatch):
     from lm_eval.api.registry import get_model
     from transformers import AutoConfig
 
+    from harness.catalog import model_config
     from harness.lm_eval_model import model_entry
-    from harness.models import load, model_config
+    from harness.models import load
 
     assert model_entry("tiny-random") == ("tiny-random", None)
     monkeypatch.setattr(AutoConfig, "from_pretrained", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))

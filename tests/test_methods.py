@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import baselines  # noqa: F401  (registers the baselines)
 from harness.benchmarks import ruler
+from harness.catalog import model_config
 from harness.config import CONF, method_conf
-from harness.models import load, model_config
+from harness.models import load
 from harness.prompts import sample_prompt
+from harness.registry import build_method, method_names
 from specprefill.backends.transformers import TransformersBackend
-from specprefill.plan import SCOPES, Unsupported, build_method, registered_methods
+from specprefill.plan import SCOPES, Unsupported
 from tests.test_llmlingua import classifier, small_lm  # noqa: F401  (fixtures: tiny compressor models)
 
 PRESETS = sorted(p.stem for p in (Path(CONF) / "method").glob("*.yaml"))
@@ -25,7 +26,7 @@ PRESETS = sorted(p.stem for p in (Path(CONF) / "method").glob("*.yaml"))
 
 def test_every_registered_method_has_a_preset():
     names = {method_conf(stem, 0.3, 1)[0] for stem in PRESETS}
-    assert set(registered_methods()) - {"needs_gpu_probe"} <= names, "a method without conf/method/<name>.yaml"
+    assert set(method_names()) - {"needs_gpu_probe"} <= names, "a method without conf/method/<name>.yaml"
 
 
 @pytest.fixture(scope="module")

@@ -155,7 +155,7 @@ def test_a_method_acting_inside_the_model_is_refused_where_the_hook_cannot_reach
     import dataclasses
 
     from harness import run
-    from harness.models import model_config
+    from harness.catalog import model_config
     from harness.serving.front import Planner
 
     with pytest.raises(ValueError, match=r"'minference' acts inside the base model.*backend='vllm'"):

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from harness.models import model_config
+from harness.catalog import model_config
 from harness.placement import (
     GIB,
     RESERVE_GIB,

@@ -352,7 +352,7 @@ def test_a_served_engine_without_the_position_hook_is_refused(tmp_path, monkeypa
     """`vllm serve` answering the canary the same at any positions (no hook, or Model Runner
     V2) is refused in one line before any rate runs; one that moves with them is recorded."""
     from harness.backends import EngineRefused
-    from harness.models import model_config
+    from harness.catalog import model_config
 
     log = tmp_path / "vllm_serve.log"
     log.write_text("INFO ... Using V2 Model Runner\n")

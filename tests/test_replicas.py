@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.models import model_config, replica_folder, vllm_engine_args
+from harness.catalog import model_config
+from harness.models import replica_folder, vllm_engine_args
 from harness.placement import architecture
 
 REPLICAS = {"llama8b-replica": 4, "llama70b-replica": 8, "llama405b-replica": 16}  # the real GQA ratios

@@ -10,7 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from harness import run as run_mod
-from harness.models import ModelConfig, check_runnable
+from harness.catalog import ModelConfig
+from harness.models import check_runnable
 from harness.run import RunConfig, execute, prepare
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -301,7 +302,7 @@ def test_tasks_all_means_every_task():
 def test_every_method_gets_the_same_decode_budget():
     """A method that re-numbers its kept tokens from 0 (next position K < N) must not get
     a longer answer than full prefill: the budget is counted after the whole prompt."""
-    from harness.models import model_config
+    from harness.catalog import model_config
     from harness.run import decode_budget
     from harness.types import Sample
 
@@ -318,7 +319,7 @@ def test_decode_budget_is_recorded_and_equal_across_position_modes(tiny_run, mon
     import pandas as pd
 
     from harness.benchmarks.base import Benchmark
-    from harness.models import ModelConfig
+    from harness.catalog import ModelConfig
 
     _out, common = tiny_run
     # A 950-token window under RULER's 1024-token samples (prompt + answer): the window,
@@ -338,7 +339,8 @@ def test_decode_budget_is_recorded_and_equal_across_position_modes(tiny_run, mon
 
 def test_multi_node_models_plan_ray_and_say_what_they_need(monkeypatch, capsys):
     from harness import models
-    from harness.models import check_runnable, model_config, vllm_engine_args
+    from harness.catalog import model_config
+    from harness.models import check_runnable, vllm_engine_args
     from harness.run import main
 
     main.__wrapped__(_cfg("model=llama405b-bf16-2node", "backend=vllm", "dry_run=true"))  # type: ignore[attr-defined]

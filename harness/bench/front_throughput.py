@@ -43,8 +43,9 @@ TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "
 
 def ruler_prompts(model: Any, length: int, count: int) -> list[list[int]]:
     """``count`` RULER prompts of ``length`` tokens (chat format), as token ids, tasks interleaved."""
-    from harness.benchmarks.base import BenchmarkConfig, build_benchmark
+    from harness.benchmarks.base import BenchmarkConfig
     from harness.prompts import sample_prompt
+    from harness.registry import build_benchmark
     from harness.run import benchmark_samples
 
     limit = math.ceil(count / len(TASKS))
@@ -154,7 +155,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("results/reference/front_throughput.json"))
     a = ap.parse_args()
 
-    from harness.models import model_config
+    from harness.catalog import model_config
 
     model = model_config("smollm2-135m")
     t0 = time.perf_counter()

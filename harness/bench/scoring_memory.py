@@ -31,7 +31,7 @@ def _rss_mib() -> float:
 
 
 def _tiny(n: int) -> Any:
-    from harness.models import model_config
+    from harness.catalog import model_config
 
     return model_config("tiny-random", max_context=n + 64, speculator="self_layers:2")
 

@@ -28,7 +28,7 @@ import pandas as pd
 
 from harness.analysis.latency import summarize_latency
 from harness.analysis.quality import summarize
-from harness.models import early_exit_layers
+from harness.catalog import early_exit_layers
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_multikey_1"]
 

@@ -1,3 +1,2 @@
-"""Benchmarks. Importing the package registers every benchmark with :func:`build_benchmark`."""
-
-from harness.benchmarks import infinitebench, longbench, ruler  # noqa: F401  (registration)
+"""Benchmarks, each registered by name in its own module (:func:`harness.benchmarks.base.register_benchmark`);
+:mod:`harness.registry` imports them on first use."""

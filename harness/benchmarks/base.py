@@ -113,7 +113,28 @@ def register_benchmark(cls: type[Benchmark]) -> type[Benchmark]:
     return cls
 
 
+def _load_all() -> None:
+    """Import every benchmark module of this package (each registers itself): on the first
+    name not yet registered, so nothing imports them for their side effect."""
+    import importlib
+    import pkgutil
+
+    import harness.benchmarks as package
+
+    for info in pkgutil.walk_packages(package.__path__, prefix="harness.benchmarks."):
+        importlib.import_module(info.name)
+
+
+def registered_benchmarks() -> list[str]:
+    """Every benchmark's name (all loaded)."""
+    _load_all()
+    return sorted(_BENCHMARKS)
+
+
 def build_benchmark(cfg: BenchmarkConfig) -> Benchmark:
+    """The benchmark registered as ``cfg.name``, its module loaded on first use."""
+    if cfg.name not in _BENCHMARKS:
+        _load_all()
     if cfg.name not in _BENCHMARKS:
         raise ValueError(f"unknown benchmark {cfg.name!r}; allowed: {sorted(_BENCHMARKS)}")
     return _BENCHMARKS[cfg.name](cfg)

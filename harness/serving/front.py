@@ -238,10 +238,9 @@ class Planner:
     """Tokenizer, speculator backend and method; plans a batch of prompts per call (worker thread)."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        import baselines  # noqa: F401  (registers the methods)
         from harness.backends import speculator_backend
-        from harness.models import ModelConfig
-        from specprefill.plan import build_method
+        from harness.catalog import ModelConfig
+        from harness.registry import build_method
 
         model = ModelConfig(**spec["model"])
         options = dict(spec["method"])

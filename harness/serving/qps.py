@@ -57,10 +57,10 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-import baselines  # noqa: F401  (registers the methods)
 from harness import report
 from harness.analysis.serving import point_stats
-from harness.benchmarks.base import Benchmark, BenchmarkConfig, build_benchmark
+from harness.benchmarks.base import Benchmark, BenchmarkConfig
+from harness.catalog import ModelConfig
 from harness.config import (
     QPSSchema,
     RunFailures,
@@ -80,13 +80,14 @@ from harness.config import (
     model_identity,
 )
 from harness.dryrun import requirements_text
-from harness.models import ModelConfig, check_runnable, load_tokenizer, vllm_engine_args
+from harness.models import check_runnable, load_tokenizer, vllm_engine_args
 from harness.placement import Placement
 from harness.placement import plan as place
 from harness.provenance import provenance
+from harness.registry import build_benchmark, build_method
 from harness.store import RunStore, check_layout, method_columns, record
 from harness.types import Sample
-from specprefill.plan import Method, build_method, check_choice
+from specprefill.plan import Method, check_choice
 
 ARRIVALS = ("poisson", "constant")
 SERVED_NAME = "specprefill-base"

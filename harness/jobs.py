@@ -1,0 +1,105 @@
+"""One job lifecycle for every runner: ``make eval``, ``make latency``, ``make qps`` and ``make lm-eval``.
+
+A job kind says what differs (:class:`Job`): the kind of its rows, its folder and results
+folder, the ``config.yaml`` it records, its plan text, and a session (:class:`Session`):
+what it loads (a tokenizer and samples, a model, servers), the row prefix every row of the
+job shares, the units still to do and how to measure one into rows. :func:`execute` owns
+what is the same for every kind: the store, a job-level error recorded in the folder
+(``job_error.txt``), the config written once the session is open, resume by unit,
+timestamps, compaction and the report refresh. :func:`measured` is the one place a unit's
+failure becomes a row (``unsupported`` or ``failed``, with its error) so the run goes on;
+:func:`main` prints the dry run or executes and gives the exit status.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from harness import report
+from harness.config import finish
+from harness.store import RunStore, record
+from specprefill.plan import Unsupported
+
+
+class Session(Protocol):
+    """A job's open session: what it loaded, its rows' shared prefix, its units."""
+
+    #: Fields every row of the job shares (run id, config hash, provenance, method, ...).
+    common: dict[str, Any]
+
+    def units(self, store: RunStore) -> Iterable[Any]:
+        """The units not yet measured (a killed run resumes with the rest); read lazily, so a
+        unit may depend on the rows of those before it (QPS's rate search)."""
+        ...
+
+    def measure(self, unit: Any) -> list[dict[str, Any]]:
+        """The rows of one unit (without the shared prefix); a failure inside a unit is a
+        row (:func:`measured`), never an exception that ends the run."""
+        ...
+
+
+class Job(Protocol):
+    """A validated job, nothing loaded yet."""
+
+    kind: ClassVar[str]  # the kind of its rows: eval | latency | qps
+    folder: Path
+
+    @property
+    def out(self) -> Path:
+        """The results folder whose summaries the job refreshes."""
+        ...
+
+    def config(self) -> dict[str, Any]:
+        """What ``config.yaml`` records."""
+        ...
+
+    def plan_text(self) -> str:
+        """The dry run's plan."""
+        ...
+
+    def session(self, store: RunStore) -> AbstractContextManager[Session]:
+        """Load what the job needs; leave it (servers stopped) on exit."""
+        ...
+
+
+def measured(row: dict[str, Any], fn: Callable[[], dict[str, Any]], hardware: str | None = None) -> dict[str, Any]:
+    """``row`` with ``fn()``'s fields and status ``ok``; where ``fn`` raises, the failure
+    instead: :class:`~specprefill.plan.Unsupported` (the method cannot run on this hardware,
+    named with ``hardware``) is ``unsupported``, anything else ``failed`` with its error and
+    the end of its traceback."""
+    try:
+        row.update(fn(), status="ok")
+    except Unsupported as e:
+        row.update(status="unsupported", error=f"{e} (hardware: {hardware})" if hardware else str(e))
+    except Exception as e:  # one bad unit must not end the run: recorded, the run goes on
+        row.update(status="failed", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
+    return row
+
+
+def execute(job: Job) -> Path:
+    """Run ``job`` to completion, resuming, then refresh the summaries of its results folder."""
+    store = RunStore(job.folder)
+    with store.recording_errors():
+        with job.session(store) as session:
+            store.write_config(job.config())
+            for unit in session.units(store):
+                rows = session.measure(unit)
+                store.append([record(job.kind, **{**session.common, "timestamp": time.time(), **r}) for r in rows])
+        store.compact()
+    report.write_all(job.out)
+    return job.folder
+
+
+def main(job: Job, dry_run: bool, allow_failures: bool | None) -> dict[str, Any] | None:
+    """The dry run's plan, or the job run; then its outcome (``allow_failures`` None: the
+    rows' failures are measurements, QPS's failed requests, and never fail the command)."""
+    if dry_run:
+        print(job.plan_text())
+        return None
+    folder = execute(job)
+    return None if allow_failures is None else finish(folder, allow_failures)
