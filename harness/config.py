@@ -1,7 +1,7 @@
-"""Typed configs: the schemas of the three entry points, and turning Hydra's dicts into records.
+"""Typed configs: the schemas of the four entry points, and turning Hydra's dicts into records.
 
-Each entry point (``harness.run``, ``harness.latency``, ``harness.serving.qps``) has a
-schema dataclass registered in Hydra's ConfigStore as the first entry of its defaults
+Each entry point (``harness.run``, ``harness.latency``, ``harness.serving.qps``,
+``harness.lm_eval_run``) has a schema dataclass registered in Hydra's ConfigStore as the first entry of its defaults
 list, so values are type-checked when Hydra composes them (``limit=abc`` is refused).
 Hydra's ``+key=value`` appends even to a typed config, so :func:`check_keys` also
 rejects every key no schema or record declares, at every level (top level, model,

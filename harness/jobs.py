@@ -1,12 +1,13 @@
 """One job lifecycle for every runner: ``make eval``, ``make latency``, ``make qps`` and ``make lm-eval``.
 
 A job kind says what differs (:class:`Job`): the kind of its rows, its folder and results
-folder, the ``config.yaml`` it records, its plan text, and a session (:class:`Session`):
-what it loads (a tokenizer and samples, a model, servers), the row prefix every row of the
-job shares, the units still to do and how to measure one into rows. :func:`execute` owns
-what is the same for every kind: the store, a job-level error recorded in the folder
-(``job_error.txt``), the config written once the session is open, resume by unit,
-timestamps, compaction and the report refresh. :func:`measured` is the one place a unit's
+folder, the ``config.yaml`` it records, its plan text, whether a unit with a failed row is
+measured again on resume, and a session (:class:`Session`): what it loads (a tokenizer and
+samples, a model, servers), the row prefix every row of the job shares, its units (each
+with its key) and how to measure one into rows. :func:`execute` owns what is the same for
+every kind: the store, a job-level error recorded in the folder (``job_error.txt``), the
+config written once the session is open, resume (units and rows already stored are
+skipped), the progress bar, timestamps, compaction and the report refresh. :func:`measured` is the one place a unit's
 failure becomes a row (``unsupported`` or ``failed``, with its error) so the run goes on;
 :func:`main` prints the dry run or executes and gives the exit status.
 """
@@ -20,6 +21,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from tqdm.auto import tqdm
+
 from harness import report
 from harness.config import finish
 from harness.store import RunStore, record
@@ -32,9 +35,20 @@ class Session(Protocol):
     #: Fields every row of the job shares (run id, config hash, provenance, method, ...).
     common: dict[str, Any]
 
-    def units(self, store: RunStore) -> Iterable[Any]:
-        """The units not yet measured (a killed run resumes with the rest); read lazily, so a
-        unit may depend on the rows of those before it (QPS's rate search)."""
+    @property
+    def progress(self) -> str:
+        """The progress bar's label."""
+        ...
+
+    @property
+    def unit_name(self) -> str:
+        """What the progress bar counts: sample, point, rate."""
+        ...
+
+    def units(self) -> Iterable[tuple[str, Any]]:
+        """Every unit as (its key, the unit); the key is its rows' ``unit``. A list, or a
+        generator read lazily, so a unit may depend on the rows stored before it (QPS's rate
+        search)."""
         ...
 
     def measure(self, unit: Any) -> list[dict[str, Any]]:
@@ -47,7 +61,14 @@ class Job(Protocol):
     """A validated job, nothing loaded yet."""
 
     kind: ClassVar[str]  # the kind of its rows: eval | latency | qps
-    folder: Path
+    #: Whether a unit with a failed row is measured again on resume (not where a failure is
+    #: itself the measurement: a served request, a document lm-eval scored without a value).
+    retry_failed: ClassVar[bool]
+
+    @property
+    def folder(self) -> Path:
+        """The run folder its rows go to."""
+        ...
 
     @property
     def out(self) -> Path:
@@ -71,13 +92,14 @@ def measured(row: dict[str, Any], fn: Callable[[], dict[str, Any]], hardware: st
     """``row`` with ``fn()``'s fields and status ``ok``; where ``fn`` raises, the failure
     instead: :class:`~specprefill.plan.Unsupported` (the method cannot run on this hardware,
     named with ``hardware``) is ``unsupported``, anything else ``failed`` with its error and
-    the end of its traceback."""
+    the end of its traceback. Stamped with the time it ended."""
     try:
         row.update(fn(), status="ok")
     except Unsupported as e:
         row.update(status="unsupported", error=f"{e} (hardware: {hardware})" if hardware else str(e))
     except Exception as e:  # one bad unit must not end the run: recorded, the run goes on
         row.update(status="failed", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
+    row["timestamp"] = time.time()
     return row
 
 
@@ -87,8 +109,15 @@ def execute(job: Job) -> Path:
     with store.recording_errors():
         with job.session(store) as session:
             store.write_config(job.config())
-            for unit in session.units(store):
-                rows = session.measure(unit)
+            done = store.done_units(ok_only=job.retry_failed)
+            units = session.units()
+            todo = (
+                [(k, u) for k, u in units if k not in done]
+                if isinstance(units, list)
+                else ((k, u) for k, u in units if k not in done)
+            )
+            for _, unit in tqdm(todo, desc=session.progress, unit=session.unit_name):
+                rows = [r for r in session.measure(unit) if r.get("unit") not in done]  # stored ones stay
                 store.append([record(job.kind, **{**session.common, "timestamp": time.time(), **r}) for r in rows])
         store.compact()
     report.write_all(job.out)

@@ -34,22 +34,24 @@ compute does not depend on the weights; the rows say ``model_weights=random``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
-import time
-import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import hydra
 import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from harness import report
+from harness import jobs
 from harness.backends import make_backend
 from harness.benchmarks.base import BenchmarkConfig
+from harness.benchmarks.samples import benchmark_samples
 from harness.catalog import BYTES_PER_PARAM, ModelConfig
 from harness.config import (
     LatencySchema,
@@ -61,23 +63,23 @@ from harness.config import (
     config_errors,
     config_hash,
     container,
-    finish,
     method_conf,
     method_spec,
     model_from,
     model_identity,
 )
 from harness.dryrun import requirements_text
+from harness.jobs import measured
 from harness.models import check_runnable
 from harness.placement import Placement
 from harness.placement import plan as place
 from harness.prompts import random_prompts, sample_prompt
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
-from harness.store import RunStore, check_layout, method_columns, record
+from harness.store import RunStore, check_layout, method_columns
 from harness.timing import measure
 from specprefill.flops import Shape
-from specprefill.plan import Backend, Method, Prompt, Unsupported, check_choice
+from specprefill.plan import Backend, Method, Prompt, check_choice
 
 PROMPTS = ("auto", "random", "benchmark")
 
@@ -147,6 +149,10 @@ class LatencyConfig:
 
 @dataclass(frozen=True)
 class LatencyJob:
+    """A validated latency job (a :class:`harness.jobs.Job`): a unit is a grid point."""
+
+    kind: ClassVar[str] = "latency"
+    retry_failed: ClassVar[bool] = True
     cfg: LatencyConfig
     method: Method
     reference: Method
@@ -155,6 +161,34 @@ class LatencyJob:
     config_hash: str
     folder: Path
     placement: Placement
+
+    @property
+    def out(self) -> Path:
+        return self.cfg.out
+
+    def config(self) -> dict[str, Any]:
+        return job_config(self)
+
+    def plan_text(self) -> str:
+        return plan_text(self)
+
+    @contextlib.contextmanager
+    def session(self, store: RunStore) -> Iterator[LatencySession]:
+        cfg = self.cfg
+        check_runnable(cfg.model)
+        model = cfg.model
+        if cfg.backend == "vllm":  # the engine sizes its KV cache for max_model_len: only what the grid needs
+            need = max(n for _, n in cfg.grid) + 64
+            model = dataclasses.replace(model, max_context=min(model.max_context, need))
+        backend = make_backend(model, cfg.backend, any(m.needs_speculator for m in self.methods), self.placement)
+        common = {
+            "run_id": self.folder.name,
+            "config_hash": self.config_hash,
+            **provenance(model, cfg.backend, backend, self.placement),  # `model`: with the window the engine had
+            "prompt_source": self.prompt_source,
+            "prefix_cache": False,
+        }
+        yield LatencySession(self, backend, common)
 
     @property
     def methods(self) -> list[Method]:
@@ -250,8 +284,6 @@ class PromptSource:
         self.gen = torch.Generator().manual_seed(job.cfg.seed * 1_000_003 + batch * 7919 + length)
         self.samples: list[Prompt] = []
         if job.prompt_source != "random":
-            from harness.run import benchmark_samples
-
             iters = job.cfg.warmup + job.cfg.iters
             bench = build_benchmark(
                 BenchmarkConfig(name="ruler", length=length, tasks=(job.cfg.prompt_task,), limit=batch * iters)
@@ -266,9 +298,31 @@ class PromptSource:
         return self.samples[iteration * self.batch : (iteration + 1) * self.batch]
 
 
-def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int, common: dict[str, Any]) -> list[Any]:
+@dataclass
+class LatencySession:
+    """A latency job's open session: its backend; a unit is a grid point (batch, length)."""
+
+    job: LatencyJob
+    backend: Backend
+    common: dict[str, Any]
+
+    unit_name = "point"
+
+    @property
+    def progress(self) -> str:
+        return f"latency {self.job.method.name}"
+
+    def units(self) -> list[tuple[str, tuple[int, int]]]:
+        return [(f"b{b}-n{n}", (b, n)) for b, n in self.job.cfg.grid]
+
+    def measure(self, point: tuple[int, int]) -> list[dict[str, Any]]:
+        return measure_point(self.job, self.backend, *point)
+
+
+def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int) -> list[dict[str, Any]]:
     """All iterations of one grid point, methods interleaved on the same prompts; a method
-    that cannot run here (or raises) gets a failed row and the point goes on."""
+    that cannot run here (or raises) gets a failed row (:func:`harness.jobs.measured`) and
+    the point goes on."""
     source = PromptSource(job, backend, batch, length)
     unit = f"b{batch}-n{length}"
     rows = []
@@ -277,7 +331,6 @@ def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int, co
         prompts = source.prompts(it)
         for m in job.methods:
             row: dict[str, Any] = {
-                **common,
                 **method_columns(m, job.reference.name),
                 "row_key": f"{unit}/{it}/{m.name}-{config_hash(m.options())}",
                 "unit": unit,
@@ -286,13 +339,7 @@ def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int, co
                 "iteration": it,
                 "warmup": it < job.cfg.warmup,
             }
-            try:
-                row.update(measure(m, prompts, backend), status="ok")
-            except Unsupported as e:
-                row.update(status="unsupported", error=str(e))
-            except Exception as e:  # e.g. out of memory at one length: recorded, the grid goes on
-                row.update(status="failed", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
-            rows.append(record("latency", **row, timestamp=time.time()))
+            rows.append(measured(row, functools.partial(measure, m, prompts, backend)))
     return rows
 
 
@@ -316,41 +363,14 @@ def job_config(job: LatencyJob) -> dict[str, Any]:
 
 def execute(job: LatencyJob) -> Path:
     """Measure every grid point not already in the run folder (a killed run resumes by point)."""
-    cfg = job.cfg
-    store = RunStore(job.folder)
-    with store.recording_errors():
-        check_runnable(cfg.model)
-        model = cfg.model
-        if cfg.backend == "vllm":  # the engine sizes its KV cache for max_model_len: only what the grid needs
-            need = max(n for _, n in cfg.grid) + 64
-            model = dataclasses.replace(model, max_context=min(model.max_context, need))
-        backend = make_backend(model, cfg.backend, any(m.needs_speculator for m in job.methods), job.placement)
-        store.write_config(job_config(job))
-        common = {
-            "run_id": job.folder.name,
-            "config_hash": job.config_hash,
-            **provenance(model, cfg.backend, backend, job.placement),  # `model`: with the window the engine had
-            "prompt_source": job.prompt_source,
-            "prefix_cache": False,
-        }
-        done = store.done_units()
-        for batch, length in tqdm(cfg.grid, desc=f"latency {job.method.name}", unit="point"):
-            if f"b{batch}-n{length}" in done:
-                continue
-            store.append(measure_point(job, backend, batch, length, common))
-        store.compact()
-    report.write_all(cfg.out)
-    return job.folder
+    return jobs.execute(job)
 
 
 @hydra.main(config_path="../conf", config_name="latency", version_base="1.3")
 def main(cfg: DictConfig) -> dict[str, Any] | None:
     with config_errors():
         job = prepare(LatencyConfig.from_hydra(cfg))
-    if cfg.dry_run:
-        print(plan_text(job))
-        return None
-    return finish(execute(job), bool(cfg.get("allow_failures", False)))
+    return jobs.main(job, bool(cfg.dry_run), bool(cfg.get("allow_failures", False)))
 
 
 if __name__ == "__main__":

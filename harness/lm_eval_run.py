@@ -33,16 +33,15 @@ import hashlib
 import json
 import math
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import hydra
 from omegaconf import DictConfig
 
-from harness import report
+from harness import jobs
 from harness.catalog import ModelConfig
 from harness.config import (
     ConfigError,
@@ -52,12 +51,12 @@ from harness.config import (
     config_errors,
     config_hash,
     container,
-    finish,
     model_identity,
 )
+from harness.jobs import measured
 from harness.models import check_runnable
 from harness.provenance import provenance
-from harness.store import RunStore, check_layout, method_columns, record
+from harness.store import RunStore, check_layout, method_columns
 from specprefill.plan import Method
 
 LOCAL_TASKS = Path(__file__).resolve().parent / "lm_eval_tasks"
@@ -67,6 +66,10 @@ SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json"
 
 @dataclass(frozen=True)
 class LMEvalJob:
+    """A validated lm-eval job (a :class:`harness.jobs.Job`)."""
+
+    kind: ClassVar[str] = "eval"
+    retry_failed: ClassVar[bool] = False  # lm-eval's request cache would give the same value again
     model: ModelConfig
     method: Method
     backend: str
@@ -82,6 +85,35 @@ class LMEvalJob:
     out: Path
     config_hash: str
     folder: Path
+
+    def config(self) -> dict[str, Any]:
+        return job_config(self)
+
+    def plan_text(self) -> str:
+        return plan_text(self)
+
+    @contextlib.contextmanager
+    def session(self, store: RunStore) -> Iterator[LMEvalSession]:
+        from lm_eval import __version__ as lm_eval_version  # lm-eval loads only for a run
+
+        from harness.backends import make_backend
+        from harness.lm_eval_model import SpecPrefillLM
+
+        check_runnable(self.model)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        backend = make_backend(self.model, self.backend, self.method.needs_speculator)
+        lm = SpecPrefillLM.from_parts(self.model, self.method, self.backend, backend, self.batch_size)
+        common = {
+            "run_id": self.folder.name,
+            "config_hash": self.config_hash,
+            **provenance(self.model, self.backend, backend),
+            **method_columns(self.method, self.reference),
+            "benchmark": "lm-eval",
+            "benchmark_version": f"lm-eval {lm_eval_version}",
+            "benchmark_options": json.dumps(self.options(), sort_keys=True),
+            "length": self.length,
+        }
+        yield LMEvalSession(self, lm, common)
 
     def options(self) -> dict[str, Any]:
         """What the job asks of lm-eval (recorded as each row's ``benchmark_options``)."""
@@ -319,33 +351,26 @@ def write_lm_eval_files(job: LMEvalJob, results: dict[str, Any]) -> None:
                 f.write(json.dumps({"task": task, **d}, default=str) + "\n")
 
 
-def execute(job: LMEvalJob) -> Path:
-    """Run the job (resuming from lm-eval's request cache); one row per document not yet stored."""
-    from lm_eval import __version__ as lm_eval_version
+@dataclass
+class LMEvalSession:
+    """An lm-eval job's open session: the backend and the ``specprefill`` lm-eval model; its
+    one unit is lm-eval's evaluation (resuming from lm-eval's request cache), measured into
+    one row per document not yet stored."""
 
-    from harness.backends import make_backend
-    from harness.lm_eval_model import SpecPrefillLM
+    job: LMEvalJob
+    lm: Any
+    common: dict[str, Any]
 
-    store = RunStore(job.folder)
-    with store.recording_errors():
-        check_runnable(job.model)
-        job.folder.mkdir(parents=True, exist_ok=True)
-        store.write_config(job_config(job))
-        backend = make_backend(job.model, job.backend, job.method.needs_speculator)
-        lm = SpecPrefillLM.from_parts(job.model, job.method, job.backend, backend, job.batch_size)
-        results = evaluate(job, lm)
+    progress = "lm-eval"
+    unit_name = "evaluation"
+
+    def units(self) -> list[tuple[str, None]]:
+        return [("lm-eval", None)]  # its rows' units are the documents: the stored ones are kept
+
+    def measure(self, _: None) -> list[dict[str, Any]]:
+        job = self.job
+        results = evaluate(job, self.lm)
         write_lm_eval_files(job, results)
-        done = store.done_units(ok_only=False)
-        common = {
-            "run_id": job.folder.name,
-            "config_hash": job.config_hash,
-            **provenance(job.model, job.backend, backend),
-            **method_columns(job.method, job.reference),
-            "benchmark": "lm-eval",
-            "benchmark_version": f"lm-eval {lm_eval_version}",
-            "benchmark_options": json.dumps(job.options(), sort_keys=True),
-            "length": job.length,
-        }
         configs = results.get("configs") or {}
         rows = []
         for task, docs in (results.get("samples") or {}).items():
@@ -353,11 +378,14 @@ def execute(job: LMEvalJob) -> Path:
             for d in docs:
                 doc_id = int(d["doc_id"])
                 key = f"{task}/{doc_id}"
-                if key in done:
-                    continue
                 metric, value = primary_metric(configs.get(task, {}), d, job.length)
+
+                def scored(value: float | None = value, metric: str = metric) -> dict[str, Any]:
+                    if value is None:
+                        raise LookupError(f"no value for metric {metric!r} in lm-eval's log")
+                    return {"score": 100.0 * value}
+
                 row: dict[str, Any] = {
-                    **common,
                     "metrics_version": f"{task} v{version} {metric}",
                     "row_key": key,
                     "unit": key,
@@ -367,18 +395,16 @@ def execute(job: LMEvalJob) -> Path:
                     "sample_id": doc_id,
                     "references": [str(d.get("target"))],
                     "prediction": prediction(d),
-                    "score": None if value is None else 100.0 * value,
                     "sample_hash": doc_hash(d),
-                    **lm.cost_columns(task, doc_id),
-                    "status": "ok" if value is not None else "failed",
-                    "error": None if value is not None else f"no value for metric {metric!r} in lm-eval's log",
-                    "timestamp": time.time(),
+                    **self.lm.cost_columns(task, doc_id),
                 }
-                rows.append(record("eval", **row))
-        store.append(rows)
-        store.compact()
-    report.write_all(job.out)
-    return job.folder
+                rows.append(measured(row, scored))
+        return rows
+
+
+def execute(job: LMEvalJob) -> Path:
+    """Run the job (resuming from lm-eval's request cache); one row per document not yet stored."""
+    return jobs.execute(job)
 
 
 def plan_text(job: LMEvalJob) -> str:
@@ -392,10 +418,7 @@ def plan_text(job: LMEvalJob) -> str:
 def main(cfg: DictConfig) -> None:
     with config_errors():
         job = prepare(cfg)
-    if cfg.dry_run:
-        print(plan_text(job))
-        return
-    finish(execute(job), bool(cfg.get("allow_failures", False)))
+    jobs.main(job, bool(cfg.dry_run), bool(cfg.get("allow_failures", False)))
 
 
 if __name__ == "__main__":

@@ -11,22 +11,22 @@ finished samples. Every sweep point is validated before the first one runs
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
-import time
-import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import hydra
 from omegaconf import DictConfig
-from tqdm.auto import tqdm
 
-from harness import report
+from harness import jobs
 from harness.backends import make_backend
-from harness.benchmarks.base import Benchmark, BenchmarkConfig, TokenizerInfo
+from harness.benchmarks.base import Benchmark, BenchmarkConfig
+from harness.benchmarks.samples import benchmark_samples
 from harness.catalog import ModelConfig
 from harness.config import (
     EvalSchema,
@@ -39,7 +39,6 @@ from harness.config import (
     config_errors,
     config_hash,
     container,
-    finish,
     longest_prompt,
     longest_sequence,
     method_spec,
@@ -48,17 +47,18 @@ from harness.config import (
 )
 from harness.diagnostics import needle_depth, needle_kept, needle_tokens
 from harness.dryrun import requirements_text
-from harness.models import check_runnable, load_tokenizer, tokenizer_id
+from harness.jobs import measured
+from harness.models import check_runnable
 from harness.placement import Placement
 from harness.placement import plan as place
 from harness.prompts import sample_prompt
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
-from harness.store import RunStore, check_layout, method_columns, record
+from harness.store import RunStore, check_layout, method_columns
 from harness.timing import flops
-from harness.types import PromptFormat, Sample
+from harness.types import Sample
 from specprefill.flops import Shape
-from specprefill.plan import Backend, Method, Unsupported
+from specprefill.plan import Backend, Method
 
 
 @dataclass(frozen=True)
@@ -93,14 +93,82 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class Job:
-    """A validated, ready-to-run job (nothing loaded yet)."""
+    """A validated, ready-to-run eval job (nothing loaded yet): a :class:`harness.jobs.Job`."""
 
+    kind: ClassVar[str] = "eval"
+    retry_failed: ClassVar[bool] = True
     cfg: RunConfig
     method: Method
     benchmark: Benchmark
     config_hash: str
     folder: Path
     placement: Placement
+
+    @property
+    def out(self) -> Path:
+        return self.cfg.out
+
+    def config(self) -> dict[str, Any]:
+        return job_config(self)
+
+    def plan_text(self) -> str:
+        return plan_text(self)
+
+    @contextlib.contextmanager
+    def session(self, store: RunStore) -> Iterator[EvalSession]:
+        """The tokenizer and the samples first (a missing dataset fails before any model
+        loads), then the backend."""
+        cfg = self.cfg
+        check_runnable(cfg.model)
+        tok, samples = benchmark_samples(cfg.model, self.benchmark)
+        backend = make_backend(cfg.model, cfg.backend, self.method.needs_speculator, self.placement)
+        common = {
+            "run_id": self.folder.name,
+            "config_hash": self.config_hash,
+            **provenance(cfg.model, cfg.backend, backend, self.placement),
+            **method_columns(self.method, cfg.reference),
+            "benchmark": self.benchmark.name,
+            "benchmark_version": self.benchmark.version,
+            "benchmark_options": json.dumps(self.benchmark.options(), sort_keys=True),
+            "metrics_version": self.benchmark.metrics_version,
+            "length": cfg.benchmark.length,
+        }
+        yield EvalSession(self, backend, tok, samples, common)
+
+
+@dataclass
+class EvalSession:
+    """An eval job's open session: its backend, tokenizer and samples; a unit is a sample."""
+
+    job: Job
+    backend: Backend
+    tok: Any
+    samples: list[Sample]
+    common: dict[str, Any]
+
+    unit_name = "sample"
+
+    @property
+    def progress(self) -> str:
+        keep = self.job.method.options().get("keep_rate")
+        b = self.job.cfg.benchmark
+        return f"{self.job.method.name}{f' keep={keep}' if keep is not None else ''} {b.name}-{b.length}"
+
+    def units(self) -> list[tuple[str, Sample]]:
+        return [(f"{s.task}/{s.sample_id}", s) for s in self.samples]
+
+    def measure(self, sample: Sample) -> list[dict[str, Any]]:
+        key = f"{sample.task}/{sample.sample_id}"
+        row: dict[str, Any] = {
+            "row_key": key,
+            "unit": key,
+            "task": sample.task,
+            "category": sample.category or None,
+            "bucket": sample.bucket or None,
+            "sample_id": sample.sample_id,
+            "references": list(sample.references),
+        }
+        return [measured(row, lambda: run_sample(self.job, self.backend, self.tok, sample), self.common["hardware"])]
 
 
 def prepare(cfg: RunConfig) -> Job:
@@ -218,20 +286,6 @@ def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> di
     }
 
 
-def benchmark_samples(model: ModelConfig, benchmark: Benchmark) -> tuple[Any, list[Sample]]:
-    """The model's tokenizer and the benchmark's samples, prompts built in its chat format."""
-    tok = load_tokenizer(model)
-    fmt = PromptFormat.from_tokenizer(tok, model.chat_template)
-    info = TokenizerInfo(
-        id=tokenizer_id(model),
-        count=lambda s: len(tok(s, add_special_tokens=fmt.add_special_tokens).input_ids),
-        fmt=fmt,
-        tokenizer=tok,
-        max_input_length=model.max_input_length or model.max_context,
-    )
-    return tok, benchmark.samples(info)
-
-
 def job_config(job: Job) -> dict[str, Any]:
     """What ``config.yaml`` records of an eval job."""
     return {
@@ -248,63 +302,14 @@ def job_config(job: Job) -> dict[str, Any]:
 
 def execute(job: Job) -> Path:
     """Run a prepared job to completion (resuming), then refresh the summaries."""
-    cfg = job.cfg
-    store = RunStore(job.folder)
-    with store.recording_errors():
-        check_runnable(cfg.model)
-        # Tokenizer and data first: a missing dataset fails before any model loads.
-        tok, samples = benchmark_samples(cfg.model, job.benchmark)
-        backend = make_backend(cfg.model, cfg.backend, job.method.needs_speculator, job.placement)
-        store.write_config(job_config(job))
-        done = store.done_units()
-        todo = [s for s in samples if f"{s.task}/{s.sample_id}" not in done]
-        common = {
-            "run_id": job.folder.name,
-            "config_hash": job.config_hash,
-            **provenance(cfg.model, cfg.backend, backend, job.placement),
-            **method_columns(job.method, cfg.reference),
-            "benchmark": job.benchmark.name,
-            "benchmark_version": job.benchmark.version,
-            "benchmark_options": json.dumps(job.benchmark.options(), sort_keys=True),
-            "metrics_version": job.benchmark.metrics_version,
-            "length": cfg.benchmark.length,
-        }
-        keep = job.method.options().get("keep_rate")
-        desc = f"{job.method.name}{f' keep={keep}' if keep is not None else ''} {job.benchmark.name}-{cfg.benchmark.length}"
-        for sample in tqdm(todo, desc=desc, unit="sample"):
-            key = f"{sample.task}/{sample.sample_id}"
-            row: dict[str, Any] = {
-                **common,
-                "row_key": key,
-                "unit": key,
-                "task": sample.task,
-                "category": sample.category or None,
-                "bucket": sample.bucket or None,
-                "sample_id": sample.sample_id,
-                "references": list(sample.references),
-            }
-            try:
-                row.update(run_sample(job, backend, tok, sample))
-                row["status"] = "ok"
-            except Unsupported as e:  # the method cannot run on this hardware: recorded, the sweep goes on
-                row.update(status="unsupported", error=f"{e} (hardware: {common['hardware']})")
-            except Exception as e:  # one bad sample must not end the run: record it and go on
-                row.update(status="failed", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
-            row["timestamp"] = time.time()
-            store.append([record("eval", **row)])
-        store.compact()
-    report.write_all(cfg.out)
-    return job.folder
+    return jobs.execute(job)
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict[str, Any] | None:
     with config_errors():
         job = prepare(RunConfig.from_hydra(cfg))
-    if cfg.dry_run:
-        print(plan_text(job))
-        return None
-    return finish(execute(job), bool(cfg.get("allow_failures", False)))
+    return jobs.main(job, bool(cfg.dry_run), bool(cfg.get("allow_failures", False)))
 
 
 if __name__ == "__main__":

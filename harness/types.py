@@ -1,4 +1,4 @@
-"""Frozen records passed between stages (ARCHITECTURE.md vocabulary)."""
+"""Frozen records passed between stages: a benchmark sample, a model's prompt format (docs/architecture.md)."""
 
 from __future__ import annotations
 

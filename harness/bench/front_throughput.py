@@ -44,9 +44,9 @@ TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "
 def ruler_prompts(model: Any, length: int, count: int) -> list[list[int]]:
     """``count`` RULER prompts of ``length`` tokens (chat format), as token ids, tasks interleaved."""
     from harness.benchmarks.base import BenchmarkConfig
+    from harness.benchmarks.samples import benchmark_samples
     from harness.prompts import sample_prompt
     from harness.registry import build_benchmark
-    from harness.run import benchmark_samples
 
     limit = math.ceil(count / len(TASKS))
     tok, samples = benchmark_samples(model, build_benchmark(BenchmarkConfig("ruler", length, TASKS, limit)))

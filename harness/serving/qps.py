@@ -50,16 +50,16 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import hydra
 import pandas as pd
 from omegaconf import DictConfig
-from tqdm.auto import tqdm
 
-from harness import report
+from harness import jobs
 from harness.analysis.serving import point_stats
 from harness.benchmarks.base import Benchmark, BenchmarkConfig
+from harness.benchmarks.samples import benchmark_samples
 from harness.catalog import ModelConfig
 from harness.config import (
     QPSSchema,
@@ -85,7 +85,7 @@ from harness.placement import Placement
 from harness.placement import plan as place
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
-from harness.store import RunStore, check_layout, method_columns, record
+from harness.store import RunStore, check_layout, method_columns
 from harness.types import Sample
 from specprefill.plan import Method, check_choice
 
@@ -173,12 +173,60 @@ class QPSConfig:
 
 @dataclass(frozen=True)
 class QPSJob:
+    """A validated serving job (a :class:`harness.jobs.Job`): a unit is a request rate."""
+
+    kind: ClassVar[str] = "qps"
+    retry_failed: ClassVar[bool] = False  # a failed request is a measurement of its rate
     cfg: QPSConfig
     method: Method
     benchmark: Benchmark
     config_hash: str
     folder: Path
     placement: Placement
+
+    @property
+    def out(self) -> Path:
+        return self.cfg.out
+
+    def config(self) -> dict[str, Any]:
+        return job_config(self)
+
+    def plan_text(self) -> str:
+        return plan_text(self)
+
+    @contextlib.contextmanager
+    def session(self, store: RunStore) -> Iterator[QPSSession]:
+        """The samples, then the servers, started only when the rate search has a rate left."""
+        cfg, q = self.cfg, self.cfg.qps
+        check_runnable(cfg.model)
+        tok, samples = benchmark_samples(cfg.model, self.benchmark)
+        if not samples:
+            raise ValueError(f"{self.benchmark.name}-{cfg.benchmark.length}: no samples")
+        texts = [request_text(s, tok) for s in samples]
+        prompt_tokens = [len(tok(s.prompt, add_special_tokens=s.add_special_tokens).input_ids) for s in samples]
+        common = {
+            "run_id": self.folder.name,
+            "config_hash": self.config_hash,
+            **provenance(cfg.model, "vllm", None, self.placement),
+            **method_columns(self.method, cfg.reference),
+            "speculator": cfg.model.speculator if self.method.needs_speculator else None,
+            "benchmark": self.benchmark.name,
+            "benchmark_version": self.benchmark.version,
+            "benchmark_options": json.dumps(self.benchmark.options(), sort_keys=True),
+            "metrics_version": self.benchmark.metrics_version,
+            "length": cfg.benchmark.length,
+            "arrival": q.arrival,
+            "prefix_cache": False,
+        }
+        if next_rate(q, tested(store)) is None:  # the search is over: nothing to serve
+            yield QPSSession(self, store, None, samples, prompt_tokens, Path(), common)
+            return
+        logs = self.folder / "logs"
+        with tempfile.TemporaryDirectory() as tmp, serving(self, logs) as servers:
+            common.update(engine_runner=servers.engine_runner, position_check=servers.position_check)
+            dataset = Path(tmp) / "requests.jsonl"
+            write_dataset(texts, samples, dataset)
+            yield QPSSession(self, store, servers, samples, prompt_tokens, dataset, common)
 
 
 def prepare(cfg: QPSConfig) -> QPSJob:
@@ -598,92 +646,85 @@ def job_config(job: QPSJob) -> dict[str, Any]:
     }
 
 
+def tested(store: RunStore) -> dict[float, bool]:
+    """The rates measured so far and whether each passed."""
+    df = store.read()
+    return {} if df.empty else {float(r): bool(g["passed"].iloc[0]) for r, g in df.groupby("rate")}
+
+
+@dataclass
+class QPSSession:
+    """A serving job's open session: the servers and the request dataset; a unit is a rate,
+    each next one chosen from the verdicts stored before it (resuming by rate)."""
+
+    job: QPSJob
+    store: RunStore
+    servers: Servers | None
+    samples: list[Sample]
+    prompt_tokens: list[int]
+    dataset: Path
+    common: dict[str, Any]
+
+    unit_name = "rate"
+
+    @property
+    def progress(self) -> str:
+        return f"qps {self.job.method.name}"
+
+    def units(self) -> Iterator[tuple[str, float]]:
+        """The rate search, each next rate chosen from the verdicts stored before it."""
+        q = self.job.cfg.qps
+        rate = next_rate(q, tested(self.store))
+        while rate is not None:
+            yield f"rate-{rate:g}", rate
+            rate = next_rate(q, tested(self.store))
+
+    def measure(self, rate: float) -> list[dict[str, Any]]:
+        """Serve the dataset at ``rate``: one row per request, with the rate's verdicts. A
+        server that stops fails the run (the rate is not recorded: a rerun measures it anew)."""
+        job, servers, q = self.job, self.servers, self.job.cfg.qps
+        assert servers is not None
+        logs = job.folder / "logs"
+        if why := servers.down():  # a dead server would fail every request of every later rate
+            raise ServerStopped(f"qps {job.method.name}: a server stopped before rate {rate:g}: {why}")
+        prefix = f"r{rate:g}-"
+        result = self.dataset.parent / f"rate-{rate:g}.json"
+        cmd = bench_command(job, servers.url, self.dataset, len(self.samples), rate, result, prefix)
+        log_path = logs / f"bench-{rate:g}.log"
+        with log_path.open("w") as log:
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=q.point_timeout_s)
+        if why := servers.down():
+            # Requests that failed because a server died measure the crash, not the load: the
+            # rate is not recorded (so it stays untested and a rerun measures it again) and
+            # the run stops.
+            if result.exists():
+                shutil.copy(result, logs / f"bench-{rate:g}-interrupted.json")
+            raise ServerStopped(
+                f"qps {job.method.name}: a server stopped during rate {rate:g}: {why}; that rate is "
+                f"not recorded (its client log: {log_path}); earlier rates are kept and running the "
+                f"same command again measures rate {rate:g} anew"
+            )
+        if proc.returncode != 0 or not result.exists():
+            raise RuntimeError(
+                f"vllm bench serve failed at rate {rate} (exit {proc.returncode}); log {log_path}:\n{_tail(log_path)}"
+            )
+        bench = json.loads(result.read_text())
+        front = None if servers.front_log is None else read_front_log(servers.front_log)
+        rows = request_rows(job, self.samples, bench, front, self.prompt_tokens, rate, prefix)
+        verdict = passes(point_stats(pd.DataFrame(rows)), q)
+        extra = {
+            "unit": f"rate-{rate:g}",
+            "request_throughput": float(bench.get("request_throughput") or 0.0),
+            "duration_s": float(bench.get("duration") or 0.0),
+            "timestamp": time.time(),
+            **verdict,
+        }
+        return [{**r, **extra} for r in rows]
+
+
 def execute(job: QPSJob) -> Path:
     """Measure every rate the search asks for (resuming by rate); refresh the summaries."""
-    from harness.run import benchmark_samples
-
-    cfg, q, folder = job.cfg, job.cfg.qps, job.folder
-    store = RunStore(folder)
-    with store.recording_errors():
-        check_runnable(cfg.model)
-        tok, samples = benchmark_samples(cfg.model, job.benchmark)
-        if not samples:
-            raise ValueError(f"{job.benchmark.name}-{cfg.benchmark.length}: no samples")
-        texts = [request_text(s, tok) for s in samples]
-        prompt_tokens = [len(tok(s.prompt, add_special_tokens=s.add_special_tokens).input_ids) for s in samples]
-        store.write_config(job_config(job))
-        store.remove_orphans()  # a killed run's temporary part files (it resumes by rate, not done_units)
-        common = {
-            "run_id": folder.name,
-            "config_hash": job.config_hash,
-            **provenance(cfg.model, "vllm", None, job.placement),
-            **method_columns(job.method, cfg.reference),
-            "speculator": cfg.model.speculator if job.method.needs_speculator else None,
-            "benchmark": job.benchmark.name,
-            "benchmark_version": job.benchmark.version,
-            "benchmark_options": json.dumps(job.benchmark.options(), sort_keys=True),
-            "metrics_version": job.benchmark.metrics_version,
-            "length": cfg.benchmark.length,
-            "arrival": q.arrival,
-            "prefix_cache": False,
-        }
-
-        def tested() -> dict[float, bool]:
-            df = store.read()
-            return {} if df.empty else {float(r): bool(g["passed"].iloc[0]) for r, g in df.groupby("rate")}
-
-        rate = next_rate(q, tested())
-        if rate is not None:
-            logs = folder / "logs"
-            with tempfile.TemporaryDirectory() as tmp, serving(job, logs) as servers:
-                common.update(engine_runner=servers.engine_runner, position_check=servers.position_check)
-                dataset = Path(tmp) / "requests.jsonl"
-                write_dataset(texts, samples, dataset)
-                bar = tqdm(desc=f"qps {job.method.name}", unit="rate")
-                while rate is not None:
-                    if why := servers.down():  # a dead server would fail every request of every later rate
-                        raise ServerStopped(f"qps {job.method.name}: a server stopped before rate {rate:g}: {why}")
-                    bar.set_postfix(rate=rate)
-                    prefix = f"r{rate:g}-"
-                    result = Path(tmp) / f"rate-{rate:g}.json"
-                    cmd = bench_command(job, servers.url, dataset, len(samples), rate, result, prefix)
-                    log_path = logs / f"bench-{rate:g}.log"
-                    with log_path.open("w") as log:
-                        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=q.point_timeout_s)
-                    if why := servers.down():
-                        # Requests that failed because a server died measure the crash, not the
-                        # load: the rate is not recorded (so it stays untested and a rerun
-                        # measures it again) and the run stops.
-                        if result.exists():
-                            shutil.copy(result, logs / f"bench-{rate:g}-interrupted.json")
-                        raise ServerStopped(
-                            f"qps {job.method.name}: a server stopped during rate {rate:g}: {why}; that rate is "
-                            f"not recorded (its client log: {log_path}); earlier rates are kept and running the "
-                            f"same command again measures rate {rate:g} anew"
-                        )
-                    if proc.returncode != 0 or not result.exists():
-                        raise RuntimeError(
-                            f"vllm bench serve failed at rate {rate} (exit {proc.returncode}); log {log_path}:\n"
-                            f"{_tail(log_path)}"
-                        )
-                    bench = json.loads(result.read_text())
-                    front = None if servers.front_log is None else read_front_log(servers.front_log)
-                    rows = request_rows(job, samples, bench, front, prompt_tokens, rate, prefix)
-                    verdict = passes(point_stats(pd.DataFrame(rows)), q)
-                    extra = {
-                        "unit": f"rate-{rate:g}",
-                        "request_throughput": float(bench.get("request_throughput") or 0.0),
-                        "duration_s": float(bench.get("duration") or 0.0),
-                        "timestamp": time.time(),
-                        **verdict,
-                    }
-                    store.append([record("qps", **common, **r, **extra) for r in rows])
-                    bar.update(1)
-                    rate = next_rate(q, tested())
-                bar.close()
-        store.compact()
-    report.write_all(cfg.out)
-    return folder
+    return jobs.execute(job)
 
 
 @hydra.main(config_path="../../conf", config_name="qps", version_base="1.3")
