@@ -116,27 +116,27 @@ check: setup
 	$(VENV)/bin/mypy specprefill baselines harness
 
 bench-scoring-memory: setup
-	$(PY) -m harness.bench.scoring_memory
+	$(PY) -m harness.studies.scoring_memory
 
 bench-ruler-generation: setup
-	$(PY) -m harness.bench.ruler_generation
+	$(PY) -m harness.studies.ruler_generation
 
 # SpecPrefill's early-exit speculator depth x keep on RULER 4K, beside full prefill, and its
 # interleaved TTFT speedups (results/speculator-depth/; committed copy in results/reference/).
 speculator-depth: setup
-	$(PY) -m harness.bench.speculator_depth $(if $(limit),--limit $(limit))
+	$(PY) -m harness.studies.speculator_depth $(if $(limit),--limit $(limit))
 
 # Our RULER 4K against lm-eval's RULER tasks, full prefill, side by side (results/reference/).
 lm-eval-crosscheck: setup
-	$(PY) -m harness.bench.lm_eval_crosscheck $(if $(limit),--limit $(limit))
+	$(PY) -m harness.studies.lm_eval_crosscheck $(if $(limit),--limit $(limit))
 
 bench-front-throughput: setup
-	$(PY) -m harness.bench.front_throughput
+	$(PY) -m harness.studies.front_throughput
 
-# The GPU machine's check (harness/bench/gpu_check.py): no setup, since that machine has its own
+# The GPU machine's check (harness/studies/gpu_check.py): no setup, since that machine has its own
 # PyTorch and transformers and nothing else; GPU_CHECK_CPU=1 runs it at small sizes here.
 gpu-check:
-	$(or $(wildcard $(PY)),python3) -m harness.bench.gpu_check
+	$(or $(wildcard $(PY)),python3) -m harness.studies.gpu_check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache results/default

@@ -44,7 +44,7 @@ import pandas as pd
 
 try:
     from hydra.errors import CompactHydraException
-except ImportError:  # the GPU machine's bare check (harness.bench.gpu_check) has no Hydra; it needs only rows
+except ImportError:  # the GPU machine's bare check (harness.studies.gpu_check) has no Hydra; it needs only rows
 
     class CompactHydraException(Exception):  # type: ignore[no-redef]
         """Stands in for Hydra's (printed as one line there) where Hydra is absent."""

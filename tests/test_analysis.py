@@ -253,7 +253,7 @@ def _sources() -> dict[str, str]:
             r"def (paired_ratio|macro_mean|paired_difference|summarize|summarize_latency|summarize_qps)\b",
             "harness/analysis/",
         ),
-        (r"mean_draws\(|task_seed\(", "harness/analysis/|harness/bench/lm_eval_crosscheck.py"),
+        (r"mean_draws\(|task_seed\(", "harness/analysis/|harness/studies/lm_eval_crosscheck.py"),
         (r"1\.0 / .*kept_fraction|1 / .*kept_fraction", "(none)"),  # no ideal from the kept fraction
     ],
 )

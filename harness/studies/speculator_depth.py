@@ -13,7 +13,7 @@ from FLOPs and the efficiency speedup / ideal; and the Pareto plot (retention vs
 interleaved speedup, one series per depth). ``self_layers:30`` is the oracle: the whole
 base scores the prompt (a quality ceiling, no speedup possible).
 
-    python -m harness.bench.speculator_depth [--limit 5] [--depths 4 8 12 16 20 24 30]
+    python -m harness.studies.speculator_depth [--limit 5] [--depths 4 8 12 16 20 24 30]
         [--keeps 0.1 0.3] [--iters 8] [--out results/speculator-depth] [--no-latency] [--no-run]
 """
 

@@ -15,8 +15,8 @@ front's default batching (16 requests, 65536 tokens, 5 ms). The two alternate in
 ``--rounds`` rounds on the same requests, so the machine's drift hits both alike. Per
 setting: requests/s, p50/p90 latency (submit to plan), mean batch size (requests / batches).
 
-    python -m harness.bench.front_throughput [--clients 1 4 16] [--requests 32] [--rounds 2]
-    python -m harness.bench.front_throughput [--clients 1 4 16] [--requests 32] [--out results/reference/front_throughput.json]
+    python -m harness.studies.front_throughput [--clients 1 4 16] [--requests 32] [--rounds 2]
+    python -m harness.studies.front_throughput [--clients 1 4 16] [--requests 32] [--out results/reference/front_throughput.json]
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.bench import write_reference
 from harness.serving.front import Batcher, FrontSettings, Planned, Planner
+from harness.studies import write_reference
 
 #: The SpecPrefill options ``make qps`` serves with (conf/method/specprefill.yaml, conf/qps.yaml).
 METHOD = {"name": "specprefill", "keep_rate": 0.3, "lookahead": 1, "chunk_size": 32, "pool_kernel": 13}

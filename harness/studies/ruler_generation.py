@@ -3,7 +3,7 @@
 Uses the SmolLM2 tokenizer and chat format and bypasses the parquet cache, so it times
 the generator itself (haystack-size bisection, sample construction, token counting).
 
-    python -m harness.bench.ruler_generation [--lengths 4096 32768 131072] [--samples 100]
+    python -m harness.studies.ruler_generation [--lengths 4096 32768 131072] [--samples 100]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from harness.bench import write_reference
+from harness.studies import write_reference
 
 
 def main() -> None:

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from harness.bench.gpu_check_parts import IdTokenizer, Parts, latency_grid, random_llama
 from harness.models import cpu_binding
+from harness.studies.gpu_check_parts import IdTokenizer, Parts, latency_grid, random_llama
 from specprefill import FullPrefill, Prompt, SpecPrefill
 from specprefill.backends.transformers import TransformersBackend
 from specprefill.plan import Plan

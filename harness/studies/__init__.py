@@ -1,4 +1,6 @@
-"""Benchmarks of the harness itself; their figures go to ``results/reference/*.json``."""
+"""Studies of the harness itself (not the datasets: those are :mod:`harness.benchmarks`): the GPU
+check, the speculator-depth sweep, scoring memory, RULER generation, front throughput and the
+lm-eval cross-check; their figures go to ``results/reference/``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""What both parts of ``make gpu-check`` use (:mod:`harness.bench.gpu_check`, the
-transformers part; :mod:`harness.bench.gpu_check_vllm`, the vLLM part): random Llamas
+"""What both parts of ``make gpu-check`` use (:mod:`harness.studies.gpu_check`, the
+transformers part; :mod:`harness.studies.gpu_check_vllm`, the vLLM part): random Llamas
 built in place, a tokenizer that spells ids, the section runner that records each part
 even if another fails, and the interleaved latency grid. Needs only PyTorch,
 transformers, numpy and pandas (the GPU machine has nothing else of ours)."""

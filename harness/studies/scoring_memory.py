@@ -8,7 +8,7 @@ in a second fresh process, load the capture and score and select: the peak RSS
 above the loaded inputs is the scoring's own memory. For contrast we print what the
 N x N attention matrices would take (what ``output_attentions=True`` materialises).
 
-    python -m harness.bench.scoring_memory  [--lengths 4096 16384 65536] [--out results/reference/scoring_memory.json]
+    python -m harness.studies.scoring_memory  [--lengths 4096 16384 65536] [--out results/reference/scoring_memory.json]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.bench import write_reference
+from harness.studies import write_reference
 
 
 def _rss_mib() -> float:
@@ -98,7 +98,7 @@ def main() -> None:
 
     def sub(*args: str) -> dict[str, float]:
         out = subprocess.run(
-            [sys.executable, "-m", "harness.bench.scoring_memory", *args], capture_output=True, text=True, check=True
+            [sys.executable, "-m", "harness.studies.scoring_memory", *args], capture_output=True, text=True, check=True
         )
         return json.loads(out.stdout.strip().splitlines()[-1])
 

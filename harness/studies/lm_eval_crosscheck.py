@@ -10,7 +10,7 @@ references where RULER's official ``string_match_part`` takes any one; the table
 re-scores lm-eval's own QA answers with RULER's rule, so a gap from the metric and a gap
 from the model's answers can be told apart.
 
-    python -m harness.bench.lm_eval_crosscheck [--limit 20] [--out results/lm-eval-crosscheck]
+    python -m harness.studies.lm_eval_crosscheck [--limit 20] [--out results/lm-eval-crosscheck]
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ even if another fails:
 3. **Scoring memory**: peak device memory of SpecPrefill's scoring (token importance and
    selection) beyond its inputs at 32K and 128K tokens: linear in N, never N x N.
 
-4. **The vLLM part** (:mod:`harness.bench.gpu_check_vllm`), where ``vllm`` imports: the
+4. **The vLLM part** (:mod:`harness.studies.gpu_check_vllm`), where ``vllm`` imports: the
    engine on every visible GPU with the SpecPrefill position canary, keep 1.0 against full
    prefill, vLLM's first-token log-probabilities against transformers' at the same kept
    positions, one interleaved TTFT point. Skipped, with the reason, where vLLM is absent.
@@ -41,8 +41,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # runnable as a plain script on a machine without the package installed
 
-from harness.bench import gpu_check_vllm  # noqa: E402
-from harness.bench.gpu_check_parts import IdTokenizer, Parts, ids_below, latency_grid, random_llama  # noqa: E402
+from harness.studies import gpu_check_vllm  # noqa: E402
+from harness.studies.gpu_check_parts import IdTokenizer, Parts, ids_below, latency_grid, random_llama  # noqa: E402
 from specprefill import FullPrefill, Prompt, SpecPrefill  # noqa: E402
 from specprefill.backends.transformers import TransformersBackend  # noqa: E402
 from specprefill.core import select_tokens, token_importance  # noqa: E402
@@ -133,7 +133,7 @@ def scoring_memory(backend: TransformersBackend, lengths: tuple[int, ...], devic
             torch.cuda.synchronize()
             peak = (torch.cuda.max_memory_allocated() - before) / 2**20
         else:
-            peak = float("nan")  # CPU mode: RSS is not per-call; harness.bench.scoring_memory measures it
+            peak = float("nan")  # CPU mode: RSS is not per-call; harness.studies.scoring_memory measures it
         dt = time.perf_counter() - t0
         layers, heads = q.shape[0], q.shape[1]
         inputs = (q.numel() * q.element_size() + k.numel() * k.element_size()) / 2**20
@@ -174,7 +174,7 @@ def main() -> None:
         f"{'CPU mode (GPU_CHECK_CPU=1): small sizes, for CI' if cpu_mode else torch.cuda.get_device_name(0)}; "
         f"torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}; "
         f"random weights, {str(cfg.dtype).split('.')[-1]}; written by `make gpu-check` "
-        f"(harness/bench/gpu_check.py).\n\n",
+        f"(harness/studies/gpu_check.py).\n\n",
     ]
     parts = Parts(out, [], [])
     transformers_parts(parts, cfg, device, cpu_mode)
