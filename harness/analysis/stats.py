@@ -1,11 +1,11 @@
-"""Uncertainty: seeded bootstrap confidence intervals for means, macro means, paired
-differences and paired ratios.
+"""The seeded bootstrap every measure of :mod:`harness.analysis` shares.
 
 A score averaged over 10 samples is not exact: 50 against 60 at n=10 is noise. Every
-interval here is a percentile bootstrap over samples (resampling with replacement, the
-same resampled indices for both members of a pair, so a paired comparison keeps its
-pairing), seeded so a table is reproducible. Macro means (a category, ``ALL``) resample
-within each part and average the parts' resampled means, as the point estimate does.
+interval is a percentile bootstrap over samples (resampling with replacement; a task's
+seed is the same in every point, so both members of a pair get the same resampled
+indices), seeded so a table is reproducible. The measures build their statistics from
+:func:`mean_draws` (:mod:`harness.analysis.quality`) and :func:`ratio_of_medians_ci`
+(:mod:`harness.analysis.latency`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,6 @@ class Estimate:
     lo: float
     hi: float
     n: int
-
-    def excludes_zero(self) -> bool:
-        return bool(self.lo > 0 or self.hi < 0)
 
 
 NAN = Estimate(float("nan"), float("nan"), float("nan"), 0)
@@ -65,70 +62,6 @@ def estimate(value: float, draws: np.ndarray, n: int, level: float = LEVEL) -> E
     if np.isnan(draws).all():
         return Estimate(value, float("nan"), float("nan"), n)
     return Estimate(value, *_interval(draws, level), n)
-
-
-def mean_ci(
-    x: Sequence[float] | np.ndarray, resamples: int = RESAMPLES, seed: int = SEED, level: float = LEVEL
-) -> Estimate:
-    """The mean of ``x`` and its percentile-bootstrap interval (NaN values are dropped)."""
-    a = np.asarray(x, dtype=float)
-    a = a[~np.isnan(a)]
-    if a.size == 0:
-        return NAN
-    draws = a[_indices(a.size, resamples, seed)].mean(axis=1)
-    return Estimate(float(a.mean()), *_interval(draws, level), int(a.size))
-
-
-def macro_mean_ci(
-    parts: Sequence[Sequence[float] | np.ndarray], resamples: int = RESAMPLES, seed: int = SEED, level: float = LEVEL
-) -> Estimate:
-    """The mean of the parts' means (LongBench's category and ``Avg``, RULER's ``ALL``), with
-    a stratified bootstrap: each part resampled within itself. NaN when a part is empty."""
-    arrays = [np.asarray(p, dtype=float) for p in parts]
-    arrays = [a[~np.isnan(a)] for a in arrays]
-    if not arrays or any(a.size == 0 for a in arrays):
-        return Estimate(float("nan"), float("nan"), float("nan"), sum(a.size for a in arrays))
-    draws = np.mean([a[_indices(a.size, resamples, seed + i)].mean(axis=1) for i, a in enumerate(arrays)], axis=0)
-    value = float(np.mean([a.mean() for a in arrays]))
-    return Estimate(value, *_interval(draws, level), int(sum(a.size for a in arrays)))
-
-
-def paired_diff_ci(
-    candidate: Sequence[float] | np.ndarray,
-    baseline: Sequence[float] | np.ndarray,
-    resamples: int = RESAMPLES,
-    seed: int = SEED,
-    level: float = LEVEL,
-) -> Estimate:
-    """Mean of ``candidate - baseline`` over paired samples (same index = same sample), with
-    the bootstrap interval of that mean."""
-    c, b = np.asarray(candidate, dtype=float), np.asarray(baseline, dtype=float)
-    if c.shape != b.shape:
-        raise ValueError(f"paired samples differ in number: {c.shape} vs {b.shape}")
-    return mean_ci(c - b, resamples, seed, level)
-
-
-def paired_ratio_ci(
-    numerator: Sequence[float] | np.ndarray,
-    denominator: Sequence[float] | np.ndarray,
-    resamples: int = RESAMPLES,
-    seed: int = SEED,
-    level: float = LEVEL,
-) -> Estimate:
-    """``mean(numerator) / mean(denominator)`` over paired samples (retention: a method's
-    score over the reference's on the same samples; a TTFT ratio), resampling the pairs."""
-    a, b = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
-    if a.shape != b.shape:
-        raise ValueError(f"paired samples differ in number: {a.shape} vs {b.shape}")
-    keep = ~(np.isnan(a) | np.isnan(b))
-    a, b = a[keep], b[keep]
-    if a.size == 0 or b.mean() == 0:
-        return Estimate(float("nan"), float("nan"), float("nan"), int(a.size))
-    idx = _indices(a.size, resamples, seed)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        draws = a[idx].mean(axis=1) / b[idx].mean(axis=1)
-    draws[~np.isfinite(draws)] = np.nan
-    return Estimate(float(a.mean() / b.mean()), *_interval(draws, level), int(a.size))
 
 
 def ratio_of_medians_ci(
