@@ -53,6 +53,7 @@ from harness.analysis.quality import (
     paired_ratio,
     point_rows,
 )
+from harness.analysis.rows import normalize
 from harness.analysis.serving import summarize_qps
 from harness.analysis.stats import Estimate
 from harness.dryrun import MFU, PEAK_FLOPS  # the FLOP model's GPU, shared with every dry run's estimate
@@ -249,6 +250,10 @@ class Ours:
     """Our rows of one variant, with the lookups the tables need."""
 
     rows: pd.DataFrame
+
+    def __post_init__(self) -> None:
+        if "method" in self.rows:  # normalized once: every lookup below reads them
+            self.rows = normalize(self.rows)
 
     @property
     def empty(self) -> bool:

@@ -388,6 +388,7 @@ def gate(
     if base.empty or cand.empty:
         v.code, v.note = INCOMPARABLE, f"cannot compare: no rows in the {'baseline' if base.empty else 'candidate'}"
         return v
+    base, cand = normalize(base), normalize(cand)  # once: every comparison below reads them
     q, _, q_only = quality(base, cand, quality_tol)
     s, _, s_only = ([], set(), []) if skip_speed else speed(base, cand, speed_tol, eval_speed)
     v.rows, v.only = q + s, q_only + s_only

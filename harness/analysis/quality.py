@@ -42,12 +42,13 @@ total prefill time over the same prompts.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from harness.analysis.rows import POINT, REFERENCE_OF, normalize
-from harness.analysis.stats import NAN, RESAMPLES, Estimate, estimate, mean_draws, task_seed
+from harness.analysis.stats import NAN, Estimate, estimate, mean_draws, task_seed
 
 #: Groups of task names: a measure is the mean over groups of the mean over a group's tasks.
 Parts = list[list[str]]
@@ -82,25 +83,31 @@ class Point:
 
     def hardware(self, tasks: Iterable[str] | None = None) -> str:
         """The one machine the rows of ``tasks`` (all) ran on, or :data:`MIXED`."""
-        gs = [g for t, g in self.tasks.items() if tasks is None or t in set(tasks)]
+        names = None if tasks is None else set(tasks)
+        gs = [g for t, g in self.tasks.items() if names is None or t in names]
         hw = {str(h) for g in gs for h in g.get("hardware", [""])}
         return next(iter(hw)) if len(hw) == 1 else MIXED
+
+
+def _groups(parts: Parts, values: dict[str, float], complete: bool) -> list[list[str]] | None:
+    """Each group's tasks that have a value, or None when a task is missing (``complete``)
+    or nothing is left."""
+    have = [[t for t in group if t in values and not np.isnan(values[t])] for group in parts]
+    if (complete and any(len(h) < len(g) for h, g in zip(have, parts, strict=True))) or not any(have):
+        return None
+    return [h for h in have if h]
+
+
+def _macro(groups: list[list[str]], per_task: dict[str, Any]) -> Any:
+    """The mean over groups of the mean over each group's tasks (of values or of draws)."""
+    return np.mean([np.mean([per_task[t] for t in g], axis=0) for g in groups], axis=0)
 
 
 def _combine(parts: Parts, values: dict[str, float], draws: dict[str, np.ndarray], complete: bool):
     """(value, draws) of the mean over groups of the mean over tasks, or None when a task
     is missing (``complete``) or nothing is left."""
-    gv, gd = [], []
-    for group in parts:
-        have = [t for t in group if t in values and not np.isnan(values[t])]
-        if complete and len(have) < len(group):
-            return None
-        if have:
-            gv.append(np.mean([values[t] for t in have]))
-            gd.append(np.mean([draws[t] for t in have], axis=0))
-    if not gv:
-        return None
-    return float(np.mean(gv)), np.mean(gd, axis=0)
+    groups = _groups(parts, values, complete)
+    return None if groups is None else (float(_macro(groups, values)), _macro(groups, draws))
 
 
 def _tasks(parts: Parts) -> list[str]:
@@ -161,12 +168,11 @@ def paired_difference(cand: Point, base: Point, column: str, parts: Parts) -> tu
         dv[t], dd[t] = float((c - b).mean()), mean_draws(c - b, task_seed(t))
         bv[t], cv[t] = float(b.mean()), float(c.mean())
         n += len(ids)
-    got = _combine(parts, dv, dd, True)
-    if got is None:
+    groups = _groups(parts, dv, True)
+    if groups is None:
         return NAN, float("nan"), float("nan")
-    zero = {t: np.zeros(RESAMPLES) for t in dv}
-    b_all, c_all = _combine(parts, bv, zero, True), _combine(parts, cv, zero, True)
-    return estimate(got[0], got[1], n), b_all[0] if b_all else float("nan"), c_all[0] if c_all else float("nan")
+    d = estimate(float(_macro(groups, dv)), _macro(groups, dd), n)
+    return d, float(_macro(groups, bv)), float(_macro(groups, cv))
 
 
 # --------------------------------------------------------------------------- labels
