@@ -9,7 +9,7 @@ import pytest
 
 from harness.benchmarks import infinitebench as ib
 from harness.benchmarks.base import BenchmarkConfig
-from harness.metrics import (
+from harness.benchmarks.infinitebench.metrics import (
     INFINITEBENCH_DEFAULT_SCORER,
     INFINITEBENCH_SCORERS,
     infinitebench_score,

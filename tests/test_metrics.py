@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.metrics import (
+from harness.benchmarks.ruler.metrics import (
     score_one,
     string_match_all,
     string_match_all_per_sample,
@@ -57,7 +57,7 @@ def test_bad_input():
 # ----------------------------------------------------------------- LongBench metrics
 # Expected values worked out by hand from the official formulas (THUDM/LongBench metrics.py).
 
-from harness.metrics import (  # noqa: E402
+from harness.benchmarks.longbench.metrics import (  # noqa: E402
     classification_score,
     code_sim_score,
     count_score,

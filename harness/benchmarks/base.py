@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from harness.metrics import score_one
 from harness.types import PromptFormat, Sample
 
 
@@ -94,8 +93,10 @@ class Benchmark(ABC):
     def samples(self, tok: TokenizerInfo) -> list[Sample]:
         """The first ``limit`` samples of each selected task, prompts built for ``tok``."""
 
+    @abstractmethod
     def score(self, sample: Sample, prediction: str) -> float:
-        return score_one(sample.metric, prediction, sample.references)
+        """One sample's score on the 0-100 scale, by the benchmark's official metric (its
+        ``metrics`` module, beside it)."""
 
     def options(self) -> dict[str, Any]:
         """What shapes the samples, recorded with results and hashed into the run id."""

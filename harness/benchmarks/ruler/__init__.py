@@ -28,6 +28,8 @@ from harness.benchmarks.ruler.cache import cache_key, cached_samples
 from harness.benchmarks.ruler.data import cwe_words, data_dir, essay_sentences, essay_words, qa_data, wordlists
 from harness.benchmarks.ruler.generators import GENERATORS, TaskGen, make_generator
 from harness.benchmarks.ruler.length import _largest_fitting, generate
+from harness.benchmarks.ruler.metrics import VERSION as METRICS_VERSION
+from harness.benchmarks.ruler.metrics import score_one
 from harness.benchmarks.ruler.tasks import (
     GENERATOR_NOTES,
     MAX_LENGTH,
@@ -39,7 +41,6 @@ from harness.benchmarks.ruler.tasks import (
     Parts,
     Rng,
 )
-from harness.metrics import VERSION as METRICS_VERSION
 from harness.types import Sample
 
 __all__ = [
@@ -95,3 +96,6 @@ class Ruler(Benchmark):
         for task in tqdm(self.tasks, desc=f"RULER-{self.cfg.length} samples", unit="task", leave=False):
             out.extend(cached_samples(task, self.cfg.length, self.cfg.limit, tok))
         return out
+
+    def score(self, sample: Sample, prediction: str) -> float:
+        return score_one(sample.metric, prediction, sample.references)

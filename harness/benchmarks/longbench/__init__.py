@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
 from harness.benchmarks.data import Source, load_rows, split_parts
-from harness.metrics import LONGBENCH_METRICS_VERSION, longbench_score
+from harness.benchmarks.longbench.metrics import LONGBENCH_METRICS_VERSION, longbench_score
 from harness.types import PromptFormat, Sample
 
 VERSION = f"longbench-1+{LONGBENCH_METRICS_VERSION}"

@@ -14,7 +14,7 @@ all-string schema are converted to the official types (ints for math, [text, let
 for the choice tasks).
 
 ``scorer`` picks the version of the official ``src/compute_scores.py`` that scores the
-outputs (see :data:`harness.metrics.INFINITEBENCH_SCORERS`): ``"2024-08"`` (default,
+outputs (see :data:`harness.benchmarks.infinitebench.metrics.INFINITEBENCH_SCORERS`): ``"2024-08"`` (default,
 OpenBMB/InfiniteBench commit ae04ef161b0d2e99eb77c0e845630b44e655bc65, with PR #22's
 answer templates for Llama-3.1-style answers such as "The correct answer is B") or
 ``"2024-06"`` (commit 88b3daa6989da2fbe0077170d7a3c84c25d5ae58). It is in the options
@@ -29,7 +29,7 @@ from typing import Any
 
 from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
 from harness.benchmarks.data import Source, load_rows, split_parts
-from harness.metrics import (
+from harness.benchmarks.infinitebench.metrics import (
     INFINITEBENCH_DEFAULT_SCORER,
     INFINITEBENCH_METRICS_VERSION,
     infinitebench_metrics_version,
