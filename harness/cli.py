@@ -1,7 +1,7 @@
 """What a user types, read the way they meant it or refused in one line, before Hydra runs it.
 
-The four Hydra entry points (``harness.run``, ``harness.latency``, ``harness.serving.qps``,
-``harness.lm_eval_run``) start through :func:`main`, which checks the command line first:
+The four Hydra entry points (``harness.jobs.eval``, ``harness.jobs.latency``, ``harness.jobs.qps``,
+``harness.jobs.lm_eval``) start through :func:`main`, which checks the command line first:
 
 * **List-valued keys** (:data:`LIST_KEYS`: ``tasks``, ``rates``, ...): Hydra reads
   ``tasks=a,b`` as a sweep (one job per task), and since the task list is not part of a

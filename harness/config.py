@@ -1,7 +1,7 @@
 """Typed configs: the schemas of the four entry points, and turning Hydra's dicts into records.
 
-Each entry point (``harness.run``, ``harness.latency``, ``harness.serving.qps``,
-``harness.lm_eval_run``) has a schema dataclass registered in Hydra's ConfigStore as the first entry of its defaults
+Each entry point (``harness.jobs.eval``, ``harness.jobs.latency``, ``harness.jobs.qps``,
+``harness.jobs.lm_eval``) has a schema dataclass registered in Hydra's ConfigStore as the first entry of its defaults
 list, so values are type-checked when Hydra composes them (``limit=abc`` is refused).
 Hydra's ``+key=value`` appends even to a typed config, so :func:`check_keys` also
 rejects every key no schema or record declares, at every level (top level, model,
@@ -28,12 +28,11 @@ from hydra.errors import CompactHydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from harness.benchmarks.base import BenchmarkConfig
-from harness.catalog import ModelConfig
+from harness.models.catalog import ModelConfig, check_backend
 from harness.registry import build_method
 from specprefill.plan import Method
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-BACKENDS = ("transformers", "vllm")
 
 
 @dataclass
@@ -53,7 +52,7 @@ class CommonSchema:
 
 @dataclass
 class EvalSchema(CommonSchema):
-    """``conf/config.yaml`` (``harness.run``, ``make eval``)."""
+    """``conf/config.yaml`` (``harness.jobs.eval``, ``make eval``)."""
 
     benchmark: Any = MISSING
     length: int = 4096
@@ -65,7 +64,7 @@ class EvalSchema(CommonSchema):
 
 @dataclass
 class LatencySchema(CommonSchema):
-    """``conf/latency.yaml`` (``harness.latency``, ``make latency``)."""
+    """``conf/latency.yaml`` (``harness.jobs.latency``, ``make latency``)."""
 
     grid: Any = field(default_factory=lambda: [[2, 4096], [1, 8192]])
     warmup: int = 1
@@ -77,7 +76,7 @@ class LatencySchema(CommonSchema):
 
 @dataclass
 class QPSSchema(EvalSchema):
-    """``conf/qps.yaml`` (``harness.serving.qps``, ``make qps``)."""
+    """``conf/qps.yaml`` (``harness.jobs.qps``, ``make qps``)."""
 
     rates: Any = None
     arrival: str = "poisson"
@@ -146,8 +145,8 @@ def check_model_fits(model: Any, methods: list[Any], longest_prompt: int) -> Non
     speculator for each method that needs one; an early-exit speculator (``self_layers:M``)
     within the base's layers; then each method's own options against the model's shape
     (:meth:`specprefill.plan.Method.check_model`)."""
-    from harness.catalog import parse_speculator
-    from harness.placement import layer_count
+    from harness.models.catalog import parse_speculator
+    from harness.models.placement import layer_count
 
     for m in methods:
         if m.needs_speculator and model.speculator is None:
@@ -240,10 +239,10 @@ def longest_prompt(model: Any, benchmark: BenchmarkConfig) -> int:
 def longest_sequence(model: Any, benchmark: Any) -> int:
     """The longest sequence (tokens) a run of ``benchmark`` (a built :class:`Benchmark`) gives
     the engine: its longest prompt, the most tokens a task generates (capped by ``max_new``)
-    and :data:`harness.placement.WINDOW_MARGIN` (chat-template tokens around a truncated
+    and :data:`harness.models.placement.WINDOW_MARGIN` (chat-template tokens around a truncated
     prompt), never past the model's window (the decode budget stops there too). The model's
     window where a benchmark does not say what it generates."""
-    from harness.placement import WINDOW_MARGIN
+    from harness.models.placement import WINDOW_MARGIN
 
     answer = benchmark.max_new_tokens()
     if answer is None:
@@ -300,7 +299,7 @@ def failure_message(outcomes: list[dict[str, Any]]) -> str:
 
 @dataclass
 class LMEvalSchema(CommonSchema):
-    """``conf/lm_eval.yaml`` (``harness.lm_eval_run``, ``make lm-eval``)."""
+    """``conf/lm_eval.yaml`` (``harness.jobs.lm_eval``, ``make lm-eval``)."""
 
     tasks: Any = MISSING
     limit: int | None = None
@@ -419,11 +418,6 @@ def container(cfg: DictConfig) -> dict[str, Any]:
     c = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(c, dict)
     return {str(k): v for k, v in c.items()}
-
-
-def check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}; allowed: {list(BACKENDS)}")
 
 
 def model_from(c: dict[str, Any]) -> ModelConfig:

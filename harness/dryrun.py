@@ -1,12 +1,12 @@
 """What a dry run says before anything is downloaded or loaded, written once for every entry
-point (``harness.run``, ``harness.latency``, ``harness.serving.qps``):
+point (``harness.jobs.eval``, ``harness.jobs.latency``, ``harness.jobs.qps``):
 
 * the checkpoints: hub ids and revisions, the download and the disk it needs (from the
   transcribed architecture, ``conf/model/arch``), and gated access;
-* the placement (:meth:`harness.placement.Placement.lines`): GPUs, and per GPU the weights,
+* the placement (:meth:`harness.models.placement.Placement.lines`): GPUs, and per GPU the weights,
   the KV cache of one ``max_model_len`` sequence, the engine's activations and the speculator;
 * the compute: GPU-hours of prefill on the FLOP model ``make paper`` uses
-  (:func:`prefill_gpu_hours`, shared with :func:`harness.paper.gpu_hours`);
+  (:func:`prefill_gpu_hours`, shared with :func:`harness.rendering.paper.gpu_hours`);
 * on vLLM, which model runner runs and how positions reach it
   (:func:`specprefill.backends.vllm.runner_note`).
 """
@@ -18,9 +18,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # torch comes with these; harness.paper's report imports this module without it
-    from harness.catalog import ModelConfig
-    from harness.placement import Placement
+if TYPE_CHECKING:  # torch comes with these; harness.rendering.paper's report imports this module without it
+    from harness.models.catalog import ModelConfig
+    from harness.models.placement import Placement
 
 #: The FLOP model's GPU: dense bf16 peak of an H100/H200 SXM (FLOP/s), at an assumed 40 % utilisation.
 PEAK_FLOPS, MFU = 989e12, 0.40
@@ -49,8 +49,8 @@ def prefill_gpu_hours(arch: dict[str, Any], work: Iterable[tuple[float, int]]) -
 def _stored_gib(arch: dict[str, Any] | None, params_b: float) -> float:
     """A checkpoint's weights as stored (GiB): from its architecture in its own dtype (FP8
     layers at one byte), else ``params_b`` billion parameters in bf16."""
-    from harness.catalog import BYTES_PER_PARAM
-    from harness.placement import GIB, weight_bytes
+    from harness.models.catalog import BYTES_PER_PARAM
+    from harness.models.placement import GIB, weight_bytes
 
     if arch is None:
         return params_b * 1e9 * 2 / GIB
@@ -61,8 +61,8 @@ def _stored_gib(arch: dict[str, Any] | None, params_b: float) -> float:
 def checkpoints(model: ModelConfig, speculator: str | None) -> list[tuple[str, str, float | None]]:
     """``(role, what, GiB to download or None)`` for the base and the speculator (if the run
     loads one): hub ids with their revision, or where local weights come from."""
-    from harness.catalog import parse_speculator
-    from harness.placement import model_architecture
+    from harness.models.catalog import parse_speculator
+    from harness.models.placement import model_architecture
 
     base: tuple[str, float | None]
     if model.source == "hub" and not Path(str(model.path)).is_dir():
@@ -114,7 +114,7 @@ def checkpoint_lines(model: ModelConfig, speculator: str | None) -> list[str]:
 
 def compute_line(model: ModelConfig, placement: Placement, work: Iterable[tuple[float, int]] | None) -> str | None:
     """GPU-hours of the run's prefill (:func:`prefill_gpu_hours`), for a GPU run of a known shape."""
-    from harness.placement import engine_shape
+    from harness.models.placement import engine_shape
 
     shape = engine_shape(model)
     on_gpu = placement.gpu_memory_utilization is not None and (model.source == "hub" or placement.gpu_detected)

@@ -75,8 +75,8 @@ def hardware() -> str:
 
 
 def _weights_hash(model: Any) -> str | None:
-    from harness.catalog import ModelConfig
-    from harness.models import weights_hash
+    from harness.models.catalog import ModelConfig
+    from harness.models.loading import weights_hash
 
     return weights_hash(model) if isinstance(model, ModelConfig) else None
 
@@ -84,7 +84,7 @@ def _weights_hash(model: Any) -> str | None:
 def provenance(model: Any, backend: str, engine: Any = None, placement: Any = None) -> dict[str, Any]:
     """The provenance columns of a row: git SHA, versions (JSON), hardware, and the
     model as it ran (name, weights, dtype, speculator) on ``backend``; with the running
-    backend (``engine``) and its :class:`~harness.placement.Placement`, the quantization the
+    backend (``engine``) and its :class:`~harness.models.placement.Placement`, the quantization the
     engine applied (else the checkpoint's declared one), its share of each GPU, and the
     context window the run had (the placement's ``max_model_len``, never past the model's
     ``max_context``)."""

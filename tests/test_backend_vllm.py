@@ -97,8 +97,8 @@ def test_extra_args_only_for_non_contiguous_plans():
 
 @pytest.fixture(scope="module")
 def backends():
-    from harness.catalog import model_config
-    from harness.models import load, smollm2_dir, vllm_engine_args
+    from harness.models.catalog import model_config
+    from harness.models.loading import load, smollm2_dir, vllm_engine_args
     from specprefill.backends.transformers import TransformersBackend
 
     cfg = model_config("smollm2-135m", dtype="float32", max_context=2048)  # fp32: bitwise-stable argmax on both
@@ -220,8 +220,8 @@ def test_latency_grid_on_vllm(tmp_path, monkeypatch):
     through the same Method.plan_batch / Backend.prefill path and store as on transformers."""
     from hydra import compose, initialize_config_dir
 
-    from harness import latency as lat
     from harness.analysis.latency import summarize_latency
+    from harness.jobs import latency as lat
     from harness.store import RunStore
 
     monkeypatch.chdir(tmp_path)
@@ -317,7 +317,7 @@ def _eval(tmp_path, backend: str, **env: str):
     out = tmp_path / backend
     args = ["model=tiny-random", f"backend={backend}", "method=specprefill", "keep=0.3", "limit=1",
             "tasks=[niah_single_1]", f"out={out}"]  # fmt: skip
-    proc = subprocess.run([sys.executable, "-m", "harness.run", *args], capture_output=True, text=True, timeout=600,
+    proc = subprocess.run([sys.executable, "-m", "harness.jobs.eval", *args], capture_output=True, text=True, timeout=600,
                           cwd=Path(__file__).resolve().parents[1], env={**os.environ, **env})  # fmt: skip
     return proc, out
 
@@ -352,8 +352,8 @@ def test_small_random_models_give_vllm_their_weights_large_ones_dummy(monkeypatc
     model (synth1b) gets vLLM's dummy weights, and its engine is recorded as unchecked."""
     from safetensors.torch import load_file
 
-    from harness.catalog import model_config
-    from harness.models import load, vllm_model
+    from harness.models.catalog import model_config
+    from harness.models.loading import load, vllm_model
 
     monkeypatch.setenv("SPECPREFILL_CACHE", str(tmp_path))
     cfg = model_config("tiny-random")

@@ -12,8 +12,8 @@ from baselines.rag import RagBM25, RagDense, chunk
 from baselines.random_keep import RandomKeep
 from baselines.truncate import Truncate
 from harness.benchmarks import ruler
-from harness.catalog import model_config
-from harness.models import load
+from harness.models.catalog import model_config
+from harness.models.loading import load
 from harness.types import Sample
 from specprefill import Prompt, SpecPrefill
 from specprefill.backends.transformers import TransformersBackend

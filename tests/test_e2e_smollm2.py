@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.run import RunConfig, execute, prepare
+from harness.jobs.eval import RunConfig, execute, prepare
 from tests.test_run import _cfg
 
 
@@ -36,7 +36,7 @@ def test_smollm2_ruler_full_and_specprefill(tmp_path, monkeypatch):
 def test_smollm2_keep_one_equals_full_prefill(smollm2_tokenizer):
     import torch
 
-    from harness.models import load
+    from harness.models.loading import load
     from specprefill import FullPrefill, Prompt, SpecPrefill
     from specprefill.backends.transformers import TransformersBackend
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from harness import latency, run
+from harness.jobs import eval as run
+from harness.jobs import latency
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
@@ -139,7 +140,7 @@ def test_latency_checks_the_model_shape_and_out_too(a_file):
 
 
 def _cli(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "harness.run", *args]
+    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "harness.jobs.eval", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
@@ -154,12 +155,12 @@ def test_a_config_error_is_one_line_not_a_traceback(tmp_path, a_file):
 
 
 # Every sample raises (the prompt builder the runner imports is replaced before it runs as
-# __main__, as `python -m harness.run` would), so every row of the run is a failed row.
+# __main__, as `python -m harness.jobs.eval` would), so every row of the run is a failed row.
 FAILING = (
     "import runpy, sys\nimport harness.prompts as p\n"
     "def boom(*a, **k):\n    raise RuntimeError('injected failure')\n"
-    "p.sample_prompt = boom\nsys.argv = ['harness.run', *sys.argv[1:]]\n"
-    "runpy.run_module('harness.run', run_name='__main__', alter_sys=True)\n"
+    "p.sample_prompt = boom\nsys.argv = ['harness.jobs.eval', *sys.argv[1:]]\n"
+    "runpy.run_module('harness.jobs.eval', run_name='__main__', alter_sys=True)\n"
 )
 
 
@@ -209,7 +210,7 @@ def test_a_full_disk_mid_run_fails_cleanly_and_the_next_run_resumes(tmp_path, mo
     import pandas as pd
     from hydra.errors import CompactHydraException
 
-    from harness.run import RunConfig, execute, prepare
+    from harness.jobs.eval import RunConfig, execute, prepare
     from harness.store import RunStore, StoreWriteError
 
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
@@ -250,7 +251,7 @@ def test_a_sweep_killed_at_random_moments_loses_and_duplicates_nothing(tmp_path)
 
     from harness.store import read_results
 
-    args = [sys.executable, "-m", "harness.run", "model=tiny-random", "method=full,specprefill", "keep=0.3",
+    args = [sys.executable, "-m", "harness.jobs.eval", "model=tiny-random", "method=full,specprefill", "keep=0.3",
             "length=1024", "tasks=[niah_single_1,qa_1]", "limit=2", f"out={tmp_path}"]  # fmt: skip
     rng = random.Random(7)
     seen = []
@@ -345,7 +346,7 @@ def test_every_list_valued_key_of_every_entry_point_is_known():
     } and "grid" in LatencySchema.__dataclass_fields__
 
 
-def _plans(*args: str, module: str = "harness.run") -> tuple[subprocess.CompletedProcess, list[str]]:
+def _plans(*args: str, module: str = "harness.jobs.eval") -> tuple[subprocess.CompletedProcess, list[str]]:
     r = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
     return r, [ln for ln in r.stdout.splitlines() if ln.startswith(("[dry run]", "[latency plan]"))]
 
@@ -366,7 +367,7 @@ def test_make_eval_tasks_comma_list_plans_every_task_and_sweeps_of_lists_all_run
         "+hydra.sweeper.params.tasks='niah_single_1,vt'", "method=full", "dry_run=true", f"out={tmp_path}"
     )
     assert r.returncode == 0 and len(plans) == 1 and "tasks=['niah_single_1', 'vt']" in plans[0], plans
-    r, plans = _plans("rates=0.1,0.2", "method=full", "dry_run=true", f"out={tmp_path}", module="harness.serving.qps")
+    r, plans = _plans("rates=0.1,0.2", "method=full", "dry_run=true", f"out={tmp_path}", module="harness.jobs.qps")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("[qps plan]") == 1 and "rates [0.1, 0.2];" in r.stdout, r.stdout  # one job, both rates
 
@@ -415,15 +416,15 @@ def test_the_command_line_prints_the_one_line(tmp_path):
         (["keep=0.1,"], "keep=0.1, ends with a comma"),
         (["benchmark=longbench", "length=8192"], "length=8192: benchmark 'longbench' does not use it"),
     ]:
-        r = subprocess.run([sys.executable, "-m", "harness.run", *args, "dry_run=true", f"out={tmp_path / 'o'}"],
+        r = subprocess.run([sys.executable, "-m", "harness.jobs.eval", *args, "dry_run=true", f"out={tmp_path / 'o'}"],
                            cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
         assert r.returncode == 1 and r.stderr.strip().splitlines() == [r.stderr.strip().splitlines()[0]], r.stderr
         assert r.stderr.startswith(expect), r.stderr
-    r = subprocess.run([sys.executable, "-m", "harness.latency", "grid=[1,256],[1,512]", "dry_run=true"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "harness.jobs.latency", "grid=[1,256],[1,512]", "dry_run=true"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 1 and r.stderr.startswith("grid=[1,256],[1,512]: a comma list is a sweep"), r.stderr
     # a sweep from a config (hydra.sweeper.params) is composed point by point in the sweeper: the bad point named
-    r = subprocess.run([sys.executable, "-m", "harness.run", "hydra.sweeper.params.keep='0.1,abc'", "method=specprefill",
+    r = subprocess.run([sys.executable, "-m", "harness.jobs.eval", "hydra.sweeper.params.keep='0.1,abc'", "method=specprefill",
                         "dry_run=true", f"out={tmp_path / 'o'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "1 of 2 sweep point(s) are invalid" in r.stderr, r.stderr
@@ -451,7 +452,7 @@ def _rows_folder(tmp_path: Path, n: int = 2):
 
 @pytest.mark.parametrize("which", ["rows.parquet", "part"])
 def test_a_damaged_rows_file_is_named_skipped_by_readers_and_moved_aside_by_its_run(tmp_path, capsys, which):
-    from harness import report
+    from harness.rendering import report
     from harness.store import read_results
 
     store = _rows_folder(tmp_path)
@@ -498,14 +499,14 @@ def test_a_resumed_run_removes_the_temporary_files_a_killed_writer_left(tmp_path
 def test_make_report_refuses_a_missing_folder_or_a_file_in_one_line(tmp_path, a_file):
     missing = tmp_path / "nonexistent"
     for out, expect in [(missing, "does not exist"), (a_file, "is a file")]:
-        r = subprocess.run([sys.executable, "-m", "harness.report", str(out)], cwd=ROOT, capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "harness.rendering.report", str(out)], cwd=ROOT, capture_output=True,
                            text=True, timeout=300)  # fmt: skip
         assert r.returncode == 1 and r.stderr.strip() == (
             f"out={str(out)!r} {expect}; allowed: a results folder (the out= of a run)"
         ), r.stderr
     assert not missing.exists()
     (tmp_path / "plots").write_text("")
-    from harness.report import report_problem
+    from harness.rendering.report import report_problem
 
     assert report_problem(tmp_path) == f"{tmp_path / 'plots'} is a file where the report's figures go; allowed: move it away or delete it"  # fmt: skip
 
@@ -604,7 +605,7 @@ def test_an_unknown_lm_eval_task_is_refused_before_any_model_and_leaves_no_folde
     """lm-eval's TaskManager lists task names from the yamls, no model: the 47 s model build
     (and the run folder it left) came before this refusal."""
     out = tmp_path / "le"
-    r = subprocess.run([sys.executable, "-m", "harness.lm_eval_run", "tasks=nonexistent", f"out={out}"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "harness.jobs.lm_eval", "tasks=nonexistent", f"out={out}"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 1, r.stderr
     assert r.stderr.startswith("tasks: unknown lm-eval task(s) ['nonexistent']; allowed:"), r.stderr

@@ -11,8 +11,8 @@ import pytest
 
 from harness import integrity
 from harness.benchmarks import ruler
-from harness.catalog import model_config
 from harness.integrity import ensure, fingerprint, problems, write_manifest
+from harness.models.catalog import model_config
 
 
 def _new_process():
@@ -112,7 +112,7 @@ def test_a_damaged_ruler_cache_is_regenerated(tmp_path, monkeypatch, smollm2_inf
 
 
 def test_a_damaged_smollm2_checkpoint_is_rebuilt(tmp_path, monkeypatch):
-    from harness import models
+    from harness.models import loading as models
 
     real_dir = models.smollm2_dir()  # the verified checkpoint of this machine
     monkeypatch.setenv("SPECPREFILL_CACHE", str(tmp_path))

@@ -1,4 +1,4 @@
-"""The one job lifecycle (harness/jobs.py): resume, failure rows, the shared row prefix, the
+"""The one job lifecycle (harness/jobs/lifecycle.py): resume, failure rows, the shared row prefix, the
 report refresh, for every runner."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import Any, ClassVar
 
 import pytest
 
-from harness import jobs
+from harness.jobs import lifecycle as jobs
 from harness.store import RunStore
 from specprefill.plan import Unsupported
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNNERS = ["harness/run.py", "harness/latency.py", "harness/serving/qps.py", "harness/lm_eval_run.py"]
+RUNNERS = ["harness/jobs/eval.py", "harness/jobs/latency.py", "harness/jobs/qps.py", "harness/jobs/lm_eval.py"]
 
 
 @dataclass
@@ -102,7 +102,7 @@ def test_a_kind_whose_failures_are_measurements_does_not_redo_them(tmp_path):
 
 @pytest.mark.parametrize("runner", RUNNERS)
 def test_no_runner_writes_its_own_lifecycle(runner):
-    """Resume, failure rows, appending and the report refresh live in harness/jobs.py alone."""
+    """Resume, failure rows, appending and the report refresh live in harness/jobs/lifecycle.py alone."""
     text = (ROOT / runner).read_text()
     for own in ("done_units(", "except Unsupported", "format_exc(", "store.append(", "write_all(", "recording_errors("):
         assert own not in text, (runner, own)

@@ -11,9 +11,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from harness import latency as lat
-from harness.catalog import model_config
-from harness.models import load
+from harness.jobs import latency as lat
+from harness.models.catalog import model_config
+from harness.models.loading import load
 from harness.store import RunStore, read_results
 from harness.timing import flops
 from specprefill import SpecPrefill
@@ -230,7 +230,7 @@ def test_config_errors_name_the_value(tmp_path):
 
 
 def test_dry_run_plans_without_loading(monkeypatch, tmp_path):
-    from harness import models
+    from harness.models import loading as models
 
     def boom(*a, **k):
         raise AssertionError("dry run loaded a model")

@@ -17,7 +17,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from harness.config import ConfigError
-from harness.lm_eval_run import packaged_ruler_data, prepare
+from harness.jobs.lm_eval import prepare
+from harness.lm_eval.data import packaged_ruler_data
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
@@ -122,9 +123,9 @@ def test_lm_eval_folder_depends_on_the_tasks_and_the_method(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_lm():
-    from harness.backends import make_backend
-    from harness.catalog import model_config
-    from harness.lm_eval_model import SpecPrefillLM
+    from harness.lm_eval.model import SpecPrefillLM
+    from harness.models.backends import make_backend
+    from harness.models.catalog import model_config
     from specprefill import SpecPrefill
 
     model = model_config("tiny-random")
@@ -196,7 +197,7 @@ def test_lm_evals_own_model_args_build_our_model():
     Hydra configs, method options by name; a wrong option is named."""
     from lm_eval.api.registry import get_model
 
-    import harness.lm_eval_model  # noqa: F401  (registers "specprefill", as the README says)
+    import harness.lm_eval.model  # noqa: F401  (registers "specprefill", as the README says)
 
     cls = get_model("specprefill")
     lm = cls.create_from_arg_string(
@@ -212,13 +213,13 @@ def test_lm_evals_own_model_args_build_our_model():
 
 
 def test_lm_evals_own_command_line_runs_our_model(tmp_path):
-    """`python -m harness.lm_eval_cli` is lm-eval's command line with `specprefill`
+    """`python -m harness.lm_eval.cli` is lm-eval's command line with `specprefill`
     registered: pretrained= a conf model, speculator= and method options in --model_args,
     a local task found without --include_path; lm-eval's results JSON records what ran."""
     import sys
 
     model_args = "pretrained=tiny-random,speculator=self_layers:2,method=specprefill,keep=0.3,pool_kernel=5"
-    cmd = [sys.executable, "-m", "harness.lm_eval_cli", "--model", "specprefill", "--model_args", model_args,
+    cmd = [sys.executable, "-m", "harness.lm_eval.cli", "--model", "specprefill", "--model_args", model_args,
            "--tasks", "specprefill_local_qa", "--limit", "2", "--output_path", str(tmp_path)]  # fmt: skip
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -236,7 +237,7 @@ def test_the_wrapper_registers_ours_beside_lm_evals_own_models():
     """In a fresh process (lm-eval imports its own models only into an empty registry)."""
     import sys
 
-    code = "from harness.lm_eval_cli import register; register(); from lm_eval.api.registry import get_model; "
+    code = "from harness.lm_eval.cli import register; register(); from lm_eval.api.registry import get_model; "
     code += "print(get_model('specprefill').__name__, get_model('hf').__name__)"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.split() == ["SpecPrefillLM", "HFLM"], r.stderr[-2000:]
@@ -249,9 +250,9 @@ def test_pretrained_is_a_conf_model_a_hub_id_or_a_folder(tmp_path, monkeypatch):
     from lm_eval.api.registry import get_model
     from transformers import AutoConfig
 
-    from harness.catalog import model_config
-    from harness.lm_eval_model import model_entry
-    from harness.models import load
+    from harness.lm_eval.model import model_entry
+    from harness.models.catalog import model_config
+    from harness.models.loading import load
 
     assert model_entry("tiny-random") == ("tiny-random", None)
     monkeypatch.setattr(AutoConfig, "from_pretrained", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))

@@ -24,7 +24,7 @@ def make_line(target: str, *args: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "target,module", [("eval", "harness.run"), ("latency", "harness.latency"), ("qps", "harness.serving.qps")]
+    "target,module", [("eval", "harness.jobs.eval"), ("latency", "harness.jobs.latency"), ("qps", "harness.jobs.qps")]
 )
 def test_every_target_passes_the_same_spelling_through(target, module):
     args = ["model=tiny-random", "method=full,specprefill", "keep=0.1,0.3", "backend=vllm", "tasks=all",
@@ -38,7 +38,7 @@ def test_every_target_passes_the_same_spelling_through(target, module):
 def test_make_report_takes_the_folder():
     out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "report", "out=results/x"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
-    assert ".venv/bin/python -m harness.report results/x" in out
+    assert ".venv/bin/python -m harness.rendering.report results/x" in out
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -62,7 +62,7 @@ def test_make_eval_dry_run_plans_the_default_sweep_and_loads_nothing(tmp_path):
 
 
 def test_a_bad_sweep_point_stops_the_sweep_before_anything_runs(tmp_path):
-    proc = _run("harness.run", "model=tiny-random", "method=full,specprefill", "keep=0.3,1.5", "limit=1",
+    proc = _run("harness.jobs.eval", "model=tiny-random", "method=full,specprefill", "keep=0.3,1.5", "limit=1",
                 "length=1024", f"out={tmp_path}")  # fmt: skip
     assert proc.returncode != 0
     # full prefill ignores keep, but a keep of 1.5 is refused for it too (a typo must not pass)
@@ -73,7 +73,7 @@ def test_a_bad_sweep_point_stops_the_sweep_before_anything_runs(tmp_path):
 
 
 def test_python_entry_point_and_make_run_the_same_default_sweep(tmp_path):
-    direct = _run("harness.run", "dry_run=true", f"out={tmp_path}")
+    direct = _run("harness.jobs.eval", "dry_run=true", f"out={tmp_path}")
     assert direct.returncode == 0, direct.stderr[-2000:]
     made = subprocess.run(["make", "-o", ".venv/.installed", "eval", "dry_run=true", f"out={tmp_path}"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -82,17 +82,17 @@ def test_python_entry_point_and_make_run_the_same_default_sweep(tmp_path):
 
 
 def test_latency_and_qps_dry_runs_sweep_too(tmp_path):
-    lat = _run("harness.latency", "model=tiny-random", "method=full,specprefill,truncate", "keep=0.3",
+    lat = _run("harness.jobs.latency", "model=tiny-random", "method=full,specprefill,truncate", "keep=0.3",
                "grid=[[1,1024]]", "dry_run=true", f"out={tmp_path}")  # fmt: skip
     assert lat.returncode == 0, lat.stderr[-2000:]
     assert lat.stdout.count("[latency plan]") == 3
-    q = _run("harness.serving.qps", "model=tiny-random", "dry_run=true", "length=1024", f"out={tmp_path}")
+    q = _run("harness.jobs.qps", "model=tiny-random", "dry_run=true", "length=1024", f"out={tmp_path}")
     assert q.returncode == 0, q.stderr[-2000:]
     assert q.stdout.count("[qps plan]") == 2
 
 
 def test_a_backend_sweep_gives_one_job_per_backend(tmp_path):
-    proc = _run("harness.run", "model=tiny-random", "method=full", "backend=transformers,vllm", "dry_run=true",
+    proc = _run("harness.jobs.eval", "model=tiny-random", "method=full", "backend=transformers,vllm", "dry_run=true",
                 f"out={tmp_path}")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     plans = [ln for ln in proc.stdout.splitlines() if ln.startswith("[dry run]")]

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from harness.benchmarks import ruler
-from harness.catalog import model_config
 from harness.config import CONF, method_conf
-from harness.models import load
+from harness.models.catalog import model_config
+from harness.models.loading import load
 from harness.prompts import sample_prompt
 from harness.registry import build_method, method_names
 from specprefill.backends.transformers import TransformersBackend

@@ -18,7 +18,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import baselines.minference as mi
-from harness import latency as lat
+from harness.jobs import latency as lat
 from harness.store import RunStore
 from specprefill.backends.transformers import TransformersBackend
 
@@ -154,8 +154,8 @@ def test_a_method_acting_inside_the_model_is_refused_where_the_hook_cannot_reach
     reference run at full cost, so each entry point refuses it before anything loads."""
     import dataclasses
 
-    from harness import run
-    from harness.catalog import model_config
+    from harness.jobs import eval as run
+    from harness.models.catalog import model_config
     from harness.serving.front import Planner
 
     with pytest.raises(ValueError, match=r"'minference' acts inside the base model.*backend='vllm'"):
@@ -170,7 +170,7 @@ def test_a_method_acting_inside_the_model_is_refused_where_the_hook_cannot_reach
 
 
 def _eval_job(tmp_path: Path, *overrides: str) -> Any:
-    from harness import run
+    from harness.jobs import eval as run
 
     common = ["model=tiny-random", "length=1024", "tasks=[niah_single_1,vt]", "limit=1", f"out={tmp_path / 'res'}"]
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
@@ -179,7 +179,7 @@ def _eval_job(tmp_path: Path, *overrides: str) -> Any:
 
 
 def test_eval_without_cuda_records_every_sample_unsupported(tmp_path, monkeypatch):
-    from harness import run
+    from harness.jobs import eval as run
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -189,7 +189,7 @@ def test_eval_without_cuda_records_every_sample_unsupported(tmp_path, monkeypatc
 
 
 def test_eval_decodes_each_sample_inside_the_hook(tmp_path, monkeypatch, fake_minference):
-    from harness import run
+    from harness.jobs import eval as run
 
     monkeypatch.chdir(tmp_path)
     ran_patched: list[bool] = []

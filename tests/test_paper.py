@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from harness import paper
+from harness.rendering import paper
 from harness.store import RunStore, record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,7 +152,7 @@ def test_every_experiment_dry_runs(name, tmp_path):
     import sys
 
     r = subprocess.run(
-        [sys.executable, "-m", "harness.paper", "run", "--table", name, "--dry-run", "--root", str(tmp_path)],
+        [sys.executable, "-m", "harness.rendering.paper", "run", "--table", name, "--dry-run", "--root", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -167,7 +167,7 @@ def test_a_command_that_cannot_run_in_its_table_is_named_not_launched_and_not_co
 
     from hydra import compose, initialize_config_dir
 
-    from harness import latency
+    from harness.jobs import latency
 
     exp = paper.load_experiment("latency_grid")
     v = exp.variants["paper"]
@@ -355,7 +355,7 @@ def test_an_unknown_table_or_variant_is_one_line(args, line, tmp_path):
     import sys
 
     r = subprocess.run(
-        [sys.executable, "-m", "harness.paper", "run", *args, "--root", str(tmp_path)],
+        [sys.executable, "-m", "harness.rendering.paper", "run", *args, "--root", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr

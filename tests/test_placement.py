@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
-from harness.catalog import model_config
-from harness.placement import (
+from harness.models.catalog import model_config
+from harness.models.placement import (
     GIB,
     RESERVE_GIB,
     WINDOW_SLACK_GIB,
@@ -95,7 +95,7 @@ def test_the_engine_leaves_room_for_the_speculator_on_its_gpus(monkeypatch):
 def test_the_fp8_checkpoint_is_planned_with_its_own_quantization_and_never_forced(monkeypatch, tmp_path):
     import torch
 
-    from harness import models
+    from harness.models import loading as models
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     p = plan(model_config("llama405b"), "vllm", True, RULER_4K)
@@ -116,7 +116,7 @@ def test_paper_models_default_to_vllm_and_the_dry_run_says_what_they_need(capsys
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # planned on the config's 80 GiB GPUs
 
     from harness.config import CONF
-    from harness.run import RunConfig, main
+    from harness.jobs.eval import RunConfig, main
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["model=llama405b", "keep=0.1", "dry_run=true"])
@@ -229,7 +229,7 @@ def test_the_8b_on_one_gpu_holds_its_whole_window_beside_the_speculator(monkeypa
 
 
 def test_the_405b_window_on_80_gib_is_lowered_to_the_run_or_refused_with_the_numbers(monkeypatch):
-    from harness import models
+    from harness.models import loading as models
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     # Prompts of the whole window: 56.7 GiB of weights + 7.9 of KV cache + activations do not fit
@@ -289,7 +289,7 @@ def test_decode_budget_and_rows_keep_to_the_engines_window(monkeypatch):
     from harness.provenance import provenance
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    from harness.run import decode_budget
+    from harness.jobs.eval import decode_budget
     from harness.types import Sample
 
     s = Sample(benchmark="b", task="t", sample_id=0, length=1, instruction="", context="", question="",
@@ -304,7 +304,8 @@ def test_decode_budget_and_rows_keep_to_the_engines_window(monkeypatch):
 
 def test_the_planned_window_and_share_reach_the_engine(monkeypatch):
     import specprefill.backends.vllm as vllm_backend
-    from harness import backends, models
+    from harness.models import backends
+    from harness.models import loading as models
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     p = plan(model_config("llama405b"), "vllm", True, 65536 + 128 + 256)

@@ -10,8 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from harness.analysis.serving import point_stats, summarize_qps, summarize_qps_rates
+from harness.jobs.qps import QPSConfig, next_rate, passes, prepare, request_text, truncate_at_stop
 from harness.serving import qps
-from harness.serving.qps import QPSConfig, next_rate, passes, prepare, request_text, truncate_at_stop
 from harness.store import RunStore
 from harness.types import Sample
 
@@ -216,7 +216,7 @@ def test_the_server_command_disables_prefix_caching(monkeypatch, tmp_path):
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(capsys):
-    from harness.serving.qps import plan_text
+    from harness.jobs.qps import plan_text
 
     job = prepare(_cfg("method=specprefill", "keep=0.1"))
     text = plan_text(job)
@@ -266,8 +266,8 @@ def test_served_full_and_specprefill_smoke(tmp_path):
     assert set(summary["method"]) == {"full", "specprefill"} and summary["max_qps"].notna().all()
     # What was served equals the offline reference (transformers backend, same plan):
     # the position hook holds inside `vllm serve` too, and the front plans as the runner does.
-    from harness.run import RunConfig, execute
-    from harness.run import prepare as prepare_run
+    from harness.jobs.eval import RunConfig, execute
+    from harness.jobs.eval import prepare as prepare_run
 
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         for m, folder in zip(("full", "specprefill"), folders, strict=True):
@@ -351,8 +351,8 @@ def test_a_server_that_dies_mid_rate_stops_the_run_cleanly_and_the_rate_is_measu
 def test_a_served_engine_without_the_position_hook_is_refused(tmp_path, monkeypatch):
     """`vllm serve` answering the canary the same at any positions (no hook, or Model Runner
     V2) is refused in one line before any rate runs; one that moves with them is recorded."""
-    from harness.backends import EngineRefused
-    from harness.catalog import model_config
+    from harness.models.backends import EngineRefused
+    from harness.models.catalog import model_config
 
     log = tmp_path / "vllm_serve.log"
     log.write_text("INFO ... Using V2 Model Runner\n")

@@ -41,7 +41,7 @@ def touched(copy: Path) -> list[str]:
 
 def run_eval(copy: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "harness.run", "model=tiny-random", "limit=2", f"out={out}", *overrides],
+        [sys.executable, "-m", "harness.jobs.eval", "model=tiny-random", "limit=2", f"out={out}", *overrides],
         cwd=copy, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
 

@@ -252,7 +252,7 @@ def test_every_suite_command_plans(suite, tmp_path):
     from harness.regress import suite_commands
 
     cmds = suite_commands(tmp_path / "cand", ROOT / "conf" / suite)
-    assert [c[2] for c in cmds] == ["harness.run", "harness.latency"]
+    assert [c[2] for c in cmds] == ["harness.jobs.eval", "harness.jobs.latency"]
     for cmd in cmds:
         r = subprocess.run([*cmd, "dry_run=true"], cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]

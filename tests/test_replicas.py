@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.catalog import model_config
-from harness.models import replica_folder, vllm_engine_args
-from harness.placement import architecture
+from harness.models.catalog import model_config
+from harness.models.loading import replica_folder, vllm_engine_args
+from harness.models.placement import architecture
 
 REPLICAS = {"llama8b-replica": 4, "llama70b-replica": 8, "llama405b-replica": 16}  # the real GQA ratios
 
@@ -63,7 +63,7 @@ def test_replica_on_vllm_with_two_cpu_ranks_equals_transformers(smollm2_tokenize
     processes) equals the transformers backend's, at keep 1.0 and 0.3 (original positions)."""
     import dataclasses
 
-    from harness.backends import make_backend
+    from harness.models.backends import make_backend
     from specprefill import FullPrefill, Prompt, SpecPrefill
 
     cfg = model_config("llama70b-replica", max_context=2048)

@@ -179,7 +179,7 @@ def test_the_plot_marks_partial_points(tmp_path):
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    from harness.plots import score_vs_keep as plot_score_vs_keep
+    from harness.rendering.plots import score_vs_keep as plot_score_vs_keep
 
     df = pd.DataFrame(
         _rows("full", None, "f", 80.0, 4.0, ["t1"])
@@ -260,7 +260,7 @@ def test_speculator_depth_table_and_the_choice_of_depth():
     def spec(depth, score, ttft, keep=0.1):
         rows = _rows("specprefill", keep, f"d{depth}-{keep}", score, ttft, ["t1", "t2"],
                      mopts={"keep_rate": keep, "lookahead": 1})  # fmt: skip
-        # the FLOP model's counts (harness.run records them per sample): 1e9 full, 1e8 the method
+        # the FLOP model's counts (harness.jobs.eval records them per sample): 1e9 full, 1e8 the method
         return [{**r, "speculator": f"self_layers:{depth}", "speculator_s": ttft / 2, "flops_full": 1e9,
                  "flops_method": 2e8} for r in rows]  # fmt: skip
 

@@ -86,7 +86,7 @@ _OTHER_PROCESS = """
 import json, sys
 from transformers import AutoTokenizer
 from harness.benchmarks import ruler
-from harness.models import smollm2_dir
+from harness.models.loading import smollm2_dir
 from harness.types import PromptFormat
 from tests.test_ruler import _digest
 tok = AutoTokenizer.from_pretrained(smollm2_dir())

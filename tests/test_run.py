@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from harness import run as run_mod
-from harness.catalog import ModelConfig
-from harness.models import check_runnable
-from harness.run import RunConfig, execute, prepare
+from harness.jobs import eval as run_mod
+from harness.jobs.eval import RunConfig, execute, prepare
+from harness.models.catalog import ModelConfig
+from harness.models.loading import check_runnable
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -151,7 +151,7 @@ def test_hub_loading_code_runs_on_a_local_folder(tmp_path, smollm2_tokenizer):
     """The `source: hub` path (from_pretrained) exercised on local files, speculator included."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from harness.models import load
+    from harness.models.loading import load
 
     cfg = LlamaConfig(
         vocab_size=len(smollm2_tokenizer),
@@ -251,8 +251,8 @@ def test_baseline_rows_record_scope_and_method_cost(tiny_run):
 
 
 def test_dry_run_prints_the_plan_and_resources_without_loading(monkeypatch, capsys):
-    from harness import models
-    from harness.run import main
+    from harness.jobs.eval import main
+    from harness.models import loading as models
 
     def boom(*a, **k):
         raise AssertionError("a dry run loaded a model")
@@ -284,7 +284,7 @@ def test_run_identity_is_stable_across_added_model_fields():
 def test_vllm_plans_an_early_exit_speculator_beside_the_engine(capsys):
     """`backend=vllm` with `speculator: self_layers:M`: the engine serves the base, and the
     transformers copy of the base's first M layers speculates beside it."""
-    from harness.run import main
+    from harness.jobs.eval import main
 
     assert _job("backend=vllm", "method=specprefill").cfg.backend == "vllm"
     main.__wrapped__(_cfg("model=tiny-random", "backend=vllm", "dry_run=true"))  # type: ignore[attr-defined]
@@ -302,8 +302,8 @@ def test_tasks_all_means_every_task():
 def test_every_method_gets_the_same_decode_budget():
     """A method that re-numbers its kept tokens from 0 (next position K < N) must not get
     a longer answer than full prefill: the budget is counted after the whole prompt."""
-    from harness.catalog import model_config
-    from harness.run import decode_budget
+    from harness.jobs.eval import decode_budget
+    from harness.models.catalog import model_config
     from harness.types import Sample
 
     s = Sample(benchmark="b", task="t", sample_id=0, length=1, instruction="", context="", question="",
@@ -319,7 +319,7 @@ def test_decode_budget_is_recorded_and_equal_across_position_modes(tiny_run, mon
     import pandas as pd
 
     from harness.benchmarks.base import Benchmark
-    from harness.catalog import ModelConfig
+    from harness.models.catalog import ModelConfig
 
     _out, common = tiny_run
     # A 950-token window under RULER's 1024-token samples (prompt + answer): the window,
@@ -338,10 +338,10 @@ def test_decode_budget_is_recorded_and_equal_across_position_modes(tiny_run, mon
 
 
 def test_multi_node_models_plan_ray_and_say_what_they_need(monkeypatch, capsys):
-    from harness import models
-    from harness.catalog import model_config
-    from harness.models import check_runnable, vllm_engine_args
-    from harness.run import main
+    from harness.jobs.eval import main
+    from harness.models import loading as models
+    from harness.models.catalog import model_config
+    from harness.models.loading import check_runnable, vllm_engine_args
 
     main.__wrapped__(_cfg("model=llama405b-bf16-2node", "backend=vllm", "dry_run=true"))  # type: ignore[attr-defined]
     out = capsys.readouterr().out
@@ -386,7 +386,7 @@ def test_submitit_launcher_runs_sweep_points_as_jobs(tmp_path):
 
     out = tmp_path / "r"
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.run", "--multirun", "hydra/launcher=local", "method=full,specprefill",
+        [sys.executable, "-m", "harness.jobs.eval", "--multirun", "hydra/launcher=local", "method=full,specprefill",
          "keep=0.3", "dry_run=true", f"out={out}"],
         capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
     )  # fmt: skip

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from harness.benchmarks.base import Benchmark, TokenizerInfo
-from harness.catalog import ModelConfig
-from harness.models import load_tokenizer, tokenizer_id
+from harness.models.catalog import ModelConfig
+from harness.models.loading import load_tokenizer, tokenizer_id
 from harness.types import PromptFormat, Sample
 
 

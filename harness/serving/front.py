@@ -238,8 +238,8 @@ class Planner:
     """Tokenizer, speculator backend and method; plans a batch of prompts per call (worker thread)."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        from harness.backends import speculator_backend
-        from harness.catalog import ModelConfig
+        from harness.models.backends import speculator_backend
+        from harness.models.catalog import ModelConfig
         from harness.registry import build_method
 
         model = ModelConfig(**spec["model"])

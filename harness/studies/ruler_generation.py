@@ -28,7 +28,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from harness.benchmarks import ruler
-    from harness.models import smollm2_dir
+    from harness.models.loading import smollm2_dir
     from harness.types import PromptFormat
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir())

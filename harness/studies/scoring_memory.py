@@ -31,7 +31,7 @@ def _rss_mib() -> float:
 
 
 def _tiny(n: int) -> Any:
-    from harness.catalog import model_config
+    from harness.models.catalog import model_config
 
     return model_config("tiny-random", max_context=n + 64, speculator="self_layers:2")
 
@@ -40,7 +40,7 @@ def child_speculate(n: int, lookahead: int, path: Path) -> dict[str, float]:
     """Speculator prefill + look-ahead with query capture; saves the capture for scoring."""
     import torch
 
-    from harness.models import load
+    from harness.models.loading import load
     from specprefill.backends.transformers import TransformersBackend
 
     lm = load(_tiny(n))

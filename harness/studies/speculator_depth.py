@@ -28,13 +28,13 @@ import pandas as pd
 
 from harness.analysis.latency import summarize_latency
 from harness.analysis.quality import summarize
-from harness.catalog import early_exit_layers
+from harness.models.catalog import early_exit_layers
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_multikey_1"]
 
 
 def run_sweep(out: Path, limit: int, depths: list[int], keeps: list[float]) -> None:
-    common = [sys.executable, "-m", "harness.run", "model=smollm2-135m", "length=4096", f"limit={limit}",
+    common = [sys.executable, "-m", "harness.jobs.eval", "model=smollm2-135m", "length=4096", f"limit={limit}",
               f"tasks=[{','.join(TASKS)}]", f"out={out}"]  # fmt: skip
     subprocess.run([*common, "method=full", "keep=1"], check=True)
     speculators = ",".join(f"self_layers:{m}" for m in depths)
@@ -50,7 +50,7 @@ def run_latency(out: Path, depths: list[int], keeps: list[float], iters: int) ->
     speed drifts by 20 % over minutes, its ratios drift with it.)"""
     speculators = ",".join(f"self_layers:{m}" for m in depths)
     keep = ",".join(f"{k:g}" for k in keeps)
-    subprocess.run([sys.executable, "-m", "harness.latency", "model=smollm2-135m", "grid=[[1,4096]]", "warmup=1",
+    subprocess.run([sys.executable, "-m", "harness.jobs.latency", "model=smollm2-135m", "grid=[[1,4096]]", "warmup=1",
                     f"iters={iters}", "method=specprefill", f"keep={keep}", f"model.speculator={speculators}",
                     f"out={out}"], check=True)  # fmt: skip
 
@@ -149,7 +149,7 @@ def main() -> None:
         run_sweep(a.out, a.limit, a.depths, a.keeps)
         if not a.no_latency:
             run_latency(a.out / "latency", a.depths, a.keeps, a.iters)
-    from harness import plots
+    from harness.rendering import plots
     from harness.store import read_rows
 
     every = read_rows(sorted({p.parent for p in a.out.rglob("rows.parquet")}))

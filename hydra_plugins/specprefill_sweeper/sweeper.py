@@ -4,7 +4,7 @@ distinct job once.
 Hydra's basic sweeper composes each job's config up front but only checks that it
 composes. This one also builds each job with ``validate`` (a dotted path to a function
 taking the job's composed config and returning the job's identity, e.g. its run folder;
-``harness.run.validate``) and refuses the whole sweep, naming every bad point, before any
+``harness.jobs.eval.validate``) and refuses the whole sweep, naming every bad point, before any
 model loads: a typo in the last of twelve sweep points must not surface hours into the
 first eleven. Points with the same identity (full prefill swept over keep rates, which
 it ignores) run once; points that differ in anything but the method's shorthands (``keep``,

@@ -42,7 +42,7 @@ def cache_key(task: str, length: int, fmt: PromptFormat, tokenizer_id: str) -> s
 
 
 def _cache_dir() -> Path:
-    from harness.catalog import cache_root
+    from harness.models.catalog import cache_root
 
     return cache_root() / "ruler"
 

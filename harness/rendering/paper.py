@@ -7,9 +7,9 @@ experiment (``conf/experiment/paper_<table>.yaml``) with a ``paper`` variant (th
 models, GPUs) and a ``cpu`` variant (SmolLM2 on offline data, the table's shape kept), each a
 list of harness commands writing under ``results/paper/<table>/<variant>/``.
 
-``python -m harness.paper run --table T [--variant cpu] [--dry-run]`` (``make paper
+``python -m harness.rendering.paper run --table T [--variant cpu] [--dry-run]`` (``make paper
 table=T``) runs one; the dry run prints the commands, the GPUs and an estimate of GPU-hours
-from the FLOP model, then each command's own plan. ``python -m harness.paper report``
+from the FLOP model, then each command's own plan. ``python -m harness.rendering.paper report``
 (``make paper-report``) renders every table from whatever rows exist into
 ``results/paper/<table>.md`` and its figure ``<table>.png``: three columns per compared
 number, ours (with our 95 % interval and n), the paper's as printed, and Δ where our setting
@@ -57,11 +57,11 @@ from harness.analysis.rows import normalize
 from harness.analysis.serving import summarize_qps
 from harness.analysis.stats import Estimate
 from harness.dryrun import MFU, PEAK_FLOPS  # the FLOP model's GPU, shared with every dry run's estimate
-from harness.plots import _panels, _plt
+from harness.rendering.plots import _panels, _plt
 from harness.rendering.tables import md_table
 from harness.store import read_results
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "conf" / "paper" / "published.csv"
 EXPERIMENTS = ROOT / "conf" / "experiment"
 RESULTS = ROOT / "results" / "paper"
@@ -187,7 +187,7 @@ def gpu_hours(v: Variant) -> float | None:
     for a CPU variant. An estimate: decode and the speculator are left out, every prompt is
     taken at the command's stated mean length."""
     from harness.dryrun import prefill_gpu_hours
-    from harness.placement import architecture
+    from harness.models.placement import architecture
 
     if v.gpus == 0:
         return None

@@ -23,8 +23,8 @@ from typing import Any, ClassVar, Protocol
 
 from tqdm.auto import tqdm
 
-from harness import report
 from harness.config import finish
+from harness.rendering import report
 from harness.store import RunStore, record
 from specprefill.plan import Unsupported
 

@@ -6,11 +6,10 @@ import dataclasses
 
 from hydra.errors import CompactHydraException
 
-from harness.catalog import ModelConfig
-from harness.config import check_backend
-from harness.models import LoadedModel, load
-from harness.placement import Placement
-from harness.placement import plan as place
+from harness.models.catalog import ModelConfig, check_backend
+from harness.models.loading import LoadedModel, load
+from harness.models.placement import Placement
+from harness.models.placement import plan as place
 from specprefill.backends.transformers import TransformersBackend
 from specprefill.plan import Backend
 
@@ -26,7 +25,7 @@ def make_backend(
     if backend == "transformers":
         lm = load(model)
         return TransformersBackend(lm.base, lm.tokenizer, lm.speculator, prefill_chunk=model.speculator_chunk)
-    from harness.models import vllm_engine_args
+    from harness.models.loading import vllm_engine_args
     from specprefill.backends.vllm import PositionHookInactive, VLLMBackend
 
     if not needs_speculator:

@@ -1,8 +1,8 @@
 """The model catalog: each ``conf/model/*.yaml`` as a validated :class:`ModelConfig`, and
 the names a config uses (dtypes, backends, speculator specs).
 
-The leaf of the model modules: :mod:`harness.placement` (GPUs, memory) and
-:mod:`harness.models` (whether a model runs here, loading) both read it; it reads neither.
+The leaf of the model modules: :mod:`harness.models.placement` (GPUs, memory) and
+:mod:`harness.models.loading` (whether a model runs here, loading) both read it; it reads neither.
 """
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ BACKENDS = ("transformers", "vllm")
 #: Quantization methods vLLM 0.32 loads only with ``allow_deprecated_quantization``.
 DEPRECATED_QUANTIZATION = ("fbgemm_fp8",)
 LOCAL_MODELS = ("smollm2-135m", "tiny-random")
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; allowed: {list(BACKENDS)}")
 
 
 def fast_bf16() -> bool:
@@ -168,7 +173,7 @@ def model_config(name: str, **overrides: Any) -> ModelConfig:
     benchmarks and tests), with fields overridden by keyword."""
     import yaml
 
-    path = Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml"
+    path = Path(__file__).resolve().parents[2] / "conf" / "model" / f"{name}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise ValueError(f"unknown model {name!r}; allowed: {known}")

@@ -48,14 +48,10 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from harness import jobs
-from harness.backends import make_backend
 from harness.benchmarks.base import BenchmarkConfig
 from harness.benchmarks.samples import benchmark_samples
-from harness.catalog import BYTES_PER_PARAM, ModelConfig
 from harness.config import (
     LatencySchema,
-    check_backend,
     check_common,
     check_in_model,
     check_keys,
@@ -69,10 +65,13 @@ from harness.config import (
     model_identity,
 )
 from harness.dryrun import requirements_text
-from harness.jobs import measured
-from harness.models import check_runnable
-from harness.placement import Placement
-from harness.placement import plan as place
+from harness.jobs import lifecycle as jobs
+from harness.jobs.lifecycle import measured
+from harness.models.backends import make_backend
+from harness.models.catalog import BYTES_PER_PARAM, ModelConfig, check_backend
+from harness.models.loading import check_runnable
+from harness.models.placement import Placement
+from harness.models.placement import plan as place
 from harness.prompts import random_prompts, sample_prompt
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
@@ -149,7 +148,7 @@ class LatencyConfig:
 
 @dataclass(frozen=True)
 class LatencyJob:
-    """A validated latency job (a :class:`harness.jobs.Job`): a unit is a grid point."""
+    """A validated latency job (a :class:`harness.jobs.lifecycle.Job`): a unit is a grid point."""
 
     kind: ClassVar[str] = "latency"
     retry_failed: ClassVar[bool] = True
@@ -321,7 +320,7 @@ class LatencySession:
 
 def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int) -> list[dict[str, Any]]:
     """All iterations of one grid point, methods interleaved on the same prompts; a method
-    that cannot run here (or raises) gets a failed row (:func:`harness.jobs.measured`) and
+    that cannot run here (or raises) gets a failed row (:func:`harness.jobs.lifecycle.measured`) and
     the point goes on."""
     source = PromptSource(job, backend, batch, length)
     unit = f"b{batch}-n{length}"
@@ -366,7 +365,7 @@ def execute(job: LatencyJob) -> Path:
     return jobs.execute(job)
 
 
-@hydra.main(config_path="../conf", config_name="latency", version_base="1.3")
+@hydra.main(config_path="../../conf", config_name="latency", version_base="1.3")
 def main(cfg: DictConfig) -> dict[str, Any] | None:
     with config_errors():
         job = prepare(LatencyConfig.from_hydra(cfg))

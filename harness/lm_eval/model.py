@@ -1,11 +1,11 @@
 """SpecPrefill and every baseline as an lm-evaluation-harness model (``specprefill``).
 
-``python -m harness.lm_eval_cli --model specprefill --model_args
+``python -m harness.lm_eval.cli --model specprefill --model_args
 pretrained=smollm2-135m,speculator=self_layers:20,method=specprefill,keep=0.1 --tasks ...``
-(lm-eval's own command line, :mod:`harness.lm_eval_cli`), ``lm_eval.simple_evaluate(model=
+(lm-eval's own command line, :mod:`harness.lm_eval.cli`), ``lm_eval.simple_evaluate(model=
 "specprefill", model_args={"pretrained": "smollm2-135m", "method": "specprefill", "keep": 0.1},
-tasks=[...])`` (after ``import harness.lm_eval_model``, which registers it), or ``make
-lm-eval`` (:mod:`harness.lm_eval_run`) runs any lm-eval task with any of our methods on our
+tasks=[...])`` (after ``import harness.lm_eval.model``, which registers it), or ``make
+lm-eval`` (:mod:`harness.jobs.lm_eval`) runs any lm-eval task with any of our methods on our
 backends. ``pretrained`` is a ``conf/model`` name or, as for lm-eval's ``hf`` model, a hub id
 or a local checkpoint folder (a model config built on the fly: ``source: hub``). What each
 request type does:
@@ -46,7 +46,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
-from harness.catalog import ModelConfig
+from harness.models.catalog import ModelConfig
 from specprefill.plan import Backend, Method, Plan, Prompt
 
 #: What a method that shortens the context takes as the context of an lm-eval prompt.
@@ -194,7 +194,7 @@ class SpecPrefillLM(LM):
             if "needs a speculator" not in str(e):
                 raise
             raise ConfigError(f"{e}; give one in the model args: speculator=self_layers:M or hub:<id>") from None
-        from harness.backends import make_backend
+        from harness.models.backends import make_backend
 
         backend_obj = make_backend(model_cfg, backend_name, built.needs_speculator)
         self._setup(model_cfg, built, backend_name, backend_obj, batch_size)

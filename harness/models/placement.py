@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 
-from harness.catalog import BYTES_PER_PARAM, ModelConfig, parse_speculator
+from harness.models.catalog import BYTES_PER_PARAM, ModelConfig, parse_speculator
 
-ARCH_DIR = Path(__file__).resolve().parents[1] / "conf" / "model" / "arch"
+ARCH_DIR = Path(__file__).resolve().parents[2] / "conf" / "model" / "arch"
 #: GPU memory kept free on the speculator's GPU beyond what is planned (CUDA context,
 #: allocator fragmentation, the sampler's buffers).
 RESERVE_GIB = 3.0
@@ -92,7 +92,7 @@ def architecture(name: str | None) -> dict[str, Any] | None:
 def model_architecture(model: ModelConfig, speculator: bool = False) -> dict[str, Any] | None:
     """The architecture a model config runs: its checkpoint's, or for a replica
     (``source: replica`` / ``speculator: replica``) the checkpoint's with the replica's sizes."""
-    from harness.replicas import replica_config
+    from harness.models.replicas import replica_config
 
     arch = architecture(model.speculator_architecture if speculator else model.architecture)
     replica = (
@@ -347,7 +347,7 @@ def plan(model: ModelConfig, backend: str, needs_speculator: bool, run_tokens: i
     spec_name = model.speculator if needs_speculator else None
     spec_arch = model_architecture(model, speculator=True)
     # A speculator's layers are spread over the engine's GPUs where this process sees them all
-    # (harness.models.spread_map); across nodes it stays whole on the head node's first GPU.
+    # (harness.models.loading.spread_map); across nodes it stays whole on the head node's first GPU.
     spread = gpus if backend == "vllm" and gpus > 1 and model.nodes == 1 else 1
     kind = (parse_speculator(spec_name) or ("", ""))[0]
 

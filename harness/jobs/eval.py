@@ -1,8 +1,8 @@
-"""The Hydra entry point for quality: ``python -m harness.run model=... method=... keep=...`` (``make eval``).
+"""The Hydra entry point for quality: ``python -m harness.jobs.eval model=... method=... keep=...`` (``make eval``).
 
 One job = one (model, method options, benchmark, length, backend). ``conf/config.yaml``
 runs in multirun mode with the default sweep in ``hydra.sweeper.params`` (full prefill
-and SpecPrefill at keep 0.1, 0.3, 0.5), so ``python -m harness.run`` and ``make eval``
+and SpecPrefill at keep 0.1, 0.3, 0.5), so ``python -m harness.jobs.eval`` and ``make eval``
 run the same thing; a comma list on the command line replaces a default sweep. Jobs that
 map to the same results (full prefill at several keep rates) share a run folder and skip
 finished samples. Every sweep point is validated before the first one runs
@@ -23,15 +23,11 @@ from typing import Any, ClassVar
 import hydra
 from omegaconf import DictConfig
 
-from harness import jobs
-from harness.backends import make_backend
 from harness.benchmarks.base import Benchmark, BenchmarkConfig
 from harness.benchmarks.samples import benchmark_samples
-from harness.catalog import ModelConfig
 from harness.config import (
     EvalSchema,
     benchmark_config,
-    check_backend,
     check_common,
     check_in_model,
     check_keys,
@@ -47,10 +43,13 @@ from harness.config import (
 )
 from harness.diagnostics import needle_depth, needle_kept, needle_tokens
 from harness.dryrun import requirements_text
-from harness.jobs import measured
-from harness.models import check_runnable
-from harness.placement import Placement
-from harness.placement import plan as place
+from harness.jobs import lifecycle as jobs
+from harness.jobs.lifecycle import measured
+from harness.models.backends import make_backend
+from harness.models.catalog import ModelConfig, check_backend
+from harness.models.loading import check_runnable
+from harness.models.placement import Placement
+from harness.models.placement import plan as place
 from harness.prompts import sample_prompt
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
@@ -93,7 +92,7 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class Job:
-    """A validated, ready-to-run eval job (nothing loaded yet): a :class:`harness.jobs.Job`."""
+    """A validated, ready-to-run eval job (nothing loaded yet): a :class:`harness.jobs.lifecycle.Job`."""
 
     kind: ClassVar[str] = "eval"
     retry_failed: ClassVar[bool] = True
@@ -305,7 +304,7 @@ def execute(job: Job) -> Path:
     return jobs.execute(job)
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path="../../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict[str, Any] | None:
     with config_errors():
         job = prepare(RunConfig.from_hydra(cfg))
