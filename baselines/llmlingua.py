@@ -40,6 +40,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from baselines.rag import chunk
+from harness.models.catalog import cache_root, resolve_dtype
 from specprefill.core import num_kept
 from specprefill.plan import (
     Backend,
@@ -113,8 +115,6 @@ class LegacyCacheLM(torch.nn.Module):
 def default_small_lm() -> str:
     """SmolLM2-135M-Instruct: the local converted copy (``make setup``) if present, else the hub id."""
     try:
-        from harness.models.catalog import cache_root
-
         local = cache_root() / "models" / "smollm2-135m-instruct"
         if (local / "model.safetensors").exists():
             return str(local)
@@ -165,7 +165,6 @@ def split_context(context: str, chunking: str, chunk_words: int) -> list[str]:
         return [context]
     if chunking == "lines":
         return [line for line in context.split("\n") if line.strip()]
-    from baselines.rag import chunk
 
     return chunk(context, chunking, chunk_words)
 
@@ -187,7 +186,6 @@ class _Lingua(Method):
     dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        from harness.models.catalog import resolve_dtype
 
         check_keep(self.keep_rate)
         check_choice("dtype", self.dtype, ("auto", *DTYPES))

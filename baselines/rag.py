@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from harness.benchmarks.text import sent_tokenize
 from specprefill.core import num_kept
 from specprefill.plan import (
     Backend,
@@ -42,8 +43,6 @@ DENSE_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 def chunk(context: str, chunking: str, chunk_words: int) -> list[str]:
     """Split ``context`` into retrieval units."""
     if chunking == "sentences":
-        from harness.benchmarks.text import sent_tokenize
-
         return [s for line in context.split("\n") for s in sent_tokenize(line) if s.strip()]
     words = context.split()
     return [" ".join(words[i : i + chunk_words]) for i in range(0, len(words), chunk_words)]

@@ -27,9 +27,12 @@ from hydra.core.config_store import ConfigStore
 from hydra.errors import CompactHydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from harness import hub
 from harness.benchmarks.base import BenchmarkConfig
-from harness.models.catalog import ModelConfig, check_backend
+from harness.models.catalog import ModelConfig, check_backend, parse_speculator
+from harness.models.placement import WINDOW_MARGIN, layer_count
 from harness.registry import build_method
+from harness.store import RunStore
 from specprefill.plan import Method
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -145,8 +148,6 @@ def check_model_fits(model: Any, methods: list[Any], longest_prompt: int) -> Non
     speculator for each method that needs one; an early-exit speculator (``self_layers:M``)
     within the base's layers; then each method's own options against the model's shape
     (:meth:`specprefill.plan.Method.check_model`)."""
-    from harness.models.catalog import parse_speculator
-    from harness.models.placement import layer_count
 
     for m in methods:
         if m.needs_speculator and model.speculator is None:
@@ -192,7 +193,6 @@ def check_side_models(methods: list[Any]) -> None:
     LLMLingua-2's classifier, rag_dense's encoder) must be a local folder, in the local hub
     cache, or on a hub this machine reaches: otherwise every sample would fail, after the
     base model (or a vLLM engine) has loaded. Refused before anything loads, in one line."""
-    from harness.hub import hub_cached, hub_unreachable
 
     for m in methods:
         side = getattr(m, "side_model", None)
@@ -204,9 +204,9 @@ def check_side_models(methods: list[Any]) -> None:
             raise ConfigError(
                 f"method {m.name!r}: model_path={path!r} is not a folder; allowed: a local model folder{hint}"
             )
-        if hub_cached(str(path)):
+        if hub.hub_cached(str(path)):
             continue
-        why = hub_unreachable()
+        why = hub.hub_unreachable()
         if why:
             raise ConfigError(
                 f"method {m.name!r} needs the model {path!r} from the hub, which is not in the local hub cache and "
@@ -242,7 +242,6 @@ def longest_sequence(model: Any, benchmark: Any) -> int:
     and :data:`harness.models.placement.WINDOW_MARGIN` (chat-template tokens around a truncated
     prompt), never past the model's window (the decode budget stops there too). The model's
     window where a benchmark does not say what it generates."""
-    from harness.models.placement import WINDOW_MARGIN
 
     answer = benchmark.max_new_tokens()
     if answer is None:
@@ -266,7 +265,6 @@ def config_errors() -> Iterator[None]:
 
 def failed_rows(folder: Path) -> int:
     """Rows of a run folder whose status is ``failed`` (``unsupported`` is a result, not a failure)."""
-    from harness.store import RunStore
 
     df = RunStore(folder).read()
     return 0 if df.empty else int((df["status"] == "failed").sum())

@@ -18,6 +18,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from harness.models.catalog import BYTES_PER_PARAM, parse_speculator
+from harness.models.placement import GIB, engine_shape, model_architecture, weight_bytes
+from specprefill.backends.vllm import runner_note
+from specprefill.flops import Shape, causal_pairs, prefill_flops
+
 if TYPE_CHECKING:  # torch comes with these; harness.rendering.paper's report imports this module without it
     from harness.models.catalog import ModelConfig
     from harness.models.placement import Placement
@@ -39,7 +44,6 @@ def prefill_gpu_hours(arch: dict[str, Any], work: Iterable[tuple[float, int]]) -
     layers, causal attention, the LM head once) over one GPU's :data:`PEAK_FLOPS` x
     :data:`MFU`. The work over one GPU's throughput, so it does not depend on how many GPUs
     share it. Left out: decode, the speculator, loading and downloading."""
-    from specprefill.flops import Shape, causal_pairs, prefill_flops
 
     shape = Shape.of(SimpleNamespace(**arch))
     flops = sum(float(prompts) * prefill_flops(shape, int(n), causal_pairs(int(n))) for prompts, n in work)
@@ -49,8 +53,6 @@ def prefill_gpu_hours(arch: dict[str, Any], work: Iterable[tuple[float, int]]) -
 def _stored_gib(arch: dict[str, Any] | None, params_b: float) -> float:
     """A checkpoint's weights as stored (GiB): from its architecture in its own dtype (FP8
     layers at one byte), else ``params_b`` billion parameters in bf16."""
-    from harness.models.catalog import BYTES_PER_PARAM
-    from harness.models.placement import GIB, weight_bytes
 
     if arch is None:
         return params_b * 1e9 * 2 / GIB
@@ -61,8 +63,6 @@ def _stored_gib(arch: dict[str, Any] | None, params_b: float) -> float:
 def checkpoints(model: ModelConfig, speculator: str | None) -> list[tuple[str, str, float | None]]:
     """``(role, what, GiB to download or None)`` for the base and the speculator (if the run
     loads one): hub ids with their revision, or where local weights come from."""
-    from harness.models.catalog import parse_speculator
-    from harness.models.placement import model_architecture
 
     base: tuple[str, float | None]
     if model.source == "hub" and not Path(str(model.path)).is_dir():
@@ -114,7 +114,6 @@ def checkpoint_lines(model: ModelConfig, speculator: str | None) -> list[str]:
 
 def compute_line(model: ModelConfig, placement: Placement, work: Iterable[tuple[float, int]] | None) -> str | None:
     """GPU-hours of the run's prefill (:func:`prefill_gpu_hours`), for a GPU run of a known shape."""
-    from harness.models.placement import engine_shape
 
     shape = engine_shape(model)
     on_gpu = placement.gpu_memory_utilization is not None and (model.source == "hub" or placement.gpu_detected)
@@ -148,8 +147,6 @@ def requirements(
     if compute:
         lines.append(compute)
     if placement.backend == "vllm":
-        from specprefill.backends.vllm import runner_note
-
         lines.append(runner_note())
     return lines
 

@@ -17,6 +17,9 @@ from typing import Any
 
 import torch
 
+from harness.models.catalog import ModelConfig
+from harness.models.loading import weights_hash
+
 #: Distributions whose versions are recorded in every row.
 PACKAGES = (
     "specprefill-bench",
@@ -75,8 +78,6 @@ def hardware() -> str:
 
 
 def _weights_hash(model: Any) -> str | None:
-    from harness.models.catalog import ModelConfig
-    from harness.models.loading import weights_hash
 
     return weights_hash(model) if isinstance(model, ModelConfig) else None
 

@@ -73,6 +73,7 @@ from harness.analysis.quality import (
 )
 from harness.analysis.rows import LATENCY_POINT, POINT, REFERENCE_OF, normalize
 from harness.analysis.stats import Estimate
+from harness.provenance import git_sha
 from harness.store import DamagedRowFile, read_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -665,7 +666,6 @@ def suite_commands(out: Path, suite_file: Path = SUITE) -> list[list[str]]:
 
 def append_history(history: Path, rows: list[Comparison], cls: str) -> None:
     """One row per compared point: git SHA, date, the candidate's value and interval."""
-    from harness.provenance import git_sha
 
     stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     new = pd.DataFrame(
@@ -826,7 +826,6 @@ def run_suite(
 
 def accept(candidate: Path, baselines: Path, reason: str) -> None:
     """Promote the candidate's rows to this class's baseline, recording why."""
-    from harness.provenance import git_sha
 
     if not reason.strip():
         raise SystemExit("regress accept: give a reason (make regress-accept reason='...')")

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import harness.benchmarks as package
 from harness.types import PromptFormat, Sample
 
 
@@ -119,8 +120,6 @@ def _load_all() -> None:
     name not yet registered, so nothing imports them for their side effect."""
     import importlib
     import pkgutil
-
-    import harness.benchmarks as package
 
     for info in pkgutil.walk_packages(package.__path__, prefix="harness.benchmarks."):
         importlib.import_module(info.name)

@@ -9,6 +9,8 @@ from typing import Any
 
 from hydra.errors import CompactHydraException
 
+from harness.hub import hub_offline, hub_unreachable
+
 
 @dataclass(frozen=True)
 class Source:
@@ -82,7 +84,6 @@ def load_rows(src: Source, limit: int) -> list[dict[str, Any]]:
             f"no {src.local_name}.jsonl / .parquet in data_dir={src.data_dir} (for {src.describe()}); "
             f"put the official files there, or drop data_dir= (benchmark.options.data_dir) to load from the hub"
         )
-    from harness.hub import hub_offline, hub_unreachable
 
     local = (
         f"point data_dir=<folder> (benchmark.options.data_dir) at a local copy holding {src.local_name}.jsonl "

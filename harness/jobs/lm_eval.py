@@ -53,6 +53,7 @@ from harness.config import (
 from harness.jobs import lifecycle as jobs
 from harness.jobs.lifecycle import measured
 from harness.lm_eval.data import LOCAL_TASKS, packaged_ruler_data, tokenizer_source
+from harness.models.backends import make_backend
 from harness.models.catalog import ModelConfig
 from harness.models.loading import check_runnable
 from harness.provenance import provenance
@@ -94,8 +95,7 @@ class LMEvalJob:
     def session(self, store: RunStore) -> Iterator[LMEvalSession]:
         from lm_eval import __version__ as lm_eval_version  # lm-eval loads only for a run
 
-        from harness.lm_eval.model import SpecPrefillLM
-        from harness.models.backends import make_backend
+        from harness.lm_eval.model import SpecPrefillLM  # deferred: lm_eval loads only when the job runs
 
         check_runnable(self.model)
         self.folder.mkdir(parents=True, exist_ok=True)

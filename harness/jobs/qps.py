@@ -79,14 +79,23 @@ from harness.config import (
 )
 from harness.dryrun import requirements_text
 from harness.jobs import lifecycle as jobs
+from harness.models.backends import EngineRefused
 from harness.models.catalog import ModelConfig
-from harness.models.loading import check_runnable, load_tokenizer, vllm_engine_args
+from harness.models.loading import check_runnable, load_tokenizer, vllm_engine_args, vllm_model
 from harness.models.placement import Placement
 from harness.models.placement import plan as place
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
+from harness.serving.front import FrontSettings
 from harness.store import RunStore, check_layout, method_columns
 from harness.types import Sample
+from specprefill.backends.vllm import (
+    CANARY_TOP,
+    RUNNER_SWITCH,
+    PositionHookInactive,
+    check_positions,
+    require_positions,
+)
 from specprefill.plan import Method, check_choice
 
 ARRIVALS = ("poisson", "constant")
@@ -114,7 +123,6 @@ class QPSSettings:
     front: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from harness.serving.front import FrontSettings
 
         check_choice("arrival", self.arrival, ARRIVALS)
         FrontSettings.from_spec(self.front)  # bad or unknown keys fail before any server starts
@@ -265,7 +273,6 @@ def prepare(cfg: QPSConfig) -> QPSJob:
 
 
 def front_settings(q: QPSSettings) -> Any:
-    from harness.serving.front import FrontSettings
 
     return FrontSettings.from_spec(q.front)
 
@@ -384,7 +391,6 @@ def served_canary(url: str) -> Any:
     """:data:`specprefill.backends.vllm.CanaryRun` over ``vllm serve``'s completions API:
     the canary's token ids as the prompt, its positions in ``vllm_xargs`` (as the front sends
     them), greedy, two tokens, EOS ignored, top log-probabilities keyed by token id."""
-    from specprefill.backends.vllm import CANARY_TOP
 
     def run(tokens: list[int], extra: dict[str, Any] | None) -> list[dict[Any, float]]:
         body: dict[str, Any] = {
@@ -411,8 +417,6 @@ def served_canary(url: str) -> Any:
 def check_served_positions(url: str, model: ModelConfig, max_model_len: int, log: Path) -> tuple[str, str]:
     """The position canary on a running ``vllm serve`` (refused in one line when it fails):
     what the rows record of the engine's runner and of the canary."""
-    from harness.models.backends import EngineRefused
-    from specprefill.backends.vllm import RUNNER_SWITCH, PositionHookInactive, check_positions, require_positions
 
     runner = "V2" if "Using V2 Model Runner" in log.read_text(errors="replace") else "V1"
     where = f"vllm serve ({runner}; {RUNNER_SWITCH}=0 pinned)"
@@ -529,7 +533,6 @@ def write_dataset(texts: list[str], samples: list[Sample], path: Path) -> None:
 
 
 def bench_command(job: QPSJob, url: str, dataset: Path, n: int, rate: float, result: Path, prefix: str) -> list[str]:
-    from harness.models.loading import vllm_model
 
     q = job.cfg.qps
     path, _ = vllm_model(job.cfg.model)

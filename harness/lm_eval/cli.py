@@ -31,13 +31,17 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from harness.lm_eval.data import LOCAL_TASKS, packaged_ruler_data, tokenizer_source
+from harness.models.catalog import model_config
+
 
 def tokenizer_for(model_args: dict[str, Any]) -> str:
     """What lm-eval's RULER tasks load the tokenizer from for these model args: the
     checkpoint of a hub model, the SmolLM2 tokenizer our conf models use."""
-    from harness.lm_eval.data import tokenizer_source
-    from harness.lm_eval.model import DEFAULT_MODEL, model_entry
-    from harness.models.catalog import model_config
+    from harness.lm_eval.model import (  # deferred: after lm_eval.models (lm-eval fills its registry only when it is empty)
+        DEFAULT_MODEL,
+        model_entry,
+    )
 
     name, entry = model_entry(str(model_args.get("pretrained") or model_args.get("model") or DEFAULT_MODEL))
     return str(entry["path"]) if entry is not None else tokenizer_source(model_config(name))
@@ -46,7 +50,6 @@ def tokenizer_for(model_args: dict[str, Any]) -> str:
 @contextlib.contextmanager
 def for_specprefill(args: argparse.Namespace) -> Iterator[None]:
     """lm-eval's parsed arguments completed for our model (see the module's docstring)."""
-    from harness.lm_eval.data import LOCAL_TASKS, packaged_ruler_data
 
     args.include_path = [str(LOCAL_TASKS), *([args.include_path] if args.include_path else [])]
     model_args = dict(args.model_args or {})
@@ -65,8 +68,6 @@ def register() -> None:
     ``lm_eval.models``, which lm-eval's ``get_model`` imports only into an empty registry:
     registered alone, ours would hide ``hf`` and the rest)."""
     import lm_eval.models  # noqa: F401
-
-    import harness.lm_eval.model  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

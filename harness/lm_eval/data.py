@@ -11,7 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from harness.benchmarks.ruler.data import data_dir
+from harness.benchmarks.text import sent_tokenize
 from harness.models.catalog import ModelConfig
+from harness.models.loading import smollm2_dir
 
 LOCAL_TASKS = Path(__file__).resolve().parent / "tasks"
 SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json"
@@ -19,7 +22,6 @@ SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json"
 
 def tokenizer_source(model: ModelConfig) -> str:
     """What RULER's lm-eval tasks load the tokenizer from to size their prompts."""
-    from harness.models.loading import smollm2_dir
 
     return str(model.path) if model.source == "hub" else str(smollm2_dir())
 
@@ -31,14 +33,11 @@ def packaged_ruler_data() -> Iterator[None]:
     from lm_eval.tasks._yaml_loader import _load_module_with_cache
     from lm_eval.tasks.ruler import prepare_niah
 
-    from harness.benchmarks.ruler.data import data_dir
-
     # lm-eval loads a task's `!function` modules through its own cache (re-executing a
     # module it did not load itself), so patch the copies that cache will hand out.
     ruler = Path(prepare_niah.__file__).parent
     niah_utils = _load_module_with_cache(ruler / "niah_utils.py")
     qa_utils = _load_module_with_cache(ruler / "qa_utils.py")
-    from harness.benchmarks.text import sent_tokenize
 
     local = {SQUAD_URL: data_dir() / "squad.json"}
     real_get_haystack, real_download, real_split = prepare_niah.get_haystack, qa_utils.download_json, None

@@ -46,6 +46,8 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
+from harness.config import CONF, ConfigError, check_parts, check_prompt_scope, container
+from harness.models.backends import make_backend
 from harness.models.catalog import ModelConfig
 from specprefill.plan import Backend, Method, Plan, Prompt
 
@@ -89,7 +91,6 @@ def model_entry(pretrained: str, revision: str | None = None) -> tuple[str, dict
     checkpoint folder as a model built on the fly (``source: hub``, ``path``, ``dtype: auto``,
     its context window from the checkpoint's config where that can be read, no speculator
     unless ``speculator=`` gives one)."""
-    from harness.config import CONF
 
     known = sorted(q.stem for q in (CONF / "model").glob("*.yaml"))
     if pretrained in known:
@@ -131,8 +132,6 @@ def compose_run_parts(
 
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-
-    from harness.config import CONF, check_parts, container
 
     overrides = [f"model={model}", f"method={method}", f"keep={keep}", f"lookahead={lookahead}"]
     overrides += [f"backend={backend}"] if backend else []
@@ -176,7 +175,6 @@ class SpecPrefillLM(LM):
         model: str | None = None,
         **options: Any,
     ) -> None:
-        from harness.config import ConfigError
 
         for k in LM_EVAL_EXTRAS:
             options.pop(k, None)
@@ -194,7 +192,6 @@ class SpecPrefillLM(LM):
             if "needs a speculator" not in str(e):
                 raise
             raise ConfigError(f"{e}; give one in the model args: speculator=self_layers:M or hub:<id>") from None
-        from harness.models.backends import make_backend
 
         backend_obj = make_backend(model_cfg, backend_name, built.needs_speculator)
         self._setup(model_cfg, built, backend_name, backend_obj, batch_size)
@@ -212,7 +209,6 @@ class SpecPrefillLM(LM):
         self, model: ModelConfig, method: Method, backend_name: str, backend: Backend, batch_size: int | str
     ) -> None:
         LM.__init__(self)
-        from harness.config import check_prompt_scope
 
         check_prompt_scope(method)
         if str(batch_size).startswith("auto"):

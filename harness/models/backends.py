@@ -7,9 +7,10 @@ import dataclasses
 from hydra.errors import CompactHydraException
 
 from harness.models.catalog import ModelConfig, check_backend
-from harness.models.loading import LoadedModel, load
+from harness.models.loading import LoadedModel, load, vllm_engine_args
 from harness.models.placement import Placement
 from harness.models.placement import plan as place
+from specprefill.backends import vllm as vllm_backend
 from specprefill.backends.transformers import TransformersBackend
 from specprefill.plan import Backend
 
@@ -25,16 +26,14 @@ def make_backend(
     if backend == "transformers":
         lm = load(model)
         return TransformersBackend(lm.base, lm.tokenizer, lm.speculator, prefill_chunk=model.speculator_chunk)
-    from harness.models.loading import vllm_engine_args
-    from specprefill.backends.vllm import PositionHookInactive, VLLMBackend
 
     if not needs_speculator:
         model = dataclasses.replace(model, speculator=None)
     lm, spec = speculator_backend(model)
     args = vllm_engine_args(model, placement.gpu_memory_utilization, placement.max_model_len)
     try:
-        return VLLMBackend(tokenizer=lm.tokenizer, speculator_backend=spec, **args)
-    except PositionHookInactive as e:  # one line, before any sample runs (its own check)
+        return vllm_backend.VLLMBackend(tokenizer=lm.tokenizer, speculator_backend=spec, **args)
+    except vllm_backend.PositionHookInactive as e:  # one line, before any sample runs (its own check)
         raise EngineRefused(str(e)) from e
 
 

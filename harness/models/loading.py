@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from harness.integrity import ensure, fingerprint
 from harness.models.catalog import (
     BYTES_PER_PARAM,
     DEPRECATED_QUANTIZATION,
@@ -32,6 +33,8 @@ from harness.models.catalog import (
     parse_speculator,
 )
 from harness.models.placement import architecture, model_architecture, plan, quantization, weight_bytes
+from harness.models.replicas import replica_dir
+from specprefill.backends.transformers import early_exit_view
 
 # --------------------------------------------------------------------------- feasibility
 
@@ -139,7 +142,6 @@ def check_runnable(cfg: ModelConfig) -> None:
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as safetensors + tokenizer, converted once from the package's
     GGUF, verified against its manifest before each use (rebuilt when it fails: :mod:`harness.integrity`)."""
-    from harness.integrity import ensure
 
     out = cache_root() / "models" / "smollm2-135m-instruct"
     return ensure(out, lambda: _convert_smollm2(out), "SmolLM2 converted weights")
@@ -179,7 +181,6 @@ def weights_hash(cfg: ModelConfig) -> str | None:
     """What identifies the weights a row ran with: the manifest fingerprint of a converted or
     replica checkpoint, the seed of random weights; None for a hub checkpoint (its revision
     names it; hashing hundreds of GB per run is not done)."""
-    from harness.integrity import fingerprint
 
     if cfg.source == "smollm2_gguf":
         return fingerprint(smollm2_dir())
@@ -200,7 +201,6 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
 
 def replica_folder(cfg: ModelConfig, speculator: bool = False) -> Path:
     """The folder of a replica base (or its replica speculator), built once (:mod:`harness.models.replicas`)."""
-    from harness.models.replicas import replica_dir
 
     arch = architecture(cfg.speculator_architecture if speculator else cfg.architecture)
     assert arch is not None
@@ -385,7 +385,6 @@ def load(cfg: ModelConfig, with_base: bool = True) -> LoadedModel:
         spec = parse_speculator(cfg.speculator)
         if spec is not None and spec[0] == "self_layers":
             check_runnable(cfg)
-            from specprefill.backends.transformers import early_exit_view
 
             view = early_exit_view(_load_base(cfg), int(spec[1]))
             return LoadedModel(config=cfg, base=None, tokenizer=load_tokenizer(cfg), speculator=view)
@@ -423,7 +422,6 @@ def spread_map(cfg: ModelConfig, repo: str) -> dict[str, int] | None:
 
 
 def _load_speculator(cfg: ModelConfig, base: Any) -> Any:
-    from specprefill.backends.transformers import early_exit_view
 
     spec = parse_speculator(cfg.speculator)
     speculator: Any = None

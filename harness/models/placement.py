@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from harness.models.catalog import BYTES_PER_PARAM, ModelConfig, parse_speculator
+from harness.models.replicas import replica_config
 
 ARCH_DIR = Path(__file__).resolve().parents[2] / "conf" / "model" / "arch"
 #: GPU memory kept free on the speculator's GPU beyond what is planned (CUDA context,
@@ -92,7 +93,6 @@ def architecture(name: str | None) -> dict[str, Any] | None:
 def model_architecture(model: ModelConfig, speculator: bool = False) -> dict[str, Any] | None:
     """The architecture a model config runs: its checkpoint's, or for a replica
     (``source: replica`` / ``speculator: replica``) the checkpoint's with the replica's sizes."""
-    from harness.models.replicas import replica_config
 
     arch = architecture(model.speculator_architecture if speculator else model.architecture)
     replica = (

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from harness.integrity import ensure
+
 #: Fields of a checkpoint's config.json that describe the file, not the architecture.
 DROP = ("_name_or_path", "transformers_version", "torch_dtype")
 #: Sizes a replica may shrink (everything else is the checkpoint's own).
@@ -60,7 +62,6 @@ def replica_dir(arch: dict[str, Any], shape: dict[str, Any], seed: int, tokenize
     cfg = replica_config(arch, shape)
     key = hashlib.sha256(json.dumps({"cfg": cfg, "seed": seed, "vocab": len(tokenizer)}, sort_keys=True).encode())
     folder = root / "models" / "replica" / key.hexdigest()[:16]
-    from harness.integrity import ensure
 
     return ensure(folder, lambda: _build(folder, cfg, seed, tokenizer), "replica weights")
 

@@ -56,7 +56,13 @@ from harness.analysis.quality import (
 from harness.analysis.rows import normalize
 from harness.analysis.serving import summarize_qps
 from harness.analysis.stats import Estimate
-from harness.dryrun import MFU, PEAK_FLOPS  # the FLOP model's GPU, shared with every dry run's estimate
+from harness.benchmarks.ruler.tasks import TASKS
+from harness.dryrun import (  # the FLOP model's GPU, shared with every dry run's estimate
+    MFU,
+    PEAK_FLOPS,
+    prefill_gpu_hours,
+)
+from harness.models.placement import architecture
 from harness.rendering.plots import _panels, _plt
 from harness.rendering.tables import md_table
 from harness.store import read_results
@@ -186,8 +192,6 @@ def gpu_hours(v: Variant) -> float | None:
     (:func:`harness.dryrun.prefill_gpu_hours`, the estimate every dry run prints too); None
     for a CPU variant. An estimate: decode and the speculator are left out, every prompt is
     taken at the command's stated mean length."""
-    from harness.dryrun import prefill_gpu_hours
-    from harness.models.placement import architecture
 
     if v.gpus == 0:
         return None
@@ -240,7 +244,6 @@ def category_of(row: pd.Series) -> str:
     """A sample's category: the benchmark's own (LongBench), else RULER's task family."""
     if isinstance(row.get("category"), str) and row["category"]:
         return str(row["category"])
-    from harness.benchmarks.ruler.tasks import TASKS
 
     return TASKS[row["task"]][0] if row["task"] in TASKS else str(row["task"])
 

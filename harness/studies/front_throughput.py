@@ -32,6 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.benchmarks.base import BenchmarkConfig
+from harness.benchmarks.samples import benchmark_samples
+from harness.models.catalog import model_config
+from harness.prompts import sample_prompt
+from harness.registry import build_benchmark
+from harness.rendering.tables import md_table
 from harness.serving.front import Batcher, FrontSettings, Planned, Planner
 from harness.studies import write_reference
 
@@ -43,10 +49,6 @@ TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "
 
 def ruler_prompts(model: Any, length: int, count: int) -> list[list[int]]:
     """``count`` RULER prompts of ``length`` tokens (chat format), as token ids, tasks interleaved."""
-    from harness.benchmarks.base import BenchmarkConfig
-    from harness.benchmarks.samples import benchmark_samples
-    from harness.prompts import sample_prompt
-    from harness.registry import build_benchmark
 
     limit = math.ceil(count / len(TASKS))
     tok, samples = benchmark_samples(model, build_benchmark(BenchmarkConfig("ruler", length, TASKS, limit)))
@@ -126,8 +128,6 @@ async def drive(
 def table(rows: list[dict[str, Any]]) -> str:
     import pandas as pd
 
-    from harness.rendering.tables import md_table
-
     serial = {r["clients"]: r["requests_per_s"] for r in rows if r["front"] == "before"}
     cells = [
         {
@@ -154,8 +154,6 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=32, help="distinct RULER prompts, cycled")
     ap.add_argument("--out", type=Path, default=Path("results/reference/front_throughput.json"))
     a = ap.parse_args()
-
-    from harness.models.catalog import model_config
 
     model = model_config("smollm2-135m")
     t0 = time.perf_counter()

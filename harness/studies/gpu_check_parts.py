@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from harness.analysis.latency import summarize_latency
+from harness.prompts import random_prompts
 from harness.rendering.tables import md_table
 from harness.timing import measure
 from specprefill import FullPrefill, SpecPrefill
@@ -88,7 +89,6 @@ def latency_grid(
     point, timed through :func:`harness.timing.measure` (the path ``make latency`` times);
     the speedups are :func:`harness.analysis.latency.summarize_latency`'s. Returns the markdown table
     and the rows; a point that fails (out of memory) is recorded and the grid goes on."""
-    from harness.prompts import random_prompts
 
     methods = [FullPrefill(), *(SpecPrefill(keep_rate=k, lookahead=1, chunk_size=32, pool_kernel=13) for k in keeps)]
     rows = []

@@ -34,6 +34,7 @@ from harness.models.loading import cpu_binding
 from harness.studies.gpu_check_parts import IdTokenizer, Parts, latency_grid, random_llama
 from specprefill import FullPrefill, Prompt, SpecPrefill
 from specprefill.backends.transformers import TransformersBackend
+from specprefill.backends.vllm import VLLMBackend
 from specprefill.plan import Plan
 
 
@@ -194,7 +195,6 @@ def run(cpu_mode: bool, device: torch.device) -> tuple[str, list[str], list[str]
     reason = skip_reason()
     if reason is not None:
         return f"## vLLM part: skipped\n\n{reason}.\n\n", [], [f"vLLM: {t} ({reason})" for t in titles]
-    from specprefill.backends.vllm import VLLMBackend
 
     sizes = VLLM_CPU if cpu_mode else VLLM_GPU
     engine_environment(cpu_mode)

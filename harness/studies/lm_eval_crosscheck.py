@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.stats import Estimate, estimate, mean_draws, task_seed
+from harness.store import read_rows
 
 #: our task -> lm-eval's task of the same data
 TASKS = {
@@ -45,7 +46,6 @@ def run_both(out: Path, limit: int, model: str) -> None:
 
 
 def rows(root: Path) -> pd.DataFrame:
-    from harness.store import read_rows
 
     df = read_rows(sorted({p.parent for p in root.rglob("rows.parquet")}))
     return df[(df["status"] == "ok") & (df["method"] == "full")]

@@ -14,7 +14,10 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from harness.benchmarks import ruler
+from harness.models.loading import smollm2_dir
 from harness.studies import write_reference
+from harness.types import PromptFormat
 
 
 def main() -> None:
@@ -26,10 +29,6 @@ def main() -> None:
     a = ap.parse_args()
 
     from transformers import AutoTokenizer
-
-    from harness.benchmarks import ruler
-    from harness.models.loading import smollm2_dir
-    from harness.types import PromptFormat
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir())
     fmt = PromptFormat.from_tokenizer(tok, chat=True)

@@ -23,7 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.models.catalog import model_config
+from harness.models.loading import load
 from harness.studies import write_reference
+from specprefill.backends.transformers import TransformersBackend
+from specprefill.core import select_tokens, token_importance
 
 
 def _rss_mib() -> float:
@@ -31,7 +35,6 @@ def _rss_mib() -> float:
 
 
 def _tiny(n: int) -> Any:
-    from harness.models.catalog import model_config
 
     return model_config("tiny-random", max_context=n + 64, speculator="self_layers:2")
 
@@ -39,9 +42,6 @@ def _tiny(n: int) -> Any:
 def child_speculate(n: int, lookahead: int, path: Path) -> dict[str, float]:
     """Speculator prefill + look-ahead with query capture; saves the capture for scoring."""
     import torch
-
-    from harness.models.loading import load
-    from specprefill.backends.transformers import TransformersBackend
 
     lm = load(_tiny(n))
     be = TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
@@ -57,8 +57,6 @@ def child_speculate(n: int, lookahead: int, path: Path) -> dict[str, float]:
 def child_score(path: Path) -> dict[str, float]:
     """Scoring and selection alone, in a fresh process: its peak RSS above the loaded inputs."""
     import torch
-
-    from specprefill.core import select_tokens, token_importance
 
     cap = torch.load(path, mmap=True)
     q, k = cap["queries"].clone(), cap["keys"].clone()

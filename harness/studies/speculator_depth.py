@@ -29,6 +29,8 @@ import pandas as pd
 from harness.analysis.latency import summarize_latency
 from harness.analysis.quality import summarize
 from harness.models.catalog import early_exit_layers
+from harness.rendering import plots
+from harness.store import read_rows
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_multikey_1"]
 
@@ -149,8 +151,6 @@ def main() -> None:
         run_sweep(a.out, a.limit, a.depths, a.keeps)
         if not a.no_latency:
             run_latency(a.out / "latency", a.depths, a.keeps, a.iters)
-    from harness.rendering import plots
-    from harness.store import read_rows
 
     every = read_rows(sorted({p.parent for p in a.out.rglob("rows.parquet")}))
     rows = every[every["kind"] == "eval"]

@@ -44,7 +44,12 @@ class ValidatingSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
         """Check ``out`` before Hydra makes its sweep folder under it; after the last job,
         exit 1 (one message naming the runs) if rows failed, unless ``allow_failures``."""
-        from harness.config import ConfigError, RunFailures, check_out, failure_message
+        from harness.config import (  # deferred: Hydra imports every plugin when any app starts
+            ConfigError,
+            RunFailures,
+            check_out,
+            failure_message,
+        )
 
         assert self.config is not None
         out = Path(str(self.config.out)).expanduser() if "out" in self.config and str(self.config.out).strip() else None
@@ -80,7 +85,7 @@ class ValidatingSweeper(BasicSweeper):
 
     def split_arguments(self, overrides: list[Override], max_batch_size: int | None) -> list[list[list[str]]]:  # type: ignore[override]
         """Hydra's split into jobs, after the comma form of a list-valued key became the list."""
-        from harness.cli import list_form
+        from harness.cli import list_form  # deferred: Hydra imports every plugin when any app starts
 
         parser = OverridesParser.create()
         as_lists = []
@@ -93,8 +98,8 @@ class ValidatingSweeper(BasicSweeper):
         batch = super().get_job_batch()
         if not self.validate:
             return batch
-        from harness.cli import describe
-        from harness.config import check_explicit
+        from harness.cli import describe  # deferred: Hydra imports every plugin when any app starts
+        from harness.config import check_explicit  # deferred: Hydra imports every plugin when any app starts
 
         assert self.hydra_context is not None and self.config is not None
         check = get_method(self.validate)
@@ -125,7 +130,7 @@ class ValidatingSweeper(BasicSweeper):
                 seen.add(key)
                 keep.append(overrides)
         if errors:
-            from harness.config import ConfigError
+            from harness.config import ConfigError  # deferred: Hydra imports every plugin when any app starts
 
             reasons = {e for _, e in errors}
             if len(errors) == len(batch) and len(reasons) == 1:  # one reason for every point: one line

@@ -16,6 +16,7 @@ from harness.benchmarks.ruler.length import generate
 from harness.benchmarks.ruler.tasks import GENERATOR_NOTES, SEED, TASK_TEMPLATES, TASKS, VERSION
 from harness.benchmarks.text import sentence_splitter_name
 from harness.integrity import problems, write_manifest
+from harness.models.catalog import cache_root
 from harness.types import PromptFormat, Sample
 
 
@@ -42,7 +43,6 @@ def cache_key(task: str, length: int, fmt: PromptFormat, tokenizer_id: str) -> s
 
 
 def _cache_dir() -> Path:
-    from harness.models.catalog import cache_root
 
     return cache_root() / "ruler"
 
