@@ -75,6 +75,8 @@ class LatencySchema(CommonSchema):
     seed: int = 0
     prompts: str = "auto"
     prompt_task: str = "qa_1"
+    prompt_benchmark: str = "ruler"
+    prompt_options: Any = None
 
 
 @dataclass

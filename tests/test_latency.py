@@ -242,3 +242,24 @@ def test_dry_run_plans_without_loading(monkeypatch, tmp_path):
     text = lat.plan_text(lat.prepare(lat.LatencyConfig.from_hydra(cfg)))
     assert "synth8b" in text and "batch=4 length=131072" in text and "batch=128 length=4096" in text
     assert "GiB" in text and "full {} vs specprefill" not in text and "specprefill" in text
+
+
+def test_latency_prompts_come_from_any_registered_benchmark(tmp_path, monkeypatch):
+    """LongBench (local fixtures) prompts a latency grid, cut to each point's length; a point
+    its contexts cannot fill is a failed row naming the shortfall, and the grid goes on."""
+    monkeypatch.chdir(tmp_path)
+    data = Path(__file__).parent / "fixtures" / "longbench"
+    common = ["method=rag_bm25", "prompt_benchmark=longbench", "prompt_task=hotpotqa", "warmup=0", "iters=1",
+              f"prompt_options={{data_dir:{data}}}"]  # fmt: skip
+    job = _lat(tmp_path, *common, "grid=[[1,192],[1,2048]]")
+    assert job.prompt_source == f'longbench/hotpotqa {{"data_dir": "{data}"}}'
+    rows = RunStore(lat.execute(job)).read().set_index(["unit", "method"])
+    ok = rows.loc["b1-n192"]
+    assert (ok["status"] == "ok").all() and (ok["prompt_tokens"] > 0.8 * (192 - 32)).all()
+    assert (ok["prompt_tokens"] <= 192).all()  # middle-truncated to the point, not the model's window
+    short = rows.loc["b1-n2048"]
+    assert (short["status"] == "failed").all() and short["error"].str.contains("allowed: 1612..2048 tokens").all()
+    with pytest.raises(ValueError, match="unknown benchmark 'longbenc'"):
+        _lat(tmp_path, *common, "prompt_benchmark=longbenc", "grid=[[1,192]]")
+    with pytest.raises(ValueError, match="unknown longbench task 'hotpot'"):
+        _lat(tmp_path, *common, "prompt_task=hotpot", "grid=[[1,192]]")

@@ -14,9 +14,14 @@ iterations are recorded, flagged and left out of the statistics. ``conf/latency.
 sweeps jobs, each with its own reference measurement, so every ratio is side by side.
 
 Prompts: random token ids where both methods choose among prompt tokens (``scope``
-``prompt``: they need no text); benchmark prompts (RULER ``prompt_task`` at the grid
-length, generated offline) where a method rewrites the context or needs the question.
-Each row says which (``prompt_source``).
+``prompt``: they need no text); benchmark prompts where a method rewrites the context or
+needs the question: ``prompt_task`` of any registered benchmark (``prompt_benchmark``,
+default RULER, generated offline to the grid length; ``prompt_options`` are its options,
+e.g. ``data_dir`` for LongBench), built at the grid length as that benchmark builds them
+(RULER fills it, LongBench and InfiniteBench truncate to it). Each row records its prompt
+tokens; a benchmark whose prompts fall short of a grid length (a corpus shorter than the
+point) is refused at that point rather than measured under the wrong length. Each row
+says which prompts (``prompt_source``).
 
 Prefix caching: the transformers backend starts every prefill from an empty
 ``DynamicCache`` (there is no prefix cache to disable); the vLLM backend disables it and
@@ -98,6 +103,18 @@ class LatencyConfig:
     backend: str = "transformers"
     prompts: str = "auto"
     prompt_task: str = "qa_1"
+    prompt_benchmark: str = "ruler"
+    prompt_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def prompt_config(self, length: int, limit: int = 10) -> BenchmarkConfig:
+        """The benchmark whose ``prompt_task`` prompts a grid point of ``length`` tokens plans."""
+        return BenchmarkConfig(
+            name=self.prompt_benchmark,
+            length=length,
+            tasks=(self.prompt_task,),
+            limit=limit,
+            options=dict(self.prompt_options),
+        )
 
     def __post_init__(self) -> None:
         if not self.grid:
@@ -143,6 +160,8 @@ class LatencyConfig:
             backend=str(c["backend"]),
             prompts=str(c["prompts"]),
             prompt_task=str(c["prompt_task"]),
+            prompt_benchmark=str(c["prompt_benchmark"]),
+            prompt_options=dict(c["prompt_options"] or {}),
         )
 
 
@@ -155,7 +174,8 @@ class LatencyJob:
     cfg: LatencyConfig
     method: Method
     reference: Method
-    #: ``random``, or ``ruler/<task>`` (benchmark prompts at each grid length).
+    #: ``random``, or ``<benchmark>/<task>`` (benchmark prompts at each grid length; with
+    #: the benchmark's options where any are given).
     prompt_source: str
     config_hash: str
     folder: Path
@@ -219,11 +239,11 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
         )
     source = "random"
     if (needs_text and cfg.prompts == "auto") or cfg.prompts == "benchmark":
-        source = f"ruler/{cfg.prompt_task}"
-        for _, n in cfg.grid:  # the benchmark refuses a task or length it cannot generate
-            build_benchmark(BenchmarkConfig(name="ruler", length=n, tasks=(cfg.prompt_task,))).check_model(
-                cfg.model.max_context
-            )
+        source = f"{cfg.prompt_benchmark}/{cfg.prompt_task}"
+        if cfg.prompt_options:
+            source += " " + json.dumps(cfg.prompt_options, sort_keys=True)
+        for _, n in cfg.grid:  # the benchmark refuses a name, task, option or length it cannot give
+            build_benchmark(cfg.prompt_config(n)).check_model(cfg.model.max_context)
     identity = {
         "model": model_identity(cfg.model),
         "method": {"name": method.name, **method.options()},
@@ -284,17 +304,41 @@ class PromptSource:
         self.samples: list[Prompt] = []
         if job.prompt_source != "random":
             iters = job.cfg.warmup + job.cfg.iters
-            bench = build_benchmark(
-                BenchmarkConfig(name="ruler", length=length, tasks=(job.cfg.prompt_task,), limit=batch * iters)
-            )
-            tok, samples = benchmark_samples(job.cfg.model, bench)
+            bench = build_benchmark(job.cfg.prompt_config(length, limit=batch * iters))
+            # A benchmark that truncates (LongBench, InfiniteBench) cuts to the point's length.
+            tok, samples = benchmark_samples(job.cfg.model, bench, prompt_tokens=length)
             self.samples = [sample_prompt(s, tok)[0] for s in samples]
+            low = int(MIN_PROMPT_FILL * (length - (bench.max_new_tokens() or 0)))
+            check_prompts(job.prompt_source, [p.n for p in self.samples], batch * iters, low, length)
 
     def prompts(self, iteration: int) -> list[Prompt]:
         if self.job.prompt_source == "random":
             vocab = min(len(self.backend.tokenizer), Shape.of(self.backend.base_config).vocab)
             return random_prompts(self.batch, self.length, vocab, self.gen)
         return self.samples[iteration * self.batch : (iteration + 1) * self.batch]
+
+
+#: A benchmark prompt may fall this far below its grid length less the benchmark's answer
+#: tokens (RULER leaves room for its answer and fills to a whole sentence or needle line);
+#: further, the point would be measured under the wrong length.
+MIN_PROMPT_FILL = 0.8
+
+
+def check_prompts(source: str, lengths: list[int], wanted: int, low: int, length: int) -> None:
+    """Refuse a grid point its benchmark prompts cannot fill: too few samples for every
+    iteration, or prompts well short of (or beyond) the point's length."""
+    if len(lengths) < wanted:
+        raise ValueError(
+            f"prompts {source}: {len(lengths)} samples at length {length}, the point needs {wanted} "
+            f"(batch x (warmup + iters)); allowed: a task with that many samples, or a smaller batch or iters"
+        )
+    short = [n for n in lengths if not low <= n <= length]
+    if short:
+        raise ValueError(
+            f"prompts {source}: {len(short)} of {len(lengths)} prompts have {min(short)}-{max(short)} tokens at grid "
+            f"length {length}; allowed: {low}..{length} tokens (a task whose contexts reach the length, or a "
+            f"shorter grid point)"
+        )
 
 
 @dataclass
@@ -322,8 +366,23 @@ def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int) ->
     """All iterations of one grid point, methods interleaved on the same prompts; a method
     that cannot run here (or raises) gets a failed row (:func:`harness.jobs.lifecycle.measured`) and
     the point goes on."""
-    source = PromptSource(job, backend, batch, length)
     unit = f"b{batch}-n{length}"
+    try:
+        source = PromptSource(job, backend, batch, length)
+    except Exception as e:  # prompts this point cannot have (too short, too few): its rows fail, the grid goes on
+        error = e
+
+        def refused() -> dict[str, Any]:
+            raise error
+
+        return [
+            measured(
+                {**method_columns(m, job.reference.name), "row_key": f"{unit}/0/{m.name}-{config_hash(m.options())}",
+                 "unit": unit, "batch": batch, "length": length, "iteration": 0, "warmup": False},
+                refused,
+            )
+            for m in job.methods
+        ]  # fmt: skip
     rows = []
     bar = tqdm(range(job.cfg.warmup + job.cfg.iters), desc=f"batch {batch} x {length}", unit="iter", leave=False)
     for it in bar:
