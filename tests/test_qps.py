@@ -10,8 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from harness.analysis.serving import point_stats, summarize_qps, summarize_qps_rates
-from harness.jobs.qps import QPSConfig, next_rate, passes, prepare, request_text, truncate_at_stop
 from harness.jobs import qps
+from harness.jobs.qps import QPSConfig, next_rate, passes, prepare, request_text, truncate_at_stop
 from harness.store import RunStore
 from harness.types import Sample
 

@@ -24,6 +24,7 @@ def benchmark_samples(
     tokens (a latency grid point's length)."""
     tok = load_tokenizer(model)
     fmt = PromptFormat.from_tokenizer(tok, model.chat_template)
+
     def count(s: str) -> int:
         return len(tok(s, add_special_tokens=fmt.add_special_tokens).input_ids)
 
