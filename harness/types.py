@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specprefill.plan import prompt_text
+
 
 @dataclass(frozen=True)
 class Sample:
     """One benchmark sample, split into the parts methods may treat differently.
 
-    ``prompt`` is the full text the model sees (chat template applied):
-    ``head + instruction + context + question + tail + answer_prefix``.
+    ``prompt`` is the full text the model sees (chat template applied), as
+    :meth:`PromptFormat.wrap` assembles it from the parts.
     ``spans``: character spans in ``prompt`` of the evidence a diagnostic tracks
     (RULER needles, variable-tracking chain statements, QA gold documents).
     ``length``: RULER's target length, or the dataset's own length field (LongBench).
@@ -58,6 +60,10 @@ class PromptFormat:
     head: str = ""
     tail: str = ""
     add_special_tokens: bool = True
+
+    def wrap(self, instruction: str, context: str, question: str, answer_prefix: str = "") -> str:
+        """A sample's prompt text in this format (:func:`specprefill.plan.prompt_text`)."""
+        return prompt_text(self.head, instruction, context, question, self.tail, answer_prefix)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: object, chat: bool) -> PromptFormat:

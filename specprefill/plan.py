@@ -19,6 +19,13 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import torch
 
 
+def prompt_text(head: str, instruction: str, context: str, question: str, tail: str, answer_prefix: str) -> str:
+    """The prompt text from its parts, the one place it is assembled: the user turn
+    (``instruction + context + question``) inside the chat template's ``head`` and
+    ``tail``, then the answer prefix."""
+    return head + instruction + context + question + tail + answer_prefix
+
+
 @dataclass(frozen=True)
 class Prompt:
     """A tokenized prompt plus its text parts (methods that rewrite text need them).
@@ -46,7 +53,7 @@ class Prompt:
     def text(self, context: str | None = None) -> str:
         """The prompt text, with ``context`` in place of the original context if given."""
         ctx = self.context if context is None else context
-        return self.head + self.instruction + ctx + self.question + self.tail + self.answer_prefix
+        return prompt_text(self.head, self.instruction, ctx, self.question, self.tail, self.answer_prefix)
 
 
 @dataclass(frozen=True)

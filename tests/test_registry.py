@@ -111,7 +111,7 @@ class Quotes(Benchmark):
         out = []
         for i, row in enumerate(rows[: self.cfg.limit]):
             instruction, context, question = "Read the quotes.\\n", row["context"], "\\nWho said it?"
-            prompt = tok.fmt.head + instruction + context + question + tok.fmt.tail
+            prompt = tok.fmt.wrap(instruction, context, question)
             out.append(Sample(benchmark=self.name, task="who_said", sample_id=i, length=self.cfg.length,
                               instruction=instruction, context=context, question=question, answer_prefix="",
                               prompt=prompt, references=(row["answer"],), max_new_tokens=4, metric="exact",

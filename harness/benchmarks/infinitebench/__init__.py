@@ -198,7 +198,7 @@ class InfiniteBench(Benchmark):
             context=context,
             question=tail,
             answer_prefix="",
-            prompt=fmt.head + head + context + tail + fmt.tail,
+            prompt=fmt.wrap(head, context, tail),
             references=tuple(refs),
             max_new_tokens=MAX_NEW_TOKENS[task],
             metric=task,

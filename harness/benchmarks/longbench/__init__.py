@@ -154,7 +154,7 @@ def build_sample(
         context=context,
         question=tail,
         answer_prefix="",
-        prompt=fmt.head + head + context + tail + fmt.tail,
+        prompt=fmt.wrap(head, context, tail),
         references=tuple(str(a) for a in answers),
         max_new_tokens=MAX_NEW_TOKENS[task],
         metric=METRIC[task],

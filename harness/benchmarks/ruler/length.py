@@ -53,8 +53,7 @@ def generate(
     reserve = gen.tokens_to_generate if gen.reserve_generation else 0
 
     def render(p: Parts) -> tuple[str, int]:
-        user = p.instruction + p.context + p.question
-        prompt = fmt.head + user + fmt.tail + p.answer_prefix
+        prompt = fmt.wrap(p.instruction, p.context, p.question, p.answer_prefix)
         return prompt, len(fmt.head) + len(p.instruction)
 
     if isinstance(gen, VariableTracking) and length > 500:
@@ -117,5 +116,5 @@ def _probe_fits(
     gen: TaskGen, n: int, length: int, fmt: PromptFormat, count_tokens: Callable[[str], int], reserve: int
 ) -> bool:
     p = gen.build(n, Rng(SEED))
-    prompt = fmt.head + p.instruction + p.context + p.question + fmt.tail + p.answer_prefix
+    prompt = fmt.wrap(p.instruction, p.context, p.question, p.answer_prefix)
     return count_tokens(prompt + gen.probe_text(p)) + reserve <= length
