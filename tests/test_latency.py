@@ -239,7 +239,7 @@ def test_dry_run_plans_without_loading(monkeypatch, tmp_path):
     monkeypatch.setattr(models, "load_tokenizer", boom)
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="latency", overrides=["model=synth8b", "grid=[[4,131072],[128,4096]]"])
-    text = lat.plan_text(lat.prepare(lat.LatencyConfig.from_hydra(cfg)))
+    text = lat.prepare(lat.LatencyConfig.from_hydra(cfg)).plan_text()
     assert "synth8b" in text and "batch=4 length=131072" in text and "batch=128 length=4096" in text
     assert "GiB" in text and "full {} vs specprefill" not in text and "specprefill" in text
 

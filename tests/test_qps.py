@@ -216,12 +216,11 @@ def test_the_server_command_disables_prefix_caching(monkeypatch, tmp_path):
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(capsys):
-    from harness.jobs.qps import plan_text
 
     job = prepare(_cfg("method=specprefill", "keep=0.1"))
-    text = plan_text(job)
+    text = job.plan_text()
     assert "a specprefill front" in text and "poisson" in text and "qps-specprefill-" in text
-    assert "front" not in plan_text(prepare(_cfg("method=full"))).split(";")[0]
+    assert "front" not in prepare(_cfg("method=full")).plan_text().split(";")[0]
 
 
 @pytest.mark.slow

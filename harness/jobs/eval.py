@@ -44,11 +44,10 @@ from harness.config import (
 from harness.diagnostics import needle_depth, needle_kept, needle_tokens
 from harness.dryrun import requirements_text
 from harness.jobs import lifecycle as jobs
-from harness.jobs.lifecycle import measured
+from harness.jobs.lifecycle import ModelJob, measured
 from harness.models.backends import make_backend
 from harness.models.catalog import ModelConfig, check_backend
 from harness.models.loading import check_runnable
-from harness.models.placement import Placement
 from harness.models.placement import plan as place
 from harness.prompts import sample_prompt
 from harness.provenance import provenance
@@ -57,7 +56,7 @@ from harness.store import RunStore, check_layout, method_columns
 from harness.timing import flops
 from harness.types import Sample
 from specprefill.flops import Shape
-from specprefill.plan import Backend, Method
+from specprefill.plan import Backend
 
 
 @dataclass(frozen=True)
@@ -91,27 +90,42 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
-class Job:
+class Job(ModelJob):
     """A validated, ready-to-run eval job (nothing loaded yet): a :class:`harness.jobs.lifecycle.Job`."""
 
     kind: ClassVar[str] = "eval"
     retry_failed: ClassVar[bool] = True
     cfg: RunConfig
-    method: Method
     benchmark: Benchmark
-    config_hash: str
-    folder: Path
-    placement: Placement
-
-    @property
-    def out(self) -> Path:
-        return self.cfg.out
 
     def config(self) -> dict[str, Any]:
-        return job_config(self)
+        """What ``config.yaml`` records of an eval job."""
+        return {
+            "kind": "eval",
+            "model": dataclasses.asdict(self.cfg.model),
+            "method": {"name": self.method.name, **self.method.options()},
+            "reference": self.cfg.reference,
+            "benchmark": {
+                **self.benchmark.options(),
+                "tasks": list(self.benchmark.tasks),
+                "limit": self.cfg.benchmark.limit,
+            },
+            "backend": self.cfg.backend,
+            "placement": dataclasses.asdict(self.placement),
+            "config_hash": self.config_hash,
+        }
 
     def plan_text(self) -> str:
-        return plan_text(self)
+        c = self.cfg
+        prompts = c.benchmark.limit * len(self.benchmark.tasks)  # at most: a task may have fewer samples
+        work = [(prompts, longest_prompt(c.model, c.benchmark))]
+        return (
+            f"[dry run] {c.model.name} {self.method.name} {json.dumps(self.method.options())} "
+            f"{self.benchmark.name}-{c.benchmark.length} tasks={list(self.benchmark.tasks)} "
+            f"limit={c.benchmark.limit} backend={c.backend} -> {self.folder}\n"
+            f"          {backend_plan(c.model, c.backend, self.method.needs_speculator, self.placement.max_model_len)}\n"
+            + requirements_text(c.model, self.placement, work, indent=" " * 10)
+        )
 
     @contextlib.contextmanager
     def session(self, store: RunStore) -> Iterator[EvalSession]:
@@ -214,19 +228,6 @@ def backend_plan(model: ModelConfig, backend: str, needs_speculator: bool, max_m
     return f"backend transformers: base ({model.dtype}) and speculator {spec} in this process"
 
 
-def plan_text(job: Job) -> str:
-    c = job.cfg
-    prompts = c.benchmark.limit * len(job.benchmark.tasks)  # at most: a task may have fewer samples
-    work = [(prompts, longest_prompt(c.model, c.benchmark))]
-    return (
-        f"[dry run] {c.model.name} {job.method.name} {json.dumps(job.method.options())} "
-        f"{job.benchmark.name}-{c.benchmark.length} tasks={list(job.benchmark.tasks)} "
-        f"limit={c.benchmark.limit} backend={c.backend} -> {job.folder}\n"
-        f"          {backend_plan(c.model, c.backend, job.method.needs_speculator, job.placement.max_model_len)}\n"
-        + requirements_text(c.model, job.placement, work, indent=" " * 10)
-    )
-
-
 def decode_budget(
     sample: Sample, prompt_tokens: int, model: ModelConfig, cap: int | None, window: int | None = None
 ) -> int:
@@ -282,20 +283,6 @@ def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> di
         "timing_source": gen.timing_source,
         "output_tokens": len(gen.token_ids),
         "max_new_tokens": max_new,
-    }
-
-
-def job_config(job: Job) -> dict[str, Any]:
-    """What ``config.yaml`` records of an eval job."""
-    return {
-        "kind": "eval",
-        "model": dataclasses.asdict(job.cfg.model),
-        "method": {"name": job.method.name, **job.method.options()},
-        "reference": job.cfg.reference,
-        "benchmark": {**job.benchmark.options(), "tasks": list(job.benchmark.tasks), "limit": job.cfg.benchmark.limit},
-        "backend": job.cfg.backend,
-        "placement": dataclasses.asdict(job.placement),
-        "config_hash": job.config_hash,
     }
 
 

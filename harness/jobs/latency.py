@@ -71,11 +71,10 @@ from harness.config import (
 )
 from harness.dryrun import requirements_text
 from harness.jobs import lifecycle as jobs
-from harness.jobs.lifecycle import measured
+from harness.jobs.lifecycle import ModelJob, measured
 from harness.models.backends import make_backend
 from harness.models.catalog import BYTES_PER_PARAM, ModelConfig, check_backend
 from harness.models.loading import check_runnable
-from harness.models.placement import Placement
 from harness.models.placement import plan as place
 from harness.prompts import random_prompts, sample_prompt
 from harness.provenance import provenance
@@ -166,30 +165,56 @@ class LatencyConfig:
 
 
 @dataclass(frozen=True)
-class LatencyJob:
+class LatencyJob(ModelJob):
     """A validated latency job (a :class:`harness.jobs.lifecycle.Job`): a unit is a grid point."""
 
     kind: ClassVar[str] = "latency"
     retry_failed: ClassVar[bool] = True
     cfg: LatencyConfig
-    method: Method
     reference: Method
     #: ``random``, or ``<benchmark>/<task>`` (benchmark prompts at each grid length; with
     #: the benchmark's options where any are given).
     prompt_source: str
-    config_hash: str
-    folder: Path
-    placement: Placement
-
-    @property
-    def out(self) -> Path:
-        return self.cfg.out
 
     def config(self) -> dict[str, Any]:
-        return job_config(self)
+        c = self.cfg
+        return {
+            "kind": "latency",
+            "model": dataclasses.asdict(c.model),
+            "method": {"name": self.method.name, **self.method.options()},
+            "reference": {"name": self.reference.name, **self.reference.options()},
+            "grid": [list(p) for p in c.grid],
+            "warmup": c.warmup,
+            "iters": c.iters,
+            "seed": c.seed,
+            "backend": c.backend,
+            "prompts": self.prompt_source,
+            "placement": dataclasses.asdict(self.placement),
+            "config_hash": self.config_hash,
+        }
 
     def plan_text(self) -> str:
-        return plan_text(self)
+        """What a run would do and need, without loading anything (``dry_run=true``)."""
+        c, m = self.cfg, self.cfg.model
+        names = " vs ".join(f"{x.name} {json.dumps(x.options())}" for x in reversed(self.methods))
+        lines = [
+            f"[latency plan] {m.name} ({m.weights_label} weights, {m.dtype}), speculator {m.speculator}, backend {c.backend}",
+            f"  {names}; prompts {self.prompt_source}",
+            f"  {c.warmup} warm-up + {c.iters} timed iterations per point, methods interleaved on the same prompts",
+            requirements_text(
+                m, self.placement, [(b * (c.warmup + c.iters) * len(self.methods), n) for b, n in c.grid]
+            ),
+            f"  this machine: {'cuda' if torch.cuda.is_available() else 'cpu'}; results: {self.folder}",
+        ]
+        for b, n in c.grid:
+            kv = ""
+            if m.shape:
+                per_tok = 2 * m.shape["num_hidden_layers"] * m.shape["num_key_value_heads"] * m.shape["head_dim"]
+                kv = f", base KV cache {b * n * per_tok * BYTES_PER_PARAM[m.dtype] / 2**30:.2f} GiB"
+            lines.append(f"  point batch={b} length={n} ({b * n} tokens){kv}")
+        return "\n".join(lines)
+
+    # --------------------------------------------------------------------------- measurement
 
     @contextlib.contextmanager
     def session(self, store: RunStore) -> Iterator[LatencySession]:
@@ -270,29 +295,6 @@ def validate(cfg: DictConfig) -> Path:
     """Build one sweep point's job, loading nothing, and return its run folder (the
     validating sweeper calls this, and runs each folder once)."""
     return prepare(LatencyConfig.from_hydra(cfg)).folder
-
-
-def plan_text(job: LatencyJob) -> str:
-    """What a run would do and need, without loading anything (``dry_run=true``)."""
-    c, m = job.cfg, job.cfg.model
-    names = " vs ".join(f"{x.name} {json.dumps(x.options())}" for x in reversed(job.methods))
-    lines = [
-        f"[latency plan] {m.name} ({m.weights_label} weights, {m.dtype}), speculator {m.speculator}, backend {c.backend}",
-        f"  {names}; prompts {job.prompt_source}",
-        f"  {c.warmup} warm-up + {c.iters} timed iterations per point, methods interleaved on the same prompts",
-        requirements_text(m, job.placement, [(b * (c.warmup + c.iters) * len(job.methods), n) for b, n in c.grid]),
-        f"  this machine: {'cuda' if torch.cuda.is_available() else 'cpu'}; results: {job.folder}",
-    ]
-    for b, n in c.grid:
-        kv = ""
-        if m.shape:
-            per_tok = 2 * m.shape["num_hidden_layers"] * m.shape["num_key_value_heads"] * m.shape["head_dim"]
-            kv = f", base KV cache {b * n * per_tok * BYTES_PER_PARAM[m.dtype] / 2**30:.2f} GiB"
-        lines.append(f"  point batch={b} length={n} ({b * n} tokens){kv}")
-    return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- measurement
 
 
 class PromptSource:
@@ -399,24 +401,6 @@ def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int) ->
             }
             rows.append(measured(row, functools.partial(measure, m, prompts, backend)))
     return rows
-
-
-def job_config(job: LatencyJob) -> dict[str, Any]:
-    c = job.cfg
-    return {
-        "kind": "latency",
-        "model": dataclasses.asdict(c.model),
-        "method": {"name": job.method.name, **job.method.options()},
-        "reference": {"name": job.reference.name, **job.reference.options()},
-        "grid": [list(p) for p in c.grid],
-        "warmup": c.warmup,
-        "iters": c.iters,
-        "seed": c.seed,
-        "backend": c.backend,
-        "prompts": job.prompt_source,
-        "placement": dataclasses.asdict(job.placement),
-        "config_hash": job.config_hash,
-    }
 
 
 def execute(job: LatencyJob) -> Path:

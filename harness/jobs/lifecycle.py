@@ -18,15 +18,17 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from tqdm.auto import tqdm
 
 from harness.config import finish
+from harness.models.placement import Placement
 from harness.rendering import report
 from harness.store import RunStore, record
-from specprefill.plan import Unsupported
+from specprefill.plan import Method, Unsupported
 
 
 class Session(Protocol):
@@ -86,6 +88,23 @@ class Job(Protocol):
     def session(self, store: RunStore) -> AbstractContextManager[Session]:
         """Load what the job needs; leave it (servers stopped) on exit."""
         ...
+
+
+@dataclass(frozen=True)
+class ModelJob:
+    """What the eval, latency and QPS jobs hold alike: the validated config (its ``out`` is
+    the results folder), the method measured, the run's identity and folder, and the
+    placement planned for the model. Each kind adds what it measures on."""
+
+    cfg: Any
+    method: Method
+    config_hash: str
+    folder: Path
+    placement: Placement
+
+    @property
+    def out(self) -> Path:
+        return Path(self.cfg.out)
 
 
 def measured(row: dict[str, Any], fn: Callable[[], dict[str, Any]], hardware: str | None = None) -> dict[str, Any]:

@@ -86,10 +86,21 @@ class LMEvalJob:
     folder: Path
 
     def config(self) -> dict[str, Any]:
-        return job_config(self)
+        return {
+            "kind": "eval",
+            "model": dataclasses.asdict(self.model),
+            "method": {"name": self.method.name, **self.method.options()},
+            "reference": self.reference,
+            "benchmark": {"name": "lm-eval", **self.options()},
+            "backend": self.backend,
+            "config_hash": self.config_hash,
+        }
 
     def plan_text(self) -> str:
-        return plan_text(self)
+        return (
+            f"[dry run] lm-eval {list(self.tasks)} limit={self.limit} {self.model.name} {self.method.name} "
+            f"{json.dumps(self.method.options())} backend={self.backend} -> {self.folder}"
+        )
 
     @contextlib.contextmanager
     def session(self, store: RunStore) -> Iterator[LMEvalSession]:
@@ -242,18 +253,6 @@ def prediction(sample: dict[str, Any]) -> str:
     return str(resps[0]) if resps else ""
 
 
-def job_config(job: LMEvalJob) -> dict[str, Any]:
-    return {
-        "kind": "eval",
-        "model": dataclasses.asdict(job.model),
-        "method": {"name": job.method.name, **job.method.options()},
-        "reference": job.reference,
-        "benchmark": {"name": "lm-eval", **job.options()},
-        "backend": job.backend,
-        "config_hash": job.config_hash,
-    }
-
-
 def evaluate(job: LMEvalJob, lm: Any) -> dict[str, Any]:
     """``lm_eval.simple_evaluate`` with our model, the local tasks and the job's settings."""
     import lm_eval
@@ -349,13 +348,6 @@ class LMEvalSession:
 def execute(job: LMEvalJob) -> Path:
     """Run the job (resuming from lm-eval's request cache); one row per document not yet stored."""
     return jobs.execute(job)
-
-
-def plan_text(job: LMEvalJob) -> str:
-    return (
-        f"[dry run] lm-eval {list(job.tasks)} limit={job.limit} {job.model.name} {job.method.name} "
-        f"{json.dumps(job.method.options())} backend={job.backend} -> {job.folder}"
-    )
 
 
 @hydra.main(config_path="../../conf", config_name="lm_eval", version_base="1.3")

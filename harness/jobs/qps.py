@@ -79,10 +79,10 @@ from harness.config import (
 )
 from harness.dryrun import requirements_text
 from harness.jobs import lifecycle as jobs
+from harness.jobs.lifecycle import ModelJob
 from harness.models.backends import EngineRefused
 from harness.models.catalog import ModelConfig
 from harness.models.loading import check_runnable, load_tokenizer, vllm_engine_args, vllm_model
-from harness.models.placement import Placement
 from harness.models.placement import plan as place
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
@@ -96,7 +96,7 @@ from specprefill.backends.vllm import (
     check_positions,
     require_positions,
 )
-from specprefill.plan import Method, check_choice
+from specprefill.plan import check_choice
 
 ARRIVALS = ("poisson", "constant")
 SERVED_NAME = "specprefill-base"
@@ -180,27 +180,49 @@ class QPSConfig:
 
 
 @dataclass(frozen=True)
-class QPSJob:
+class QPSJob(ModelJob):
     """A validated serving job (a :class:`harness.jobs.lifecycle.Job`): a unit is a request rate."""
 
     kind: ClassVar[str] = "qps"
     retry_failed: ClassVar[bool] = False  # a failed request is a measurement of its rate
     cfg: QPSConfig
-    method: Method
     benchmark: Benchmark
-    config_hash: str
-    folder: Path
-    placement: Placement
-
-    @property
-    def out(self) -> Path:
-        return self.cfg.out
 
     def config(self) -> dict[str, Any]:
-        return job_config(self)
+        c = self.cfg
+        return {
+            "kind": "qps",
+            "model": dataclasses.asdict(c.model),
+            "method": {"name": self.method.name, **self.method.options()},
+            "reference": c.reference,
+            "benchmark": {**self.benchmark.options(), "tasks": list(self.benchmark.tasks), "limit": c.benchmark.limit},
+            "qps": dataclasses.asdict(c.qps),
+            "config_hash": self.config_hash,
+        }
 
     def plan_text(self) -> str:
-        return plan_text(self)
+        c, q = self.cfg, self.cfg.qps
+        search = (
+            f"rates {list(q.rates)}"
+            if q.rates
+            else f"search from {q.start_rate} req/s x{q.growth} (<= {q.max_points} points) + {q.bisect_steps} bisection(s)"
+        )
+        served = (
+            "vllm serve"
+            if self.method.identity
+            else f"vllm serve + a {self.method.name} front (the method plans there, {front_settings(q)})"
+        )
+        return (
+            f"[qps plan] {c.model.name} {self.method.name} {json.dumps(self.method.options())} "
+            f"{self.benchmark.name}-{c.benchmark.length} tasks={list(self.benchmark.tasks)} limit={c.benchmark.limit}\n"
+            f"           {served}; {q.arrival} arrivals; {search}; every sample once per rate, {q.warmups} warm-up\n"
+            f"           a rate passes with <= {q.max_timeouts} requests over {q.timeout_s:g} s (or failed) and "
+            f"TTFT p90 <= {q.ttft_p90_slo_s:g} s\n"
+            + requirements_text(c.model, self.placement, indent=" " * 11)
+            + f"\n           results: {self.folder}"
+        )
+
+    # --------------------------------------------------------------------------- servers
 
     @contextlib.contextmanager
     def session(self, store: RunStore) -> Iterator[QPSSession]:
@@ -281,32 +303,6 @@ def validate(cfg: DictConfig) -> Path:
     """Build one sweep point's job, starting nothing, and return its run folder (the
     validating sweeper calls this, and runs each folder once)."""
     return prepare(QPSConfig.from_hydra(cfg)).folder
-
-
-def plan_text(job: QPSJob) -> str:
-    c, q = job.cfg, job.cfg.qps
-    search = (
-        f"rates {list(q.rates)}"
-        if q.rates
-        else f"search from {q.start_rate} req/s x{q.growth} (<= {q.max_points} points) + {q.bisect_steps} bisection(s)"
-    )
-    served = (
-        "vllm serve"
-        if job.method.identity
-        else f"vllm serve + a {job.method.name} front (the method plans there, {front_settings(q)})"
-    )
-    return (
-        f"[qps plan] {c.model.name} {job.method.name} {json.dumps(job.method.options())} "
-        f"{job.benchmark.name}-{c.benchmark.length} tasks={list(job.benchmark.tasks)} limit={c.benchmark.limit}\n"
-        f"           {served}; {q.arrival} arrivals; {search}; every sample once per rate, {q.warmups} warm-up\n"
-        f"           a rate passes with <= {q.max_timeouts} requests over {q.timeout_s:g} s (or failed) and "
-        f"TTFT p90 <= {q.ttft_p90_slo_s:g} s\n"
-        + requirements_text(c.model, job.placement, indent=" " * 11)
-        + f"\n           results: {job.folder}"
-    )
-
-
-# --------------------------------------------------------------------------- servers
 
 
 def free_port() -> int:
@@ -636,19 +632,6 @@ def next_rate(q: QPSSettings, tested: dict[float, bool]) -> float | None:
     return round((lo + hi) / 2, 6)
 
 
-def job_config(job: QPSJob) -> dict[str, Any]:
-    c = job.cfg
-    return {
-        "kind": "qps",
-        "model": dataclasses.asdict(c.model),
-        "method": {"name": job.method.name, **job.method.options()},
-        "reference": c.reference,
-        "benchmark": {**job.benchmark.options(), "tasks": list(job.benchmark.tasks), "limit": c.benchmark.limit},
-        "qps": dataclasses.asdict(c.qps),
-        "config_hash": job.config_hash,
-    }
-
-
 def tested(store: RunStore) -> dict[float, bool]:
     """The rates measured so far and whether each passed."""
     df = store.read()
@@ -736,7 +719,7 @@ def main(cfg: DictConfig) -> None:
     run exits 0 whatever they were; a run that cannot go on raises."""
     with config_errors():
         job = prepare(QPSConfig.from_hydra(cfg))
-    print(plan_text(job))
+    print(job.plan_text())
     if cfg.dry_run:
         return
     # SIGTERM (a scheduler's kill) unwinds like Ctrl-C, so the servers are stopped.

@@ -69,6 +69,8 @@ def register() -> None:
     registered alone, ours would hide ``hf`` and the rest)."""
     import lm_eval.models  # noqa: F401
 
+    import harness.lm_eval.model  # noqa: F401  (deferred: after lm_eval.models)
+
 
 def main(argv: list[str] | None = None) -> None:
     from lm_eval._cli import HarnessCLI
