@@ -59,3 +59,12 @@ def build_benchmark(cfg: benchmarks.BenchmarkConfig) -> benchmarks.Benchmark:
 def benchmark_names() -> list[str]:
     """Every registered benchmark's name."""
     return benchmarks.registered_benchmarks()
+
+
+def task_family(benchmark: str, task: str) -> str:
+    """The group ``benchmark`` puts ``task`` in (:meth:`Benchmark.family`); an unknown
+    benchmark's task is its own group."""
+    try:
+        return benchmarks.benchmark_class(benchmark).family(task)
+    except ValueError:
+        return task

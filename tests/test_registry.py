@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.registry import benchmark_names, build_method, method_names
+from harness.registry import benchmark_names, build_method, method_names, task_family
 from harness.store import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,3 +167,10 @@ def test_no_module_imports_the_method_or_benchmark_packages_for_their_side_effec
     assert "import" not in (ROOT / "harness" / "benchmarks" / "__init__.py").read_text().split('"""')[-1]
     src = textwrap.dedent((ROOT / "harness" / "config.py").read_text())
     assert "filter_layer" not in src and "gemfilter" not in src.lower()  # the config knows no method by name
+
+
+def test_a_benchmark_names_its_task_families_where_rows_carry_no_category():
+    """The paper's tables group RULER rows by family without knowing RULER: the benchmark says."""
+    assert task_family("ruler", "niah_multikey_2") == "niah" and task_family("ruler", "qa_1") == "qa"
+    assert task_family("longbench", "hotpotqa") == "hotpotqa"  # its rows carry their category
+    assert task_family("no-such-benchmark", "t") == "t"

@@ -77,6 +77,12 @@ class Benchmark(ABC):
                 raise ValueError(f"unknown {self.name} task {t!r}; allowed: {list(self.all_tasks)}{hint}")
         self.tasks = tasks
 
+    @classmethod
+    def family(cls, task: str) -> str:
+        """The group a task's rows fall in where they carry no ``category`` (the paper's
+        tables group by it): the task itself unless the benchmark says otherwise."""
+        return task
+
     def check_model(self, max_context: int) -> None:
         """Reject, before any work, a run the model's context window cannot hold."""
         n = self.cfg.length
@@ -131,10 +137,15 @@ def registered_benchmarks() -> list[str]:
     return sorted(_BENCHMARKS)
 
 
+def benchmark_class(name: str) -> type[Benchmark]:
+    """The class registered as ``name``, its module loaded on first use."""
+    if name not in _BENCHMARKS:
+        _load_all()
+    if name not in _BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; allowed: {sorted(_BENCHMARKS)}")
+    return _BENCHMARKS[name]
+
+
 def build_benchmark(cfg: BenchmarkConfig) -> Benchmark:
     """The benchmark registered as ``cfg.name``, its module loaded on first use."""
-    if cfg.name not in _BENCHMARKS:
-        _load_all()
-    if cfg.name not in _BENCHMARKS:
-        raise ValueError(f"unknown benchmark {cfg.name!r}; allowed: {sorted(_BENCHMARKS)}")
-    return _BENCHMARKS[cfg.name](cfg)
+    return benchmark_class(cfg.name)(cfg)

@@ -56,13 +56,13 @@ from harness.analysis.quality import (
 from harness.analysis.rows import normalize
 from harness.analysis.serving import summarize_qps
 from harness.analysis.stats import Estimate
-from harness.benchmarks.ruler.tasks import TASKS
 from harness.dryrun import (  # the FLOP model's GPU, shared with every dry run's estimate
     MFU,
     PEAK_FLOPS,
     prefill_gpu_hours,
 )
 from harness.models.placement import architecture
+from harness.registry import task_family
 from harness.rendering.plots import _panels, _plt
 from harness.rendering.tables import md_table
 from harness.store import read_results
@@ -241,11 +241,11 @@ def run(table: str, variant: str, dry_run: bool, root: Path = RESULTS) -> int:
 
 
 def category_of(row: pd.Series) -> str:
-    """A sample's category: the benchmark's own (LongBench), else RULER's task family."""
+    """A sample's category: the benchmark's own (LongBench), else its task's family
+    (:meth:`harness.benchmarks.base.Benchmark.family`: RULER's niah, vt, ...)."""
     if isinstance(row.get("category"), str) and row["category"]:
         return str(row["category"])
-
-    return TASKS[row["task"]][0] if row["task"] in TASKS else str(row["task"])
+    return task_family(str(row.get("benchmark", "")), str(row["task"]))
 
 
 @dataclass

@@ -79,6 +79,11 @@ class Ruler(Benchmark):
     metrics_version = METRICS_VERSION
     all_tasks = tuple(TASKS)
 
+    @classmethod
+    def family(cls, task: str) -> str:
+        """RULER's task family (niah, vt, cwe, fwe, qa)."""
+        return TASKS[task][0] if task in TASKS else task
+
     def check_model(self, max_context: int) -> None:
         n = self.cfg.length
         if not MIN_LENGTH <= n <= MAX_LENGTH:
