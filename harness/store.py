@@ -167,6 +167,11 @@ class EvalRecord(RunRecord):
     timing_source: str | None  # wall | engine | none (Generation.timing_source)
     output_tokens: int | None
     max_new_tokens: int | None  # the decode budget this sample had (the same for every method)
+    #: The base model's KV cache after the prefill (``Generation.kv_tokens`` / ``kv_bytes``):
+    #: what a KV press leaves, or what a shortened prompt fills; None where the backend
+    #: cannot see its cache (vLLM).
+    kv_tokens: int | None = None
+    kv_bytes: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

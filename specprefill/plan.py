@@ -72,6 +72,10 @@ class Plan:
     next_position: int
     kept_indices: torch.Tensor | None
     timings: Mapping[str, float] = field(default_factory=dict)
+    #: Prefill ``input_ids[:prefix]`` in one forward and the rest in a second, into the same
+    #: cache (a KV press acting inside the model compresses the first part only: the context
+    #: before the question is seen). None: the whole plan in one forward.
+    prefix: int | None = None
 
     @property
     def k(self) -> int:
@@ -114,6 +118,11 @@ class Generation:
     decode_s: float
     timing_source: str = "wall"
     first_logits: torch.Tensor | None = None
+    #: The base model's KV cache after the prefill: tokens held per layer (the most over
+    #: layers) and bytes over all layers, keys and values; None where the backend cannot see
+    #: its cache (a serving engine).
+    kv_tokens: int | None = None
+    kv_bytes: int | None = None
 
 
 class Unsupported(RuntimeError):
@@ -194,6 +203,10 @@ class Method(ABC):
     #: KV press), through :meth:`applied`; such a method needs the base model in this
     #: process (backend ``transformers``), where the hook can reach it.
     acts_in_model: ClassVar[bool] = False
+    #: Whether the keep budget applies to the base model's KV cache after the prefill (a KV
+    #: press: every token is prefilled, the cache keeps ``keep_rate`` of them) rather than
+    #: to what the plan prefills.
+    compresses_cache: ClassVar[bool] = False
     #: Whether the method reads the base model's own attention (``Backend.base_capture``:
     #: GemFilter), which only a backend holding the base in this process exposes.
     reads_base: ClassVar[bool] = False

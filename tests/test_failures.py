@@ -381,7 +381,10 @@ HYDRA_REFUSALS = [
     ),
     (["length=abc"], r"^length=abc is not an int; allowed: int >= 1"),
     (["keep=0.1,"], r"^keep=0\.1, ends with a comma; allowed: keep=<a fraction in \(0, 1\]>, or keep=a,b"),
-    (["method=nonexistent"], r"^method='nonexistent' is not in conf/method/; allowed: \['full', .*'truncate'\]$"),
+    (
+        ["method=nonexistent"],
+        r"^method='nonexistent' is not in conf/method/; allowed: \['expected_attention', .*'full', .*'truncate'\]$",
+    ),
     (["method=nonexistant_x", "model=tiny-random"], r"^method='nonexistant_x'.*allowed"),
     (
         ["keep=0.1,abc"],

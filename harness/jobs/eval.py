@@ -283,6 +283,8 @@ def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> di
         "timing_source": gen.timing_source,
         "output_tokens": len(gen.token_ids),
         "max_new_tokens": max_new,
+        "kv_tokens": gen.kv_tokens,
+        "kv_bytes": gen.kv_bytes,
     }
 
 

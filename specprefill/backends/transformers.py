@@ -12,7 +12,12 @@ fails when an upgrade changes what this module relies on:
   ``[batch, kv_heads, seq, d]``.
 * ``create_causal_mask`` treats non-contiguous ``position_ids`` *without* a cache and
   *without* an attention mask as packed sequences (no attention across the gaps). We
-  always pass an explicit 2-D attention mask, so the kept tokens see each other.
+  always pass an explicit 2-D attention mask, so the kept tokens see each other; its
+  length is the cache's length plus the new tokens (a KV press may have shortened the
+  cache).
+* ``LlamaModel.forward`` no longer passes ``cache_position`` to the attention layers
+  (transformers 5.3 removed it); kvpress's hooks read it, so
+  :func:`cache_positions_restored` gives it back as 4.56-5.2 computed it.
 """
 
 from __future__ import annotations
@@ -87,6 +92,50 @@ def capture_last_queries(model: Any) -> Iterator[list[list[torch.Tensor]]]:
     finally:
         for h in handles:
             h.remove()
+
+
+@contextmanager
+def cache_positions_restored(model: Any) -> Iterator[None]:
+    """Give every attention layer of ``model`` the ``cache_position`` keyword transformers
+    4.56-5.2 passed (``arange(past, past + q_len)``, ``past`` the cache's length before the
+    forward), for hooks written against those versions (kvpress's presses). A forward
+    pre-hook on the decoder stack reads the cache's length; one on each attention layer
+    adds the keyword where the caller gave none. Removed on exit."""
+    inner = model.model
+    past = [0]
+
+    def stack_pre(module: Any, args: tuple, kwargs: dict) -> None:
+        cache = kwargs.get("past_key_values")
+        past[0] = int(cache.get_seq_length()) if cache is not None else 0
+
+    def attn_pre(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        if kwargs.get("cache_position") is not None:
+            return None
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        kwargs["cache_position"] = torch.arange(past[0], past[0] + hidden.shape[1], device=hidden.device)
+        return args, kwargs
+
+    handles = [inner.register_forward_pre_hook(stack_pre, with_kwargs=True)]
+    try:
+        for attn in attention_layers(model):
+            handles.append(attn.register_forward_pre_hook(attn_pre, with_kwargs=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def cache_size(cache: Any) -> tuple[int, int]:
+    """(tokens held, the most over layers; bytes of keys and values over all layers) of a
+    ``DynamicCache``."""
+    tokens, nbytes = 0, 0
+    for layer in cache.layers:
+        for t in (layer.keys, layer.values):
+            if isinstance(t, torch.Tensor) and t.numel():
+                nbytes += t.numel() * t.element_size()
+        if isinstance(layer.keys, torch.Tensor) and layer.keys.dim() == 4:
+            tokens = max(tokens, int(layer.keys.shape[2]))
+    return tokens, nbytes
 
 
 def early_exit_view(base: Any, num_layers: int) -> Any:
@@ -305,19 +354,50 @@ class TransformersBackend:
         for i, p in enumerate(plans):
             ids[i, k - p.k :], pos[i, k - p.k :], mask[i, k - p.k :] = p.input_ids, p.position_ids, 1
         ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(self.device)
+        prefixes = {p.prefix for p in plans}
+        if prefixes != {None} and b > 1:
+            raise ValueError(
+                f"plans prefilled in two parts (a query-agnostic KV press) time one prompt at a time; got a batch "
+                f"of {b}; allowed: batch 1 for such a method"
+            )
         self._sync()
         t0 = time.perf_counter()
-        out = self.base(
-            input_ids=ids,
-            position_ids=pos,
-            attention_mask=mask,
-            past_key_values=DynamicCache(config=self.base.config),
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        if prefixes == {None}:
+            out = self.base(
+                input_ids=ids,
+                position_ids=pos,
+                attention_mask=mask,
+                past_key_values=DynamicCache(config=self.base.config),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        else:
+            out = self.prefill_into(plans[0], DynamicCache(config=self.base.config))
         out.logits[:, -1].argmax(-1).tolist()  # the first tokens, as a server would need them
         self._sync()
         return time.perf_counter() - t0
+
+    def prefill_into(self, plan: Plan, cache: Any) -> Any:
+        """Prefill ``plan`` into ``cache``: its first ``plan.prefix`` tokens, then the rest
+        (one forward where ``prefix`` is None); the mask covers what the cache holds after
+        the first part (a KV press may have shortened it) and the new tokens."""
+        ids = plan.input_ids.to(self.device).unsqueeze(0)
+        pos = plan.position_ids.to(self.device).unsqueeze(0)
+        cut = plan.prefix if plan.prefix is not None and 0 < plan.prefix < plan.k else plan.k
+        out = None
+        for a, b in ((0, cut), (cut, plan.k)):
+            if a == b:
+                continue
+            held = int(cache.get_seq_length())
+            out = self.base(
+                input_ids=ids[:, a:b],
+                position_ids=pos[:, a:b],
+                attention_mask=torch.ones(1, held + b - a, dtype=torch.long, device=self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        return out
 
     @torch.inference_mode()
     def score(self, plan: Plan, continuation: Sequence[int]) -> tuple[float, bool, float]:
@@ -355,24 +435,16 @@ class TransformersBackend:
         from transformers import DynamicCache
 
         model: Any = self.base
-        k = plan.k
-        ids = plan.input_ids.to(self.device).unsqueeze(0)
-        pos = plan.position_ids.to(self.device).unsqueeze(0)
         cache = DynamicCache(config=model.config)
         self._sync()
         t0 = time.perf_counter()
-        out = model(
-            input_ids=ids,
-            position_ids=pos,
-            attention_mask=torch.ones(1, k, dtype=torch.long, device=self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        out = self.prefill_into(plan, cache)
         first_logits = out.logits[0, -1].float()
         nxt = int(first_logits.argmax())
         self._sync()
         t1 = time.perf_counter()
+        kv_tokens, kv_bytes = cache_size(cache)
+        held = int(cache.get_seq_length())
         tokens: list[int] = []
         text = ""
         for step in range(max_new_tokens):
@@ -387,7 +459,7 @@ class TransformersBackend:
             out = model(
                 input_ids=torch.tensor([[nxt]], device=self.device),
                 position_ids=torch.tensor([[plan.next_position + step]], device=self.device),
-                attention_mask=torch.ones(1, k + step + 1, dtype=torch.long, device=self.device),
+                attention_mask=torch.ones(1, held + step + 1, dtype=torch.long, device=self.device),
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
@@ -405,4 +477,6 @@ class TransformersBackend:
             decode_s=t2 - t1,
             timing_source="wall",
             first_logits=first_logits,
+            kv_tokens=kv_tokens,
+            kv_bytes=kv_bytes,
         )

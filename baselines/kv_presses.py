@@ -1,0 +1,226 @@
+"""KV-cache presses (NVIDIA kvpress 0.5.5) as methods: the whole prompt is prefilled, and
+the press evicts entries of the KV cache during that prefill, so decoding reads a smaller
+cache. A press cannot shorten the prefill itself (its TTFT is full prefill plus its own
+scoring); prompt-compression methods (SpecPrefill, LLMLingua, RAG) shorten what is
+prefilled. Rows of both record what the cache holds after the prefill (``kv_tokens``,
+``kv_bytes``) and the decode time, so the two families compare on TTFT, decode and memory.
+
+The press logic is kvpress's own: ``with press(model):`` registers its forward hooks on the
+attention layers (``kvpress/presses/base_press.py``), which compress the cache in place in
+the forward that prefills from position 0 and leave every later forward alone. Budget:
+kvpress's ``compression_ratio`` is the fraction *removed*; our ``keep_rate`` is the fraction
+kept, so ``keep_rate=0.1`` is ``compression_ratio=0.9`` (both recorded in every row: the
+options and ``compression_ratio``).
+
+Two settings, distinct rows (option ``query_aware``):
+
+* ``true`` (default; SpecPrefill's setting): the press sees the whole prompt, question
+  included, in one prefill (kvpress's leaderboard "query-aware" runs, where the question
+  is put inside the context); the question's own entries may be evicted too.
+* ``false``: kvpress's pipeline (``KVPressTextGenerationPipeline`` with ``question=``):
+  the context (everything before the question) is prefilled under the press, then the
+  question, the chat template's tail and the answer prefix are prefilled uncompressed at
+  their original positions (:attr:`specprefill.plan.Plan.prefix`). On prompts with no
+  text parts (a latency grid's random ids) there is no question, and the two coincide.
+
+kvpress is written against transformers < 5.3; on 5.19 its hooks need the
+``cache_position`` argument 5.3 stopped passing to attention layers, which
+:func:`specprefill.backends.transformers.cache_positions_restored` gives back around the
+press. ``import kvpress`` also wraps transformers' attention functions for the whole
+process (``kvpress.attention_patch``: head-wise masking for presses such as KVzip; a
+pass-through otherwise). ``tests/test_kvpress.py`` checks, on the pinned versions, that the
+kept keys are the ones the press's score chooses, computed independently.
+
+Like MInference, a press acts inside the model, so it needs the base model in this process
+(backend ``transformers``); an early-exit speculator is not used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from specprefill.backends.transformers import cache_positions_restored
+from specprefill.plan import Backend, Method, Plan, Prompt, check_keep, full_plan, register_method
+
+#: The attribute :meth:`KVPress.applied` sets on the base model while its press is on.
+APPLIED = "_kvpress_applied"
+
+
+def question_start(prompt: Prompt, tokenizer: Any) -> int | None:
+    """The index of the prompt's first token after its context (the question's first), from
+    the tokenizer's character offsets of the prompt's text; None where the prompt has no
+    text parts (random ids). Refuses a prompt whose text does not tokenize to its ids."""
+    if not (prompt.context or prompt.question):
+        return None
+    text = prompt.text()
+    enc = tokenizer(text, add_special_tokens=prompt.add_special_tokens, return_offsets_mapping=True)
+    if list(enc["input_ids"]) != prompt.input_ids.tolist():
+        raise ValueError("the prompt's text does not tokenize to its ids; the question's first token is unknown")
+    boundary = len(prompt.head) + len(prompt.instruction) + len(prompt.context)
+    for i, (start, end) in enumerate(enc["offset_mapping"]):
+        if end > start and start >= boundary:
+            return i
+    return None
+
+
+@dataclass(frozen=True)
+class KVPress(Method):
+    """One kvpress press at ``compression_ratio = 1 - keep_rate``; subclasses name the press
+    class and add its options (their fields, passed to it by name)."""
+
+    acts_in_model: ClassVar[bool] = True
+    compresses_cache: ClassVar[bool] = True
+    #: The kvpress class this method applies.
+    press_class: ClassVar[str]
+    keep_rate: float = 0.3
+    query_aware: bool = True
+
+    def __post_init__(self) -> None:
+        check_keep(self.keep_rate)
+        if not isinstance(self.query_aware, bool):
+            raise ValueError(f"query_aware={self.query_aware!r}; allowed: true or false")
+
+    @property
+    def compression_ratio(self) -> float:
+        """kvpress's budget: the fraction of the cache removed."""
+        return round(1.0 - float(self.keep_rate), 12)
+
+    def press(self) -> Any:
+        """The kvpress press object (kvpress imported here: it wraps transformers' attention
+        functions for the process on import)."""
+        import kvpress  # type: ignore[import-untyped]  # deferred: kvpress patches attention on import
+
+        extra = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        extra.pop("keep_rate")
+        extra.pop("query_aware")
+        return getattr(kvpress, self.press_class)(compression_ratio=self.compression_ratio, **extra)
+
+    @contextlib.contextmanager
+    def applied(self, backend: Backend) -> Iterator[None]:
+        """The press's hooks on the backend's base model for the body, removed on exit
+        (kvpress's own context manager), with ``cache_position`` restored for them."""
+        base: Any = getattr(backend, "base", None)
+        if base is None:
+            yield
+            return
+        if getattr(base, APPLIED, None) is not None:
+            raise RuntimeError(f"{self.name}: the base model already has a press on: {getattr(base, APPLIED)!r}")
+        with cache_positions_restored(base), self.press()(base):
+            setattr(base, APPLIED, self)
+            try:
+                yield
+            finally:
+                delattr(base, APPLIED)
+
+    def plan(self, prompt: Prompt, backend: Backend) -> Plan:
+        base: Any = getattr(backend, "base", None)
+        if base is None or getattr(base, APPLIED, None) != self:
+            raise RuntimeError(
+                f"{self.name}: plan() ran outside {type(self).__name__}.applied(backend) (or on a backend without the "
+                f"base model in this process), so no press is on and its prefill would be full prefill recorded as "
+                f"{self.name}; runners enter method.applied(backend) around the method's turn"
+            )
+        plan = full_plan(prompt)
+        if self.query_aware:
+            return plan
+        return dataclasses.replace(plan, prefix=question_start(prompt, backend.tokenizer))
+
+
+@register_method("snapkv")
+@dataclass(frozen=True)
+class SnapKV(KVPress):
+    """SnapKV (Li et al., 2024): scores from the attention of the last ``window_size`` prompt
+    queries, pooled with ``kernel_size``."""
+
+    press_class: ClassVar[str] = "SnapKVPress"
+    window_size: int = 64
+    kernel_size: int = 5
+
+
+@register_method("knorm")
+@dataclass(frozen=True)
+class Knorm(KVPress):
+    """Keeps the keys of smallest L2 norm (Devoto et al., 2024)."""
+
+    press_class: ClassVar[str] = "KnormPress"
+
+
+@register_method("streaming_llm")
+@dataclass(frozen=True)
+class StreamingLLM(KVPress):
+    """StreamingLLM (Xiao et al., 2024): the first ``n_sink`` tokens and the most recent."""
+
+    press_class: ClassVar[str] = "StreamingLLMPress"
+    n_sink: int = 4
+
+
+@register_method("tova")
+@dataclass(frozen=True)
+class TOVA(KVPress):
+    """TOVA (Oren et al., 2024): the last token's attention, averaged over heads."""
+
+    press_class: ClassVar[str] = "TOVAPress"
+
+
+@register_method("expected_attention")
+@dataclass(frozen=True)
+class ExpectedAttention(KVPress):
+    """Expected Attention (kvpress): attention of the next ``n_future_positions`` queries,
+    estimated from the query statistics."""
+
+    press_class: ClassVar[str] = "ExpectedAttentionPress"
+    n_future_positions: int = 512
+    n_sink: int = 4
+    use_covariance: bool = True
+    use_vnorm: bool = True
+
+
+@register_method("keydiff")
+@dataclass(frozen=True)
+class KeyDiff(KVPress):
+    """KeyDiff (Park et al., 2025): keys least similar to the mean key."""
+
+    press_class: ClassVar[str] = "KeyDiffPress"
+
+
+@register_method("random_kv")
+@dataclass(frozen=True)
+class RandomKV(KVPress):
+    """Random eviction, the presses' floor. ``seed`` fixed by default (kvpress's default
+    None draws a new choice each run): a named deviation, recorded in the options."""
+
+    press_class: ClassVar[str] = "RandomPress"
+    seed: int = 0
+
+
+@register_method("kvzip")
+@dataclass(frozen=True)
+class KVzip(KVPress):
+    """KVzip (Kim et al., 2025): importance from reconstructing the context; it masks the
+    evicted entries inside attention (head-wise) instead of shortening the cache, so
+    ``kv_tokens`` and ``kv_bytes`` stay those of the full prompt."""
+
+    press_class: ClassVar[str] = "KVzipPress"
+    n_sink: int = 4
+
+    @contextlib.contextmanager
+    def applied(self, backend: Backend) -> Iterator[None]:
+        """KVzip loads its tokenizer from the model config's ``name_or_path``; a model built
+        here (random weights) has none, so it gets the backend's tokenizer's for the turn."""
+        base: Any = getattr(backend, "base", None)
+        own = getattr(getattr(base, "config", None), "_name_or_path", None)
+        path = getattr(backend.tokenizer, "name_or_path", "")
+        if base is None or own or not path:
+            with super().applied(backend):
+                yield
+            return
+        base.config._name_or_path = path
+        try:
+            with super().applied(backend):
+                yield
+        finally:
+            base.config._name_or_path = own

@@ -1,0 +1,148 @@
+"""kvpress's presses as methods, on the pinned transformers: the contract their hooks rely
+on, the budget, query-aware and query-agnostic prefills, and rows from `make eval`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from baselines.kv_presses import Knorm, SnapKV, question_start
+from harness.registry import build_method
+from specprefill.backends.transformers import TransformersBackend, cache_size
+from specprefill.plan import Prompt, full_plan
+
+
+class CharTokenizer:
+    """Characters as tokens (a-z), with offsets: enough for question_start on hand-made text."""
+
+    eos_token_id = None
+
+    def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
+        ids = [ord(c) - 97 for c in text]
+        out = {"input_ids": ids}
+        if return_offsets_mapping:
+            out["offset_mapping"] = [(i, i + 1) for i in range(len(text))]
+        return out
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + i) for i in ids)
+
+
+@pytest.fixture
+def backend(tiny_llama):
+    return TransformersBackend(tiny_llama, CharTokenizer())
+
+
+def _prompt(n: int, seed: int = 0) -> Prompt:
+    return Prompt(torch.randint(0, 26, (n,), generator=torch.Generator().manual_seed(seed)))
+
+
+def _full_cache(backend, prompt) -> DynamicCache:
+    cache = DynamicCache(config=backend.base.config)
+    with torch.inference_mode():
+        backend.prefill_into(full_plan(prompt), cache)
+    return cache
+
+
+def test_knorm_keeps_the_keys_its_score_chooses_on_the_pinned_transformers(backend):
+    """The contract test: under KnormPress (score = -||k||), every layer and head of the
+    compressed cache holds exactly the full cache's keys and values at the int(N * keep)
+    positions of smallest key norm, computed here from an uncompressed prefill. It fails
+    when a transformers upgrade moves what kvpress's hooks read or write (the cache layout,
+    the hook's keyword arguments, `cache_position`)."""
+    prompt = _prompt(101)
+    full = _full_cache(backend, prompt)
+    m = Knorm(keep_rate=0.5)
+    cache = DynamicCache(config=backend.base.config)
+    with m.applied(backend), torch.inference_mode():
+        backend.prefill_into(m.plan(prompt, backend), cache)
+    kept = int(101 * 0.5)
+    assert cache_size(cache)[0] == kept
+    for layer, ref in zip(cache.layers, full.layers, strict=True):
+        idx = (-ref.keys.norm(dim=-1)).topk(kept, dim=-1).indices.sort(dim=-1).values  # [1, heads, kept]
+        for h in range(ref.keys.shape[1]):
+            want = {tuple(r.tolist()) for r in ref.keys[0, h, idx[0, h]]}
+            got = {tuple(r.tolist()) for r in layer.keys[0, h]}
+            assert got == want
+            wv = {tuple(r.tolist()) for r in ref.values[0, h, idx[0, h]]}
+            assert {tuple(r.tolist()) for r in layer.values[0, h]} == wv
+
+
+def test_without_cache_position_kvpress_hooks_fail_on_this_transformers(backend):
+    """Why cache_positions_restored exists: transformers 5.3+ no longer passes
+    `cache_position` to attention layers and kvpress 0.5.5 reads it. When this stops raising
+    (a kvpress or transformers release that agrees again), the shim can go."""
+    import kvpress
+
+    with kvpress.KnormPress(compression_ratio=0.5)(backend.base), pytest.raises(KeyError, match="cache_position"):
+        backend.prefill_into(full_plan(_prompt(40)), DynamicCache(config=backend.base.config))
+
+
+def test_every_press_leaves_keep_of_the_cache_and_generates(backend):
+    prompt = _prompt(120, seed=1)
+    for name in ("snapkv", "knorm", "streaming_llm", "tova", "expected_attention", "keydiff", "random_kv"):
+        m = build_method(name, {"keep_rate": 0.25, "window_size": 16} if name == "snapkv" else {"keep_rate": 0.25})
+        assert m.compression_ratio == 0.75 and m.acts_in_model
+        with m.applied(backend):
+            gen = backend.generate(m.plan(prompt, backend), max_new_tokens=4)
+        assert gen.kv_tokens == 30 and len(gen.token_ids) == 4, name
+        per_token = 2 * 3 * 2 * 16 * 4  # keys and values, 3 layers, 2 kv heads, head_dim 16, fp32
+        assert gen.kv_bytes == 30 * per_token, name
+    assert not hasattr(backend.base, "_kvpress_applied")  # every hook and mark gone after the turn
+    full = backend.generate(full_plan(prompt), max_new_tokens=4)
+    assert full.kv_tokens == 120  # no press: the whole prompt
+
+
+def test_query_agnostic_compresses_the_context_only(backend):
+    """query_aware=false: the context goes through the press, the question after it is
+    prefilled whole at its own positions (kvpress's pipeline with question=)."""
+    head, instruction, context, question, tail = "ab", "cd", "efghijklmnopqrstuvwxyz" * 4, "whatq", "zz"
+    text = head + instruction + context + question + tail
+    ids = torch.tensor(CharTokenizer()(text)["input_ids"])
+    prompt = Prompt(ids, instruction, context, question, head=head, tail=tail)
+    assert question_start(prompt, CharTokenizer()) == len(head + instruction + context)
+    m = Knorm(keep_rate=0.5, query_aware=False)
+    with m.applied(backend):
+        plan = m.plan(prompt, backend)
+        gen = backend.generate(plan, max_new_tokens=2)
+    before = len(head + instruction + context)
+    assert plan.prefix == before
+    assert gen.kv_tokens == int(before * 0.5) + len(question + tail)
+    aware = Knorm(keep_rate=0.5)
+    with aware.applied(backend):
+        assert aware.plan(prompt, backend).prefix is None
+        assert backend.generate(aware.plan(prompt, backend), max_new_tokens=2).kv_tokens == int(len(text) * 0.5)
+    assert question_start(Prompt(ids), CharTokenizer()) is None  # no text parts: nothing to split
+
+
+def test_a_press_plans_only_inside_its_hook(backend):
+    with pytest.raises(RuntimeError, match=r"outside Knorm.applied"):
+        Knorm(keep_rate=0.5).plan(_prompt(10), backend)
+    with pytest.raises(ValueError, match="keep_rate=0"):
+        build_method("snapkv", {"keep_rate": 0.0})
+    with pytest.raises(ValueError, match="query_aware='no'"):
+        SnapKV(keep_rate=0.5, query_aware="no")  # type: ignore[arg-type]
+
+
+def test_make_eval_with_a_press_writes_kv_and_decode_columns(tmp_path, monkeypatch):
+    from harness.jobs import eval as run
+    from harness.store import read_results
+
+    monkeypatch.chdir(tmp_path)
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = compose(
+            config_name="config",
+            overrides=["model=tiny-random", "method=snapkv", "keep=0.1", "limit=1", "tasks=[niah_single_1]",
+                       "length=1024", f"out={tmp_path}"],
+        )  # fmt: skip
+    run.execute(run.prepare(run.RunConfig.from_hydra(cfg)))
+    row = read_results(tmp_path).iloc[0]
+    assert row["status"] == "ok" and row["method"] == "snapkv"
+    assert row["kv_tokens"] == int(row["prompt_tokens"] * 0.1)
+    assert row["kv_bytes"] > 0 and row["decode_s"] > 0 and row["output_tokens"] > 0
