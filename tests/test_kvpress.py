@@ -146,3 +146,45 @@ def test_make_eval_with_a_press_writes_kv_and_decode_columns(tmp_path, monkeypat
     assert row["status"] == "ok" and row["method"] == "snapkv"
     assert row["kv_tokens"] == int(row["prompt_tokens"] * 0.1)
     assert row["kv_bytes"] > 0 and row["decode_s"] > 0 and row["output_tokens"] > 0
+
+
+def _cost_rows():
+    """Two tasks, a reference and a press, with hand-picked costs (4 samples each)."""
+    import pandas as pd
+
+    rows = []
+    for task in ("a", "b"):
+        for i in range(4):
+            common = {"kind": "eval", "status": "ok", "model": "m", "benchmark": "ruler", "length": 4096, "task": task,
+                      "sample_id": i, "category": "", "bucket": "", "reference_method": "full", "hardware": "h",
+                      "dtype": "float32", "backend": "transformers", "speculator": "", "method_options": "{}",
+                      "benchmark_options": "{}", "prompt_tokens": 100, "max_new_tokens": 10}  # fmt: skip
+            rows.append({**common, "method": "full", "keep_rate": None, "score": 100.0, "ttft_s": 2.0,
+                         "decode_s": 1.0, "output_tokens": 5, "kv_tokens": 100, "kv_bytes": 2**20})  # fmt: skip
+            rows.append({**common, "method": "knorm", "keep_rate": 0.25, "score": 50.0 if task == "a" else 100.0,
+                         "ttft_s": 2.5, "decode_s": 0.5 if task == "a" else 1.0, "output_tokens": 10,
+                         "kv_tokens": 25, "kv_bytes": 2**18})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_cost_measures_are_ratios_of_macro_means_worked_by_hand(tmp_path):
+    from harness.analysis.quality import summarize
+    from harness.rendering.plots import pareto_costs
+    from harness.rendering.tables import to_markdown
+
+    s = summarize(_cost_rows()).set_index(["task", "method"])
+    press, full = s.loc[("ALL", "knorm")], s.loc[("ALL", "full")]
+    assert press["kv_fraction"] == pytest.approx(0.25) and full["kv_fraction"] == pytest.approx(1.0)
+    assert press["kv_mib"] == pytest.approx(0.25) and full["kv_mib"] == pytest.approx(1.0)
+    # decode per token: macro mean of decode_s (0.5, 1.0 -> 0.75) over that of output_tokens (10)
+    assert press["decode_s_per_token"] == pytest.approx(0.075) and full["decode_s_per_token"] == pytest.approx(0.2)
+    # e2e at the 10-token budget: full 2 + 10 * 0.2 = 4; knorm a: 2.5 + 10 * 0.05 = 3, b: 2.5 + 10 * 0.1 = 3.5
+    assert press["e2e_s"] == pytest.approx(3.25) and press["e2e_speedup"] == pytest.approx(4 / 3.25)
+    assert press["e2e_speedup_lo"] <= press["e2e_speedup"] <= press["e2e_speedup_hi"]
+    assert press["speedup"] == pytest.approx(2 / 2.5)  # a press never shortens the prefill
+    md = to_markdown(summarize(_cost_rows()))
+    assert "| kv_fraction | kv_mib | decode_s_per_token | e2e_speedup |" in md and "0.250 | 0.2 | 0.0750 |" in md
+    assert pareto_costs(summarize(_cost_rows()), tmp_path / "c.png") == tmp_path / "c.png"
+    no_kv = _cost_rows().drop(columns=["kv_tokens", "kv_bytes"])
+    assert pareto_costs(summarize(no_kv), tmp_path / "d.png") is None
+    assert "kv_fraction" not in to_markdown(summarize(no_kv))  # older rows: the columns stay out

@@ -28,6 +28,15 @@ speedup        the reference's TTFT over the point's, paired (1 / ttft_ratio; it
 ideal_speedup  the FLOP model's full prefill over the method's work, ratio of means over
                the point's samples (:mod:`specprefill.flops`, the speculator included)
 efficiency     speedup / ideal_speedup
+kv_fraction    the base's KV cache after the prefill over the prompt, in tokens: ratio of
+               macro means of ``kv_tokens`` and ``prompt_tokens`` over the point's samples
+               (a KV press keeps ``keep`` of the cache; a prompt compressor what it kept)
+kv_mib         macro mean of ``kv_bytes`` (all layers, keys and values), in MiB
+decode_s_per_token  ratio of macro means of ``decode_s`` and ``output_tokens``
+e2e_s          macro mean of ``ttft_s + max_new_tokens * decode_s / output_tokens``: the
+               end-to-end latency at the benchmark's output length, each sample's decode
+               rate over the whole budget (an answer that stops early is not faster)
+e2e_speedup    the reference's e2e_s over the point's, paired and side by side like speedup
 difference     the gate: macro mean of per-sample paired differences, candidate - baseline
 ============== ============================================================================
 
@@ -225,6 +234,7 @@ COLUMNS = [
     "ttft_s", "speculator_s", "ttft_ratio", "ttft_ratio_lo", "ttft_ratio_hi", "speedup", "speedup_lo", "speedup_hi",
     "ideal_speedup", "efficiency", "method_name", "reference", "hardware",
     "speculator", "method_options", "benchmark_options", "dtype", "backend",
+    "kv_fraction", "kv_mib", "decode_s_per_token", "e2e_s", "e2e_speedup", "e2e_speedup_lo", "e2e_speedup_hi",
 ]  # fmt: skip
 
 
@@ -300,6 +310,11 @@ def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> d
     put("ttft_ratio", paired_ratio(p, "ttft_s", ref, "ttft_s", parts) if timed else nan)  # type: ignore[arg-type]
     put("speedup", paired_ratio(ref, "ttft_s", p, "ttft_s", parts) if timed else nan)  # type: ignore[arg-type]
     out["efficiency"] = out["speedup"] / out["ideal_speedup"] if out["ideal_speedup"] else float("nan")
+    put("kv_fraction", paired_ratio(p, "kv_tokens", p, "prompt_tokens", parts), interval=False)
+    out["kv_mib"] = macro_mean(p, "kv_bytes", parts).value / 2**20
+    put("decode_s_per_token", paired_ratio(p, "decode_s", p, "output_tokens", parts), interval=False)
+    put("e2e_s", macro_mean(p, "e2e_s", parts), interval=False)
+    put("e2e_speedup", paired_ratio(ref, "e2e_s", p, "e2e_s", parts) if timed else nan)  # type: ignore[arg-type]
     return out
 
 

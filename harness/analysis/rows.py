@@ -100,6 +100,14 @@ def normalize(rows: pd.DataFrame) -> pd.DataFrame:
     for c in ("length", "batch"):
         if c in df:
             df[c] = pd.to_numeric(df[c], errors="coerce")
+    if {"ttft_s", "decode_s", "output_tokens", "max_new_tokens"} <= set(df):
+        # end to end at the benchmark's output length: the first token, then max_new_tokens at
+        # this sample's decode time per token (answers that stop early do not look faster)
+        num = {
+            c: pd.to_numeric(df[c], errors="coerce") for c in ("ttft_s", "decode_s", "output_tokens", "max_new_tokens")
+        }
+        per_token = num["decode_s"] / num["output_tokens"].where(num["output_tokens"] > 0)
+        df["e2e_s"] = num["ttft_s"] + num["max_new_tokens"] * per_token
     df["label"] = df["method"].astype(str)
     kinds = df["kind"] if "kind" in df else pd.Series("eval", index=df.index)
     for kind, point in (("eval", POINT), ("latency", LATENCY_POINT), ("qps", POINT)):

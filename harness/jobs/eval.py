@@ -268,7 +268,10 @@ def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> di
         "kept_fraction": plan.k / prompt.n,
         "prediction": gen.text,
         "score": job.benchmark.score(sample, gen.text),
-        "needle_kept": needle_kept(plan.kept_indices, needle_tokens(offsets, sample.spans)),
+        # a KV press prefills every token and each head keeps its own entries: no token-level answer
+        "needle_kept": None
+        if job.method.compresses_cache
+        else needle_kept(plan.kept_indices, needle_tokens(offsets, sample.spans)),
         "needle_depth": needle_depth(sample.prompt, sample.context, sample.spans),
         "sample_hash": sample_hash(sample),
         "ttft_s": plan.method_s + gen.prefill_s,

@@ -137,6 +137,11 @@ CAPTIONS = {
     "bootstrap intervals; the first panel over all tasks, then one per task. The hollow marker joined to each "
     "point is its ideal speedup from the FLOP model of the rows' own models (the method's work, its speculator "
     "included, against full prefill). Up and right is better.",
+    "pareto_costs.png": "Retention against what the method leaves in the base model's KV cache after the "
+    "prefill (a KV press keeps its budget of the cache but prefills everything; a prompt compressor prefills "
+    "less) and against the end-to-end speedup (TTFT plus decoding at the benchmark's output length, same "
+    "samples, same machine), over all tasks; labels are keep rates. Up and left (memory), up and right "
+    "(speed) is better.",
     "score_vs_keep.png": "Score per task (thin) and over all tasks (bold) against the keep rate, the reference "
     "at 1.0; bars are 95 % intervals; a hollow point averages fewer samples than the fullest one of its task.",
     "needle_vs_keep.png": "The fraction of the evidence tokens (RULER needles, QA gold documents) each method "

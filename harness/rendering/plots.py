@@ -445,6 +445,43 @@ def qps_curves(rates: pd.DataFrame, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def pareto_costs(summary: pd.DataFrame, path: Path) -> Path | None:
+    """Quality retention against the two costs a KV press and a prompt compressor trade
+    differently, over all tasks: the KV cache the base holds after the prefill (fraction of
+    the prompt's, ``kv_fraction``; the reference at 1.0) and the end-to-end speedup (TTFT +
+    decode at the benchmark's output length, ``e2e_speedup``). One point per method and
+    keep rate, 95 % intervals where the measure has one. None where no row records its KV
+    cache (rows written before it was recorded)."""
+    s = _quality_points(summary)
+    s = s[(s["task"] == "ALL") & (s["method_name"] != s["reference"])].dropna(subset=["retention", "kv_fraction"])
+    if s.empty:
+        return None
+    fig, axes = _panels(2, width=5.6, height=4.4)
+    for ax, x, lo, hi, label, ref_x in (
+        (axes[0], "kv_fraction", None, None, "KV cache after the prefill (fraction of the prompt's)", 1.0),
+        (axes[1], "e2e_speedup", "e2e_speedup_lo", "e2e_speedup_hi", "end-to-end speedup (TTFT + decode)", 1.0),
+    ):
+        for method, gm in sorted(s.groupby("method"), key=lambda m: natural_key(m[0])):
+            gm = gm.sort_values("keep_rate").dropna(subset=[x])
+            if gm.empty:
+                continue
+            xerr = _yerr(gm[x], gm[lo], gm[hi]) if lo else None
+            line = ax.errorbar(gm[x], gm["retention"], xerr=xerr,
+                               yerr=_yerr(gm["retention"], gm["retention_lo"], gm["retention_hi"]),
+                               fmt="o-", capsize=3, label=str(method))  # fmt: skip
+            for xv, y, k in zip(gm[x], gm["retention"], gm["keep_rate"], strict=True):
+                ax.annotate(f"{k:g}", (xv, y), textcoords="offset points", xytext=(5, 5), fontsize=7,
+                            color=line[0].get_color())  # fmt: skip
+        ax.plot([ref_x], [1.0], marker="*", ms=12, color="black", ls="none", label=f"{s['reference'].iloc[0]}")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xlabel(label)
+        ax.set_ylabel("retention (score / reference's)")
+        ax.grid(alpha=0.3)
+    axes[0].set_title(f"{s['model'].iloc[0]} · {s['benchmark'].iloc[0]} · ALL · {_n_range(s['n'])}", fontsize=9)
+    axes[1].legend(fontsize=7)
+    return _save(fig, path)
+
+
 def draw_all(a: Analysis, figs: Path) -> tuple[list[tuple[str, Path]], list[tuple[str, str]]]:
     """Every figure of a folder's analysis under ``figs``: (the drawn ones as (title,
     path); the ones left out as (title, why), for the page to say)."""
@@ -455,6 +492,7 @@ def draw_all(a: Analysis, figs: Path) -> tuple[list[tuple[str, Path]], list[tupl
         out += [
             ("Quality vs speed: retention vs TTFT speedup, over all tasks and per task", pareto(s, figs / "pareto.png"),
              pareto_dropped(s)),
+            ("Quality vs KV memory and end-to-end latency", pareto_costs(s, figs / "pareto_costs.png"), None),
             ("Score vs keep rate", score_vs_keep(s, figs / "score_vs_keep.png"), None),
             ("Needle tokens kept vs keep rate", needle_vs_keep(s, figs / "needle_vs_keep.png"), None),
             ("Score vs context length", score_vs_length(s, figs / "score_vs_length.png"), None),

@@ -13,16 +13,24 @@ SHOWN = [
     "model", "benchmark", "length", "task", "method", "keep_rate", "n", "failed", "unsupported", "score",
     "retention", "needle_kept", "kept_fraction", "ttft_s", "ttft_ratio", "speedup", "ideal_speedup",
 ]  # fmt: skip
+#: Shown after :data:`SHOWN` where some row has a value: the KV cache after the prefill, the
+#: decode time and the end-to-end speedup (rows written before they were recorded have none).
+COSTS = ["kv_fraction", "kv_mib", "decode_s_per_token", "e2e_speedup"]
 WITH_CI = {"score": "{:.1f}", "retention": "{:.2f}", "needle_kept": "{:.2f}", "ttft_ratio": "{:.2f}",
-           "speedup": "{:.2f}x"}  # fmt: skip
-PLAIN = {"kept_fraction": "{:.3f}", "ttft_s": "{:.2f}", "ideal_speedup": "{:.2f}x", "keep_rate": "{:g}"}
-assert set(SHOWN) <= set(QUALITY_COLUMNS)
+           "speedup": "{:.2f}x", "e2e_speedup": "{:.2f}x"}  # fmt: skip
+PLAIN = {"kept_fraction": "{:.3f}", "ttft_s": "{:.2f}", "ideal_speedup": "{:.2f}x", "keep_rate": "{:g}",
+         "kv_fraction": "{:.3f}", "kv_mib": "{:.1f}", "decode_s_per_token": "{:.4f}"}  # fmt: skip
+assert set(SHOWN) <= set(QUALITY_COLUMNS) and set(COSTS) <= set(QUALITY_COLUMNS)
 
 #: What the summary's intervals are, under every rendering of it.
 INTERVAL_NOTE = ("Score, retention (score / the reference's, same samples), needle kept, TTFT ratio and speedup: "
                  "value [95 % bootstrap interval over samples, seeded; the same estimator as the value]. "
                  "Ideal speedup: the FLOP model's full prefill over the method's work (its speculator "
                  "included).")  # fmt: skip
+COSTS_NOTE = ("kv_fraction: the base's KV cache after the prefill over the prompt (tokens); kv_mib: its size, "
+              "all layers; decode_s_per_token: decode time over output tokens; e2e_speedup: the reference's "
+              "TTFT + decode of the benchmark's output length over the method's, same samples, same machine "
+              "[95 % interval].")  # fmt: skip
 UNPAIRED_NOTE = (
     "TTFT ratio `-` with a TTFT: no rows of the reference method for that task with the same dtype and "
     "backend ran on the same machine (the rows' `hardware`), so no side-by-side ratio exists."
@@ -46,9 +54,12 @@ def with_ci(v: float, lo: float, hi: float, fmt: str) -> str:
     return f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]"
 
 
-def format_summary(summary: pd.DataFrame, columns: list[str] = SHOWN) -> pd.DataFrame:
-    """The summary's cells as text, :data:`SHOWN` columns: the measures with an interval as
-    ``value [lo, hi]`` (95 %), the others rounded, ``-`` where a value is missing."""
+def format_summary(summary: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
+    """The summary's cells as text, :data:`SHOWN` columns (and each of :data:`COSTS` some row
+    has): the measures with an interval as ``value [lo, hi]`` (95 %), the others rounded,
+    ``-`` where a value is missing."""
+    if columns is None:
+        columns = SHOWN + [c for c in COSTS if c in summary and summary[c].notna().any()]
     s = pd.DataFrame(index=summary.index)
     for c in columns:
         if c in WITH_CI:
@@ -70,7 +81,10 @@ def to_markdown(summary: pd.DataFrame) -> str:
     """The summary as markdown with its intervals and ``n``."""
     if summary.empty:
         return "(no results)\n"
-    lines = [md_table(format_summary(summary)).rstrip("\n"), "", INTERVAL_NOTE]
+    table = format_summary(summary)
+    lines = [md_table(table).rstrip("\n"), "", INTERVAL_NOTE]
+    if "kv_fraction" in table:
+        lines += ["", COSTS_NOTE]
     if unpaired(summary):
         lines += ["", UNPAIRED_NOTE]
     return "\n".join(lines) + "\n"
