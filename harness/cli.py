@@ -217,8 +217,18 @@ def checked_overrides(config_name: str, texts: Sequence[str], compose_check: boo
             f"{_text(sweeps[0])} is a sweep, but hydra.mode=RUN runs one job; allowed: one value, or drop hydra.mode=RUN"
         )
     keys = [_key(o) for o in plain]
+    swept = {_key(s) for s in sweeps}
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        check_explicit(_compose(config_name, plain), keys)
+        try:
+            check_explicit(_compose(config_name, plain), keys)
+        except ConfigError as e:
+            group = next((k.split(".", 1)[0] for k in keys if "." in k and k.split(".", 1)[0] in swept), None)
+            if group is None:
+                raise
+            raise ConfigError(
+                f"{e} (Hydra composes a sweep's shared overrides against conf's default {group} before the sweep's "
+                f"values; run one {group} per command to give it its own options)"
+            ) from e
         for s in sweeps:
             if isinstance(s.value(), ChoiceSweep):
                 for v in s.sweep_string_iterator():

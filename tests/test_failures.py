@@ -393,6 +393,10 @@ HYDRA_REFUSALS = [
     (["foo=1"], r"^foo=1: unknown key 'foo'; allowed: \[.*'keep'.*\]"),
     (["method=truncate", "method.side=middle"], r"^method\.side=middle: unknown key 'method\.side'; allowed: \["),
     (["dry_run=maybe"], r"^dry_run=maybe is not true or false"),
+    (
+        ["method=knorm,snapkv", "method.query_aware=false"],
+        r"^method\.query_aware=false: unknown key .*\(Hydra composes .*; run one method per command",
+    ),
     (["hydra.mode=RUN", "keep=0.1,0.3"], r"^keep=0\.1,0\.3 is a sweep, but hydra\.mode=RUN runs one job"),
     (
         ["benchmark=longbench", "length=8192"],

@@ -1,0 +1,115 @@
+"""Cross-check: our KV presses against kvpress's own pipeline, same press, model and samples.
+
+Runs ``make eval`` with each press in kvpress's own setting (``method.query_aware=false``:
+the context prefilled under the press, then the question) on RULER 4K, ``limit`` samples
+per task, and the same samples through kvpress's ``KVPressTextGenerationPipeline``
+(``pipeline("kv-press-text-generation")(context, question=..., answer_prefix=..., press=...)``,
+which applies the chat template, compresses the context and answers greedily), both on the
+same loaded model, both scored with RULER's official metric. The table gives, per press and
+keep, each side's mean score with its 95 % bootstrap interval, the paired difference (the
+same samples on both sides, resampled together) and the fraction of identical answers.
+
+    python -m harness.studies.kvpress_crosscheck [--limit 10] [--keep 0.5] [--out results/kvpress-crosscheck]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from harness.analysis.stats import Estimate, estimate, mean_draws, task_seed
+from harness.benchmarks.base import BenchmarkConfig
+from harness.benchmarks.samples import benchmark_samples
+from harness.models.catalog import model_config
+from harness.models.loading import load
+from harness.registry import build_benchmark, build_method
+from harness.store import read_rows
+from specprefill.backends.transformers import cache_positions_restored
+
+TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "qa_1")
+
+
+def run_ours(out: Path, model: str, presses: list[str], keep: float, limit: int) -> None:
+    for name in presses:  # one command per press: each takes its own query_aware option
+        cmd = [sys.executable, "-m", "harness.jobs.eval", f"model={model}", f"method={name}", f"keep={keep}",
+               "method.query_aware=false", f"limit={limit}", "length=4096", f"tasks=[{','.join(TASKS)}]",
+               f"out={out}"]  # fmt: skip
+        subprocess.run(cmd, check=True)
+
+
+def run_theirs(model: str, presses: list[str], keep: float, limit: int) -> pd.DataFrame:
+    """Every sample through kvpress's pipeline with each press, on our loaded model."""
+    import kvpress  # type: ignore[import-untyped]  # noqa: F401  (deferred: registers its pipeline, patches attention)
+    from transformers import pipeline
+
+    cfg = model_config(model)
+    lm = load(cfg)
+    bench = build_benchmark(BenchmarkConfig(name="ruler", length=4096, tasks=TASKS, limit=limit))
+    _, samples = benchmark_samples(cfg, bench)
+    pipe: Any = pipeline("kv-press-text-generation", model=lm.base, tokenizer=lm.tokenizer)  # type: ignore[call-overload]
+    out = []
+    for name in presses:
+        press = build_method(name, {"keep_rate": keep, "query_aware": False}).press()  # type: ignore[attr-defined]
+        for s in tqdm(samples, desc=f"kvpress pipeline {name}", unit="sample"):
+            with cache_positions_restored(lm.base):
+                answer = pipe(s.instruction + s.context, question=s.question, answer_prefix=s.answer_prefix,
+                              press=press, max_new_tokens=s.max_new_tokens)["answer"]  # fmt: skip
+            out.append({"method": name, "task": s.task, "sample_id": s.sample_id, "prediction": str(answer),
+                        "score": bench.score(s, str(answer))})  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def fmt(e: Estimate) -> str:
+    return f"{e.value:.1f} [{e.lo:.1f}, {e.hi:.1f}]"
+
+
+def table(ours: pd.DataFrame, theirs: pd.DataFrame, keep: float) -> str:
+    lines = ["| press | keep | n | ours | kvpress pipeline | kvpress − ours (paired) | same answer |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, t in theirs.groupby("method"):
+        o = ours[ours["method"] == name]
+        m = t.merge(o, on=["task", "sample_id"], suffixes=("_k", "_o"))
+        if m.empty:
+            continue
+        a, b = m["score_o"].to_numpy(float), m["score_k"].to_numpy(float)
+        seed = task_seed(str(name))
+        da, db = mean_draws(a, seed), mean_draws(b, seed)  # the same indices: paired
+        same = float((m["prediction_k"].str.strip() == m["prediction_o"].str.strip()).mean())
+        lines.append(
+            f"| {name} | {keep:g} | {len(m)} | {fmt(estimate(float(a.mean()), da, len(m)))} | "
+            f"{fmt(estimate(float(b.mean()), db, len(m)))} | {fmt(estimate(float(b.mean() - a.mean()), db - da, len(m)))} "
+            f"| {same:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--limit", type=int, default=10)
+    ap.add_argument("--keep", type=float, default=0.5)
+    ap.add_argument("--presses", default="knorm,snapkv,streaming_llm")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--out", type=Path, default=Path("results/kvpress-crosscheck"))
+    a = ap.parse_args()
+    presses = a.presses.split(",")
+    run_ours(a.out / "ours", a.model, presses, a.keep, a.limit)
+    theirs = run_theirs(a.model, presses, a.keep, a.limit)
+    a.out.mkdir(parents=True, exist_ok=True)
+    theirs.to_csv(a.out / "kvpress_pipeline.csv", index=False)
+    df = read_rows(sorted({p.parent for p in (a.out / "ours").rglob("rows.parquet")}))
+    ours = df[df["status"] == "ok"]
+    text = table(ours, theirs, a.keep)
+    (a.out / "crosscheck.md").write_text(text + "\n")
+    (a.out / "crosscheck.json").write_text(json.dumps({"keep": a.keep, "limit": a.limit, "model": a.model}) + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
