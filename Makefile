@@ -17,7 +17,7 @@ MINFERENCE := minference==0.1.6.0
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=% gpu=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck speculator-depth report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
+.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare speculator-depth report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
 
 setup: $(if $(filter 1,$(gpu)),cuda-driver) $(VENV)/.installed $(if $(filter 1,$(gpu)),$(VENV)/.installed-gpu)
 
@@ -131,6 +131,15 @@ speculator-depth: setup
 # Our RULER 4K against lm-eval's RULER tasks, full prefill, side by side (results/reference/).
 lm-eval-crosscheck: setup
 	$(PY) -m harness.studies.lm_eval_crosscheck $(if $(limit),--limit $(limit))
+
+# KV presses beside prompt compression on the CPU default (RULER 4K, SmolLM2, the default
+# tasks; limit=5: 30 samples per point), query-aware presses as SpecPrefill is; then
+# results/kv-compare/report.html has retention against TTFT, KV memory and end-to-end speed.
+KV_COMPARE_METHODS := full,specprefill,truncate,rag_bm25,snapkv,expected_attention,tova,knorm,keydiff,streaming_llm,random_kv
+KV_COMPARE_KEEPS := 0.1,0.25,0.5
+kv-compare: setup
+	$(call only_vars,methods keeps limit out dry_run)
+	$(PY) -m harness.jobs.eval 'method=$(or $(methods),$(KV_COMPARE_METHODS))' 'keep=$(or $(keeps),$(KV_COMPARE_KEEPS))' limit=$(or $(limit),5) out=$(or $(out),results/kv-compare) $(if $(dry_run),dry_run=$(dry_run))
 
 kvpress-crosscheck: setup
 	$(PY) -m harness.studies.kvpress_crosscheck $(if $(limit),--limit $(limit)) $(if $(keep),--keep $(keep))
