@@ -188,3 +188,14 @@ def test_cost_measures_are_ratios_of_macro_means_worked_by_hand(tmp_path):
     no_kv = _cost_rows().drop(columns=["kv_tokens", "kv_bytes"])
     assert pareto_costs(summarize(no_kv), tmp_path / "d.png") is None
     assert "kv_fraction" not in to_markdown(summarize(no_kv))  # older rows: the columns stay out
+
+
+def test_latency_prefill_times_a_two_part_plan_one_prompt_at_a_time(backend):
+    from dataclasses import replace
+
+    m = Knorm(keep_rate=0.5)
+    plan = replace(full_plan(_prompt(60)), prefix=40)
+    with m.applied(backend):
+        backend.prefill([plan])  # context under the press, then the rest: runs
+        with pytest.raises(ValueError, match="one prompt at a time; got a batch of 2; allowed: batch 1"):
+            backend.prefill([plan, plan])

@@ -364,41 +364,40 @@ class LatencySession:
         return measure_point(self.job, self.backend, *point)
 
 
+def point_row(job: LatencyJob, m: Method, unit: str, batch: int, length: int, it: int) -> dict[str, Any]:
+    """The columns one method's row of one iteration of a grid point starts with."""
+    return {
+        **method_columns(m, job.reference.name),
+        "row_key": f"{unit}/{it}/{m.name}-{config_hash(m.options())}",
+        "unit": unit,
+        "batch": batch,
+        "length": length,
+        "iteration": it,
+        "warmup": it < job.cfg.warmup,
+    }
+
+
 def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int) -> list[dict[str, Any]]:
     """All iterations of one grid point, methods interleaved on the same prompts; a method
     that cannot run here (or raises) gets a failed row (:func:`harness.jobs.lifecycle.measured`) and
-    the point goes on."""
+    the point goes on; so do prompts the point cannot have (too short, too few)."""
     unit = f"b{batch}-n{length}"
     try:
         source = PromptSource(job, backend, batch, length)
-    except Exception as e:  # prompts this point cannot have (too short, too few): its rows fail, the grid goes on
+    except Exception as e:
         error = e
 
         def refused() -> dict[str, Any]:
             raise error
 
-        return [
-            measured(
-                {**method_columns(m, job.reference.name), "row_key": f"{unit}/0/{m.name}-{config_hash(m.options())}",
-                 "unit": unit, "batch": batch, "length": length, "iteration": 0, "warmup": False},
-                refused,
-            )
-            for m in job.methods
-        ]  # fmt: skip
+        # one row per method, not a warm-up (so the summary counts it failed); retried on rerun
+        return [measured({**point_row(job, m, unit, batch, length, 0), "warmup": False}, refused) for m in job.methods]
     rows = []
     bar = tqdm(range(job.cfg.warmup + job.cfg.iters), desc=f"batch {batch} x {length}", unit="iter", leave=False)
     for it in bar:
         prompts = source.prompts(it)
         for m in job.methods:
-            row: dict[str, Any] = {
-                **method_columns(m, job.reference.name),
-                "row_key": f"{unit}/{it}/{m.name}-{config_hash(m.options())}",
-                "unit": unit,
-                "batch": batch,
-                "length": length,
-                "iteration": it,
-                "warmup": it < job.cfg.warmup,
-            }
+            row = point_row(job, m, unit, batch, length, it)
             rows.append(measured(row, functools.partial(measure, m, prompts, backend)))
     return rows
 

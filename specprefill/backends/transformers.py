@@ -348,21 +348,24 @@ class TransformersBackend:
         from transformers import DynamicCache
 
         b, k = len(plans), max(p.k for p in plans)
-        ids = torch.zeros(b, k, dtype=torch.int64)
-        pos = torch.zeros(b, k, dtype=torch.int64)
-        mask = torch.zeros(b, k, dtype=torch.int64)
-        for i, p in enumerate(plans):
-            ids[i, k - p.k :], pos[i, k - p.k :], mask[i, k - p.k :] = p.input_ids, p.position_ids, 1
-        ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(self.device)
-        prefixes = {p.prefix for p in plans}
-        if prefixes != {None} and b > 1:
-            raise ValueError(
-                f"plans prefilled in two parts (a query-agnostic KV press) time one prompt at a time; got a batch "
-                f"of {b}; allowed: batch 1 for such a method"
-            )
-        self._sync()
-        t0 = time.perf_counter()
-        if prefixes == {None}:
+        if any(p.prefix is not None for p in plans):  # two parts into one cache: one prompt at a time
+            if b > 1:
+                raise ValueError(
+                    f"plans prefilled in two parts (a query-agnostic KV press) time one prompt at a time; got a "
+                    f"batch of {b}; allowed: batch 1 for such a method"
+                )
+            self._sync()
+            t0 = time.perf_counter()
+            out = self.prefill_into(plans[0], DynamicCache(config=self.base.config))
+        else:
+            ids = torch.zeros(b, k, dtype=torch.int64)
+            pos = torch.zeros(b, k, dtype=torch.int64)
+            mask = torch.zeros(b, k, dtype=torch.int64)
+            for i, p in enumerate(plans):
+                ids[i, k - p.k :], pos[i, k - p.k :], mask[i, k - p.k :] = p.input_ids, p.position_ids, 1
+            ids, pos, mask = ids.to(self.device), pos.to(self.device), mask.to(self.device)
+            self._sync()
+            t0 = time.perf_counter()
             out = self.base(
                 input_ids=ids,
                 position_ids=pos,
@@ -371,8 +374,6 @@ class TransformersBackend:
                 use_cache=True,
                 logits_to_keep=1,
             )
-        else:
-            out = self.prefill_into(plans[0], DynamicCache(config=self.base.config))
         out.logits[:, -1].argmax(-1).tolist()  # the first tokens, as a server would need them
         self._sync()
         return time.perf_counter() - t0
