@@ -17,7 +17,7 @@ MINFERENCE := minference==0.1.6.0
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=% gpu=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare speculator-depth report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
+.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare experiment speculator-depth report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
 
 setup: $(if $(filter 1,$(gpu)),cuda-driver) $(VENV)/.installed $(if $(filter 1,$(gpu)),$(VENV)/.installed-gpu)
 
@@ -91,6 +91,12 @@ paper: setup
 
 paper-report: setup
 	$(PY) -m harness.rendering.paper report
+
+# Other experiment presets (harness/experiments.py): `make experiment name=kvpress_ruler4k
+# [variant=cpu] [dry_run=true]` runs conf/experiment/<name>.yaml into results/experiments/<name>/<variant>/.
+experiment: setup
+	$(call only_vars,name variant dry_run)
+	$(PY) -m harness.experiments run "$(name)" --variant $(or $(variant),paper) $(if $(filter true,$(dry_run)),--dry-run)
 
 # `make report out=<folder>`: summaries, <folder>/plots/*.png and <folder>/report.html from the stored
 # rows; `screenshot=<png>` also opens the page in headless Chromium (make setup-browser), checks it

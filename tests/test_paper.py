@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
+from harness import experiments
 from harness.rendering import paper
 from harness.store import RunStore, record
 
@@ -38,10 +39,10 @@ def test_a_paper_variant_holds_the_gpus_its_models_need(name):
 def test_gpu_hours_agree_with_two_flops_per_parameter_per_token():
     """Independent of the FLOP model: 2 x 405e9 parameters x 10K tokens x 23,750 prompts at
     989 TFLOP/s x 40 %; attention adds a few per cent at 10K tokens."""
-    hours = paper.gpu_hours(paper.load_experiment("longbench_405b").variants["paper"])
+    hours = experiments.gpu_hours(paper.load_experiment("longbench_405b").variants["paper"])
     rough = 2 * 405e9 * 10_000 * 23_750 / (989e12 * 0.4) / 3600
     assert rough < hours < 1.15 * rough
-    assert paper.gpu_hours(paper.load_experiment("longbench_405b").variants["cpu"]) is None
+    assert experiments.gpu_hours(paper.load_experiment("longbench_405b").variants["cpu"]) is None
 
 
 def test_unknown_table_and_variant_are_one_line_errors():
@@ -178,10 +179,10 @@ def test_a_command_that_cannot_run_in_its_table_is_named_not_launched_and_not_co
     assert len(lines) == len(v.commands) - 1 and not any("method=minference" in " ".join(c) for c in lines)
     counted = dataclasses.replace(v, commands=[dataclasses.replace(c, cannot_run="") for c in v.commands])
     alone = dataclasses.replace(v, commands=[c for c in v.commands if not c.cannot_run])
-    assert paper.gpu_hours(v) == paper.gpu_hours(alone) < paper.gpu_hours(counted)
+    assert experiments.gpu_hours(v) == experiments.gpu_hours(alone) < experiments.gpu_hours(counted)
     text = paper.plan_text(exp, "paper", tmp_path)
     assert f"minference: cannot run in this table (not launched, no GPU-hours counted): {mi.cannot_run}" in text
-    assert f"{paper.gpu_hours(v):.1f} GPU-hours" in text
+    assert f"{experiments.gpu_hours(v):.1f} GPU-hours" in text
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="latency", overrides=[a for a in mi.args if not a.startswith("keep=")])
     with pytest.raises(ValueError, match="acts inside the base model"):

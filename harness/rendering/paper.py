@@ -28,19 +28,17 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import subprocess
-import sys
 import textwrap
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
+from harness import experiments
 from harness.analysis.latency import summarize_latency
 from harness.analysis.quality import (
     MIXED,
@@ -56,12 +54,7 @@ from harness.analysis.quality import (
 from harness.analysis.rows import normalize
 from harness.analysis.serving import summarize_qps
 from harness.analysis.stats import Estimate
-from harness.dryrun import (  # the FLOP model's GPU, shared with every dry run's estimate
-    MFU,
-    PEAK_FLOPS,
-    prefill_gpu_hours,
-)
-from harness.models.placement import architecture
+from harness.experiments import Experiment, cannot_run, variant_of
 from harness.registry import task_family
 from harness.rendering.plots import _panels, _plt
 from harness.rendering.tables import md_table
@@ -69,7 +62,6 @@ from harness.store import read_results
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "conf" / "paper" / "published.csv"
-EXPERIMENTS = ROOT / "conf" / "experiment"
 RESULTS = ROOT / "results" / "paper"
 #: The paper's checkpoints and the model configs (conf/model) that run them.
 MODEL_OF = {
@@ -83,89 +75,26 @@ SHORT = {"llama405b": "405B", "llama70b": "70B", "llama8b": "8B"}
 # --------------------------------------------------------------------------- experiments
 
 
-@dataclass(frozen=True)
-class Command:
-    module: str
-    args: list[str]
-    sub: str = ""  # a subfolder of the variant's folder (one per QPS category)
-    estimate: list[dict[str, Any]] = field(default_factory=list)  # [{architecture, prompts, tokens}]
-    #: Why this command cannot run in its table ("" when it can): it is printed, never
-    #: launched, and its GPU-hours are not counted.
-    cannot_run: str = ""
-
-    @property
-    def method(self) -> str | None:
-        return next((a.split("=", 1)[1] for a in self.args if a.startswith("method=")), None)
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    gpus: int
-    models: dict[str, str]  # our model config standing for each paper model config
-    commands: list[Command]
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class Experiment:
-    table: str
-    title: str
-    source: str
-    variants: dict[str, Variant]
-
-
 def experiment_names() -> list[str]:
-    return sorted(p.stem.removeprefix("paper_") for p in EXPERIMENTS.glob("paper_*.yaml"))
+    """The paper's tables (experiments ``paper_<table>``)."""
+    return [n.removeprefix(experiments.PAPER_PREFIX) for n in experiments.names(experiments.PAPER_PREFIX)]
 
 
 def load_experiment(table: str) -> Experiment:
-    table = table.removeprefix("paper_")
-    path = EXPERIMENTS / f"paper_{table}.yaml"
-    if not path.is_file():
-        raise SystemExit(f"paper: table {table!r} has no {path.relative_to(ROOT)}; allowed: {experiment_names()}")
-    raw = yaml.safe_load(path.read_text())
-    variants = {
-        name: Variant(
-            name=name,
-            gpus=int(v.get("gpus", 0)),
-            models=dict(v.get("models") or {}),
-            note=str(v.get("note", "")),
-            commands=[
-                Command(
-                    c["module"],
-                    [str(a) for a in c["args"]],
-                    str(c.get("sub", "")),
-                    list(c.get("estimate") or []),
-                    " ".join(str(c.get("cannot_run") or "").split()),
-                )
-                for c in v["commands"]
-            ],
+    table = table.removeprefix(experiments.PAPER_PREFIX)
+    if table not in experiment_names():
+        raise SystemExit(
+            f"paper: table {table!r} has no conf/experiment/paper_{table}.yaml; allowed: {experiment_names()}"
         )
-        for name, v in raw["variants"].items()
-    }
-    return Experiment(raw["table"], raw["title"], raw["source"], variants)
+    return experiments.load(experiments.PAPER_PREFIX + table)
 
 
 def folder(table: str, variant: str, root: Path = RESULTS) -> Path:
     return root / table / variant
 
 
-def variant_of(exp: Experiment, variant: str) -> Variant:
-    """The named variant, or a one-line error naming the value and the allowed ones."""
-    if variant not in exp.variants:
-        raise SystemExit(f"paper: table {exp.table!r} has no variant {variant!r}; allowed: {sorted(exp.variants)}")
-    return exp.variants[variant]
-
-
 def command_lines(exp: Experiment, variant: str, root: Path = RESULTS, dry_run: bool = False) -> list[list[str]]:
-    out = folder(exp.table, variant, root)
-    return [
-        [sys.executable, "-m", f"harness.{c.module}", *c.args, f"out={out / c.sub if c.sub else out}"]
-        + (["dry_run=true"] if dry_run else [])
-        for c in variant_of(exp, variant).commands
-        if not c.cannot_run
-    ]
+    return experiments.command_lines(exp, variant, folder(exp.table, variant, root), dry_run)
 
 
 def no_delta(exp: Experiment, variant: str, pub: pd.DataFrame) -> str:
@@ -182,53 +111,14 @@ def no_delta(exp: Experiment, variant: str, pub: pd.DataFrame) -> str:
     return "other " + " and ".join(differs) if differs else ""
 
 
-def cannot_run(v: Variant) -> dict[str, str]:
-    """Method -> why it cannot run in this variant (its commands are not launched)."""
-    return {c.method or c.module: c.cannot_run for c in v.commands if c.cannot_run}
-
-
-def gpu_hours(v: Variant) -> float | None:
-    """Prefill FLOPs of every prompt the variant's commands run, on the FLOP model's GPU
-    (:func:`harness.dryrun.prefill_gpu_hours`, the estimate every dry run prints too); None
-    for a CPU variant. An estimate: decode and the speculator are left out, every prompt is
-    taken at the command's stated mean length."""
-
-    if v.gpus == 0:
-        return None
-    return sum(
-        prefill_gpu_hours(architecture(str(e["architecture"])) or {}, [(float(e["prompts"]), int(e["tokens"]))])
-        for c in v.commands
-        for e in ([] if c.cannot_run else c.estimate)
-    )
-
-
 def plan_text(exp: Experiment, variant: str, root: Path = RESULTS) -> str:
-    v = variant_of(exp, variant)
-    lines = [f"paper table {exp.table} ({exp.source}): {exp.title}", f"variant {variant}: {v.note}".rstrip(": ")]
-    lines.append(f"  GPUs: {v.gpus}" if v.gpus else "  GPUs: none (CPU)")
-    hours = gpu_hours(v)
-    if hours is not None:
-        lines.append(
-            f"  estimate: {hours:.1f} GPU-hours (prefill FLOPs at the stated prompt counts and mean lengths, "
-            f"{PEAK_FLOPS / 1e12:.0f} TFLOP/s bf16 per GPU at {MFU:.0%} utilisation; decode left out)"
-        )
-    for cmd in command_lines(exp, variant, root):
-        lines.append("  " + " ".join(cmd[1:]))
-    for method, why in cannot_run(v).items():
-        lines.append(f"  {method}: cannot run in this table (not launched, no GPU-hours counted): {why}")
-    return "\n".join(lines)
+    return experiments.plan_text(exp, variant, folder(exp.table, variant, root), kind="paper table")
 
 
 def run(table: str, variant: str, dry_run: bool, root: Path = RESULTS) -> int:
     exp = load_experiment(table)
     print(plan_text(exp, variant, root), flush=True)
-    failed = []
-    for cmd in command_lines(exp, variant, root, dry_run):
-        print("+", " ".join(cmd[1:]), flush=True)
-        if subprocess.run(cmd, cwd=ROOT).returncode:
-            failed.append(" ".join(cmd[2:]))  # one failed command is recorded; the others still run
-    if failed:
-        print(f"paper: {len(failed)} command(s) failed:\n  " + "\n  ".join(failed))
+    if experiments.run_commands(exp, variant, folder(exp.table, variant, root), dry_run):
         return 1
     if not dry_run:
         kept = write_points(exp, variant, root)
