@@ -105,5 +105,8 @@ def provenance(model: Any, backend: str, engine: Any = None, placement: Any = No
         "weights_hash": _weights_hash(model),
         "dtype": model.dtype,
         "speculator": model.speculator,
+        # a speculator from another family: its tokenizer and the rule carrying its scores over
+        "speculator_tokenizer": getattr(engine, "speculator_tokenizer_id", None),
+        "token_map": getattr(engine, "token_map", None),
         "backend": backend,
     }

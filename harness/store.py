@@ -93,6 +93,10 @@ class RunRecord:
     weights_hash: str | None  # harness.models.loading.weights_hash: the verified checkpoint the row ran
     dtype: str
     speculator: str | None
+    #: A speculator with another tokenizer than the base's (another family): that tokenizer,
+    #: and the rule carrying its scores onto the base's tokens (specprefill.token_map); None otherwise.
+    speculator_tokenizer: str | None = None
+    token_map: str | None = None
     backend: str
     quantization: str | None  # the checkpoint's own, as the engine applied it (None: unquantized)
     gpu_memory_utilization: float | None  # the engine's planned share of each GPU (vLLM on GPUs)
@@ -200,6 +204,10 @@ class LatencyRecord(RunRecord):
     flops_method: float | None
     ideal_speedup: float | None
     prefix_cache: bool
+    #: The KV cache one prompt leaves after the prefill (a KV press's eviction included; a
+    #: left-padded batch counts its padding); None where the backend cannot measure it (vLLM).
+    kv_tokens: int | None = None
+    kv_bytes: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -39,6 +39,7 @@ def measure(method: Method, prompts: list[Prompt], backend: Backend) -> dict[str
         method_s = time.perf_counter() - t0
         overhead = backend.method_flops
         base_s = backend.prefill(plans)
+        kv = getattr(backend, "last_kv", None)  # set by each prefill of a backend that measures its cache
     parts: dict[str, float] = {}
     for p in plans:
         for k, v in p.timings.items():
@@ -59,4 +60,7 @@ def measure(method: Method, prompts: list[Prompt], backend: Backend) -> dict[str
         "flops_full": float(f_full),
         "flops_method": f_method,
         "ideal_speedup": f_full / f_method if f_method == f_method else math.nan,
+        # the KV cache after the prefill (a press's eviction included), where the backend measures it
+        "kv_tokens": kv[0] if kv else None,
+        "kv_bytes": kv[1] if kv else None,
     }

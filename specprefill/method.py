@@ -19,6 +19,7 @@ from specprefill.plan import (
     kept_plan,
     register_method,
 )
+from specprefill.token_map import TokenMap
 
 
 @register_method("full")
@@ -83,21 +84,34 @@ class SpecPrefill(Method):
         """One speculator forward for the whole batch, prompts of any lengths (the backend
         left-pads them; each capture is the prompt's own), then scoring and selection per
         prompt. Each plan's ``speculator_s`` is an equal share of the batch forward (they sum
-        to it) and its ``selection_s`` its own."""
+        to it) and its ``selection_s`` its own; with a speculator from another family,
+        ``token_map_s`` is its share of tokenizing the text for the speculator, and the
+        speculator's scores reach the base's tokens by :mod:`specprefill.token_map`'s rule."""
         if not prompts:
             return []
         t0 = time.perf_counter()
+        # A speculator from another family reads the prompt text in its own tokens
+        # (specprefill.token_map); its scores are carried onto the base's tokens below.
+        other = getattr(backend, "speculator_tokenizer", None)
+        maps = [TokenMap.of(p.input_ids, backend.tokenizer, other) for p in prompts] if other is not None else None
+        token_map_s = (time.perf_counter() - t0) / len(prompts)
+        t0 = time.perf_counter()
+        inputs = [m.speculator_ids for m in maps] if maps is not None else [p.input_ids for p in prompts]
         # Backend.speculate_batch (specprefill/plan.py) still declares only the [B, N] form;
         # the transformers backend (and the vLLM one, which delegates to it) take B [n_i] prompts.
-        caps = backend.speculate_batch([p.input_ids for p in prompts], self.lookahead)  # type: ignore[arg-type]
+        caps = backend.speculate_batch(inputs, self.lookahead)  # type: ignore[arg-type]
         speculator_s = (time.perf_counter() - t0) / len(prompts)
         plans = []
-        for prompt, cap in zip(prompts, caps, strict=True):
+        for i, (prompt, cap) in enumerate(zip(prompts, caps, strict=True)):
             t1 = time.perf_counter()
             importance = token_importance(cap.queries, cap.keys, self.pool_kernel)
+            if maps is not None:
+                importance = maps[i].to_base(importance)
             kept = select_tokens(importance, float(self.keep_rate), self.chunk_size)
             if self.force_keep_first or self.force_keep_last:
                 kept = force_keep(kept, prompt.n, self.force_keep_first, self.force_keep_last)
             timings = {"speculator_s": speculator_s, "selection_s": time.perf_counter() - t1}
+            if maps is not None:
+                timings["token_map_s"] = token_map_s
             plans.append(kept_plan(prompt, kept, self.position_mode, timings))
         return plans

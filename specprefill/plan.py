@@ -166,7 +166,9 @@ class Backend(Protocol):
     ``speculate*``, ``base_capture``), and what the harness runs plans with
     (``generate`` for eval, ``prefill`` for latency). ``method_flops`` counts the model
     FLOPs of the calls made on a method's behalf (speculator, early layers), for ideal
-    speedups; the harness reads and resets it around a method's ``plan``."""
+    speedups; the harness reads and resets it around a method's ``plan``. A backend that can
+    measure its KV cache sets ``last_kv`` after each ``prefill``: (tokens the cache holds, its
+    bytes per prompt of the batch); one that cannot (vLLM's paged cache) leaves it unset."""
 
     name: str
     tokenizer: Any

@@ -199,3 +199,21 @@ def test_latency_prefill_times_a_two_part_plan_one_prompt_at_a_time(backend):
         backend.prefill([plan])  # context under the press, then the rest: runs
         with pytest.raises(ValueError, match="one prompt at a time; got a batch of 2; allowed: batch 1"):
             backend.prefill([plan, plan])
+
+
+def test_latency_rows_record_the_cache_a_press_leaves(backend):
+    """A latency row's ``kv_tokens``/``kv_bytes``: what the prefill left in the cache, worked
+    out by hand from the model's shape (layers x keys and values x KV heads x head size)."""
+    from harness.timing import measure
+
+    cfg = backend.base.config
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_token = (
+        cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head * next(backend.base.parameters()).element_size()
+    )
+    prompts = [_prompt(60)]
+    full = measure(build_method("full", {}), prompts, backend)
+    knorm = measure(Knorm(keep_rate=0.5), prompts, backend)
+    assert (full["kv_tokens"], full["kv_bytes"]) == (60, 60 * per_token)
+    assert (knorm["kv_tokens"], knorm["kv_bytes"]) == (30, 30 * per_token)
+    assert knorm["kept_fraction"] == 1.0  # a press prefills the whole prompt

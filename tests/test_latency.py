@@ -176,6 +176,13 @@ def test_summary_speedup_is_the_ratio_of_medians_in_the_same_run():
     assert s.loc["full", "n"] == 6 and s.loc["full", "ttft_median_s"] == pytest.approx(
         23.0
     )  # pooled: median of 4 5 6 40 40 40
+    assert math.isnan(s.loc["x", "kv_mib"])  # rows without kv_bytes (older runs, vLLM): NaN, not 0
+    # kv_mib: the median over the timed iterations of the bytes one prompt left, in MiB
+    kv = pd.DataFrame(rows("a", "full", [4.0, 6.0, 5.0]) + rows("a", "x", [1.0, 3.0, 2.0]))
+    kv["kv_bytes"] = [9, 1, 3, 5, 9, 2, 8, 4]  # the warm-ups (9) left out
+    kv["kv_bytes"] *= 2**20
+    s = summarize_latency(kv).set_index("method")
+    assert (s.loc["full", "kv_mib"], s.loc["x", "kv_mib"]) == (3.0, 4.0)
 
 
 def test_text_rewriting_methods_time_on_benchmark_prompts(tmp_path, monkeypatch):

@@ -12,6 +12,10 @@ ttft           median, p90 and p99 over the timed iterations (the reference pool
 ideal_speedup  the FLOP model's full prefill over the method's work (median over iterations);
                ``ideal_ttft_s``: the reference's median TTFT at the point over it
 efficiency     speedup / ideal_speedup
+kv_mib         median over the timed iterations of the KV cache one prompt leaves after the
+               prefill (``kv_bytes``: all layers, keys and values, a KV press's eviction
+               included; a left-padded batch counts its padding), in MiB; NaN where the
+               backend cannot measure it (vLLM)
 ============== ============================================================================
 """
 
@@ -28,7 +32,7 @@ from harness.analysis.stats import Estimate, ratio_of_medians_ci
 COLUMNS = [
     "model", "backend", "prompt_source", "batch", "length", "method", "keep_rate", "n", "failed", "ttft_median_s",
     "ttft_p90_s", "ttft_p99_s", "method_median_s", "base_prefill_median_s", "kept_fraction", "speedup", "speedup_lo",
-    "speedup_hi", "ideal_speedup", "ideal_ttft_s", "efficiency", "reference", "is_reference", "method_name", "speculator", "dtype",
+    "speedup_hi", "ideal_speedup", "ideal_ttft_s", "efficiency", "kv_mib", "reference", "is_reference", "method_name", "speculator", "dtype",
     "method_options",
 ]  # fmt: skip
 
@@ -80,6 +84,8 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
             ttft_median_s=st["median"], ttft_p90_s=st["p90"], ttft_p99_s=st["p99"],
             method_median_s=float(good["method_s"].median()), base_prefill_median_s=float(good["base_prefill_s"].median()),
             kept_fraction=float(good["kept_fraction"].mean()),
+            kv_mib=float(pd.to_numeric(good.get("kv_bytes"), errors="coerce").median()) / 2**20
+            if "kv_bytes" in good else float("nan"),
         )  # fmt: skip
         if item["is_reference"]:
             entry.update(speedup=1.0, ideal_speedup=1.0, efficiency=1.0)

@@ -7,7 +7,7 @@ import dataclasses
 from hydra.errors import CompactHydraException
 
 from harness.models.catalog import ModelConfig, check_backend
-from harness.models.loading import LoadedModel, load, vllm_engine_args
+from harness.models.loading import LoadedModel, load, speculator_config, tokenizer_id, vllm_engine_args
 from harness.models.placement import Placement
 from harness.models.placement import plan as place
 from specprefill.backends import vllm as vllm_backend
@@ -25,7 +25,16 @@ def make_backend(
     placement = placement or place(model, backend, needs_speculator)
     if backend == "transformers":
         lm = load(model)
-        return TransformersBackend(lm.base, lm.tokenizer, lm.speculator, prefill_chunk=model.speculator_chunk)
+        tb = TransformersBackend(
+            lm.base,
+            lm.tokenizer,
+            lm.speculator,
+            prefill_chunk=model.speculator_chunk,
+            speculator_tokenizer=lm.speculator_tokenizer,
+        )
+        if lm.speculator_tokenizer is not None:  # rows name the checkpoint's tokenizer, not a cache folder
+            tb.speculator_tokenizer_id = tokenizer_id(speculator_config(model))
+        return tb
 
     if not needs_speculator:
         model = dataclasses.replace(model, speculator=None)
@@ -45,6 +54,11 @@ def speculator_backend(model: ModelConfig) -> tuple[LoadedModel, TransformersBac
     lm = load(model, with_base=False)
     if lm.speculator is None:
         return lm, None
+    if lm.speculator_tokenizer is not None:  # the engine's prompts are the base's ids; nothing maps them
+        raise ValueError(
+            f"speculator={model.speculator!r} has another tokenizer than model {model.name!r}: a speculator from "
+            f"another family runs on backend=transformers only; allowed here: a speculator with the base's tokenizer"
+        )
     return lm, TransformersBackend(lm.speculator, lm.tokenizer, lm.speculator, prefill_chunk=model.speculator_chunk)
 
 

