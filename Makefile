@@ -17,7 +17,7 @@ MINFERENCE := minference==0.1.6.0
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=% gpu=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare experiment fetch-models speculator-depth report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
+.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare experiment fetch-models speculator-depth speculator-family report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
 
 setup: $(if $(filter 1,$(gpu)),cuda-driver) $(VENV)/.installed $(if $(filter 1,$(gpu)),$(VENV)/.installed-gpu)
 
@@ -138,6 +138,12 @@ bench-ruler-generation: setup
 # interleaved TTFT speedups (results/speculator-depth/; committed copy in results/reference/).
 speculator-depth: setup
 	$(PY) -m harness.studies.speculator_depth $(if $(limit),--limit $(limit))
+
+# Same-family vs cross-family vs early-exit speculators for the real Qwen2.5-Coder-1.5B (after
+# make fetch-models): RULER 2K NIAH + qa_1, interleaved TTFT (results/speculator-family/).
+speculator-family: setup
+	$(call only_vars,limit length)
+	$(PY) -m harness.studies.speculator_family $(if $(limit),--limit $(limit)) $(if $(length),--length $(length))
 
 # Our RULER 4K against lm-eval's RULER tasks, full prefill, side by side (results/reference/).
 lm-eval-crosscheck: setup

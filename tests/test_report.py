@@ -316,6 +316,37 @@ def test_latency_speedups_per_depth_from_latency_rows():
     assert got.loc[20, "lat_efficiency"] == pytest.approx(0.25) and got.loc[4, "keep"] == 0.1
 
 
+def test_speculator_family_table_keys_every_line_by_its_speculator():
+    """The family study: one line per speculator x keep beside the one full prefill run, the
+    interleaved speedup merged by (speculator, keep), each speculator named with its kind."""
+    from harness.studies.speculator_family import markdown, table, with_latency_speedups
+
+    def spec(speculator, score, ttft, keep=0.1):
+        rows = _rows("specprefill", keep, f"{speculator}-{keep}", score, ttft, ["t1", "t2"],
+                     mopts={"keep_rate": keep, "lookahead": 1})  # fmt: skip
+        return [{**r, "speculator": speculator, "speculator_s": ttft / 2, "flops_full": 1e9, "flops_method": 2e8}
+                for r in rows]  # fmt: skip
+
+    full = [{**r, "speculator": "model:qwen2.5-coder-0.5b", "speculator_s": None}
+            for r in _rows("full", None, "f", 80.0, 4.0, ["t1", "t2"])]  # fmt: skip
+    df = pd.DataFrame(full + spec("model:qwen2.5-coder-0.5b", 60.0, 2.0) + spec("model:smollm2-135m", 40.0, 1.0)
+                      + spec("self_layers:3", 20.0, 1.0))  # fmt: skip
+    lat = pd.DataFrame({"speculator": ["model:smollm2-135m", "model:qwen2.5-coder-0.5b"], "keep": [0.1, 0.1],
+                        "lat_n": 3, "lat_speedup": [3.0, 1.5], "lat_speedup_lo": [2.9, 1.4],
+                        "lat_speedup_hi": [3.1, 1.6], "lat_ideal": [6.0, 2.0], "lat_efficiency": [0.5, 0.75]})  # fmt: skip
+    t = table(df, lat).set_index("speculator", drop=False)
+    assert t["method"].iloc[0] == "full" and pd.isna(t["speculator"].iloc[0])
+    assert t.loc["model:smollm2-135m", "retention"] == pytest.approx(0.5)
+    assert t.loc["model:smollm2-135m", "lat_speedup"] == 3.0 and t.loc["model:qwen2.5-coder-0.5b", "lat_speedup"] == 1.5
+    assert pd.isna(t.loc["self_layers:3", "lat_speedup"])  # not measured: no number made up
+    md = markdown(t.reset_index(drop=True))
+    assert "| `model:smollm2-135m`: other family (SmolLM2-135M, token map) | 0.1 | 2 |" in md
+    assert "3.00 [2.90, 3.10] | 6.00x | 0.50 |" in md and "| - | - | - |" in md  # self_layers:3: none measured
+    summary = with_latency_speedups(summarize(df), t.reset_index(drop=True))
+    one = summary[(summary["task"] == "ALL") & (summary["speculator"] == "model:smollm2-135m")].iloc[0]
+    assert (one["speedup"], one["ideal_speedup"]) == (3.0, 6.0)
+
+
 def test_an_early_exit_speculator_gets_a_line_pointing_at_the_committed_depth_sweep():
     from pathlib import Path
 
