@@ -77,6 +77,7 @@ class LatencySchema(CommonSchema):
     prompt_task: str = "qa_1"
     prompt_benchmark: str = "ruler"
     prompt_options: Any = None
+    decode_tokens: int = 0
 
 
 @dataclass

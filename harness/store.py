@@ -208,6 +208,10 @@ class LatencyRecord(RunRecord):
     #: left-padded batch counts its padding); None where the backend cannot measure it (vLLM).
     kv_tokens: int | None = None
     kv_bytes: int | None = None
+    #: ``decode_tokens`` greedy tokens decoded after the prefill (config ``decode_tokens``) and the
+    #: seconds they took, outside TTFT; None when the run times the prefill only.
+    decode_tokens: int | None = None
+    decode_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,7 +26,7 @@ def flops(base: Shape, prompts: Sequence[Prompt], plans: Sequence[Plan], overhea
     return full, float(overhead + sum(prefill_flops(base, p.k, causal_pairs(p.k)) for p in plans))
 
 
-def measure(method: Method, prompts: list[Prompt], backend: Backend) -> dict[str, Any]:
+def measure(method: Method, prompts: list[Prompt], backend: Backend, decode_tokens: int = 0) -> dict[str, Any]:
     """Plan ``prompts`` with ``method`` and prefill the plans: the measured fields of a row.
 
     Both run inside ``method.applied(backend)`` (a method acting inside the model patches
@@ -38,7 +38,9 @@ def measure(method: Method, prompts: list[Prompt], backend: Backend) -> dict[str
         plans = method.plan_batch(prompts, backend)
         method_s = time.perf_counter() - t0
         overhead = backend.method_flops
-        base_s = backend.prefill(plans)
+        # decode_tokens > 0: the backend also decodes that many tokens after the timed prefill,
+        # timed apart (``last_decode_s``), outside TTFT
+        base_s = backend.prefill(plans, decode_tokens)
         kv = getattr(backend, "last_kv", None)  # set by each prefill of a backend that measures its cache
     parts: dict[str, float] = {}
     for p in plans:
@@ -63,4 +65,7 @@ def measure(method: Method, prompts: list[Prompt], backend: Backend) -> dict[str
         # the KV cache after the prefill (a press's eviction included), where the backend measures it
         "kv_tokens": kv[0] if kv else None,
         "kv_bytes": kv[1] if kv else None,
+        # decoding after the prefill (latency grids with decode_tokens > 0): the batch's seconds
+        "decode_tokens": decode_tokens or None,
+        "decode_s": getattr(backend, "last_decode_s", None) if decode_tokens else None,
     }

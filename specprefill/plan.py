@@ -168,7 +168,9 @@ class Backend(Protocol):
     FLOPs of the calls made on a method's behalf (speculator, early layers), for ideal
     speedups; the harness reads and resets it around a method's ``plan``. A backend that can
     measure its KV cache sets ``last_kv`` after each ``prefill``: (tokens the cache holds, its
-    bytes per prompt of the batch); one that cannot (vLLM's paged cache) leaves it unset."""
+    bytes per prompt of the batch); one that cannot (vLLM's paged cache) leaves it unset. With
+    ``decode_tokens``, ``prefill`` also decodes that many tokens after its clock stops and
+    sets ``last_decode_s`` (the transformers backend; vLLM refuses it)."""
 
     name: str
     tokenizer: Any
@@ -185,7 +187,7 @@ class Backend(Protocol):
 
     def generate(self, plan: Plan, max_new_tokens: int, stop: Sequence[str] = ()) -> Generation: ...
 
-    def prefill(self, plans: Sequence[Plan]) -> float: ...
+    def prefill(self, plans: Sequence[Plan], decode_tokens: int = 0) -> float: ...
 
 
 class Method(ABC):

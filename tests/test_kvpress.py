@@ -217,3 +217,34 @@ def test_latency_rows_record_the_cache_a_press_leaves(backend):
     assert (full["kv_tokens"], full["kv_bytes"]) == (60, 60 * per_token)
     assert (knorm["kv_tokens"], knorm["kv_bytes"]) == (30, 30 * per_token)
     assert knorm["kept_fraction"] == 1.0  # a press prefills the whole prompt
+
+
+def test_decode_after_a_latency_prefill_is_what_generate_decodes(backend):
+    """``prefill(plans, decode_tokens=n)`` decodes the tokens ``generate`` would (greedy, no
+    early stop on this EOS-less model): for a left-padded batch of two lengths, each row's
+    own tokens (the padding mask and positions carried into decoding), and after a KV press
+    the tokens decoded from the compressed cache."""
+    from dataclasses import replace
+
+    plans = [full_plan(_prompt(50, seed=1)), full_plan(_prompt(37, seed=2))]
+    seen = []
+    hook = backend.base.register_forward_pre_hook(
+        lambda mod, args, kw: seen.append(kw["position_ids"].tolist()) if kw["input_ids"].shape[1] == 1 else None,
+        with_kwargs=True,
+    )
+    try:
+        backend.prefill(plans, decode_tokens=6)
+    finally:
+        hook.remove()
+    assert seen == [[[50 + s], [37 + s]] for s in range(6)]  # each row at its own next position
+    assert backend.last_decoded is not None and backend.last_decoded.shape == (2, 6)
+    for row, plan in zip(backend.last_decoded.tolist(), plans, strict=True):
+        assert row == backend.generate(plan, 6).token_ids
+    press = Knorm(keep_rate=0.5)
+    plan = replace(full_plan(_prompt(60)), prefix=40)  # query-agnostic: context pressed, then the rest
+    with press.applied(backend):
+        backend.prefill([plan], decode_tokens=5)
+        assert backend.last_kv is not None and backend.last_kv[0] == 40  # 20 of the context + 20
+        assert backend.last_decoded.tolist()[0] == backend.generate(plan, 5).token_ids
+    with press.applied(backend), pytest.raises(ValueError, match="prompts of different lengths"):
+        backend.prefill([full_plan(_prompt(50)), full_plan(_prompt(37))], decode_tokens=2)

@@ -3,6 +3,7 @@ prompt sources, failures recorded per point, config errors, dry runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from harness.analysis.latency import summarize_latency
 from harness.jobs import latency as lat
 from harness.models.catalog import model_config
 from harness.models.loading import load
@@ -183,6 +185,14 @@ def test_summary_speedup_is_the_ratio_of_medians_in_the_same_run():
     kv["kv_bytes"] *= 2**20
     s = summarize_latency(kv).set_index("method")
     assert (s.loc["full", "kv_mib"], s.loc["x", "kv_mib"]) == (3.0, 4.0)
+    assert math.isnan(s.loc["x", "decode_s_per_token"]) and math.isnan(s.loc["x", "e2e_speedup"])  # none decoded
+    # decode_tokens > 0: seconds per decoded token (median), and the speedup on TTFT + decode
+    kv["decode_tokens"] = 4
+    kv["decode_s"] = [9.0, 1.0, 1.0, 1.0, 9.0, 0.5, 0.5, 0.5]
+    s = summarize_latency(kv).set_index("method")
+    assert (s.loc["full", "decode_s_per_token"], s.loc["x", "decode_s_per_token"]) == (0.25, 0.125)
+    assert s.loc["x", "e2e_speedup"] == pytest.approx(6.0 / 2.5)  # medians of 5 7 6 and 1.5 3.5 2.5
+    assert s.loc["x", "e2e_speedup_lo"] <= 2.4 <= s.loc["x", "e2e_speedup_hi"] and s.loc["full", "e2e_speedup"] == 1.0
 
 
 def test_text_rewriting_methods_time_on_benchmark_prompts(tmp_path, monkeypatch):
@@ -270,3 +280,21 @@ def test_latency_prompts_come_from_any_registered_benchmark(tmp_path, monkeypatc
         _lat(tmp_path, *common, "prompt_benchmark=longbenc", "grid=[[1,192]]")
     with pytest.raises(ValueError, match="unknown longbench task 'hotpot'"):
         _lat(tmp_path, *common, "prompt_task=hotpot", "grid=[[1,192]]")
+
+
+def test_decode_tokens_time_decoding_beside_the_prefill_and_keep_old_identities(tmp_path, monkeypatch):
+    """``decode_tokens=n``: every row also times n decode steps after its prefill (outside
+    TTFT), the summary gives seconds per token and the end-to-end speedup; without it a run
+    keeps the identity (folder) it had before the option existed; vLLM refuses it."""
+    monkeypatch.chdir(tmp_path)
+    job = _lat(tmp_path, "method=specprefill", "grid=[[1,96]]", "warmup=0", "iters=2", "decode_tokens=3")
+    before = _lat(tmp_path, "method=specprefill", "grid=[[1,96]]", "warmup=0", "iters=2").folder.name
+    assert before == "specprefill-8210505c1441" != job.folder.name  # the folder this config had before decode_tokens
+    rows = RunStore(lat.execute(job)).read()
+    assert set(rows["decode_tokens"]) == {3} and (rows["decode_s"] > 0).all()
+    s = summarize_latency(rows).set_index("method_name")
+    assert s.loc["full", "e2e_speedup"] == 1.0 and s.loc["specprefill", "decode_s_per_token"] == pytest.approx(
+        float((rows[rows["method"] == "specprefill"]["decode_s"] / 3).median())
+    )
+    with pytest.raises(ValueError, match="decode timing in latency grids runs on the transformers backend"):
+        dataclasses.replace(job.cfg, backend="vllm")

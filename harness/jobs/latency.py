@@ -104,6 +104,8 @@ class LatencyConfig:
     prompt_task: str = "qa_1"
     prompt_benchmark: str = "ruler"
     prompt_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Tokens decoded (greedy, timed) after each prefill; 0: TTFT only.
+    decode_tokens: int = 0
 
     def prompt_config(self, length: int, limit: int = 10) -> BenchmarkConfig:
         """The benchmark whose ``prompt_task`` prompts a grid point of ``length`` tokens plans."""
@@ -127,13 +129,18 @@ class LatencyConfig:
                 f"grid={[list(p) for p in self.grid]} names {[list(p) for p in twice]} more than once (measured twice "
                 f"into one run); allowed: each [batch, length] point once"
             )
-        for name in ("warmup", "iters", "seed"):
+        for name in ("warmup", "iters", "seed", "decode_tokens"):
             v = getattr(self, name)
             low = 1 if name == "iters" else 0
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"{name}={v!r}; allowed: int >= {low}")
         check_backend(self.backend)
         check_choice("prompts", self.prompts, PROMPTS)
+        if self.decode_tokens and self.backend != "transformers":
+            raise ValueError(
+                f"decode_tokens={self.decode_tokens} with backend={self.backend!r}: decode timing in latency grids "
+                f"runs on the transformers backend; allowed here: decode_tokens=0 (eval rows time decoding on vLLM)"
+            )
 
     @classmethod
     def from_hydra(cls, cfg: DictConfig) -> LatencyConfig:
@@ -161,6 +168,7 @@ class LatencyConfig:
             prompt_task=str(c["prompt_task"]),
             prompt_benchmark=str(c["prompt_benchmark"]),
             prompt_options=dict(c["prompt_options"] or {}),
+            decode_tokens=c["decode_tokens"],
         )
 
 
@@ -277,6 +285,9 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
         "prompts": source,
         "timing": {"warmup": cfg.warmup, "iters": cfg.iters, "seed": cfg.seed},
     }
+    if cfg.decode_tokens:  # only then: the identities of runs without decoding stay what they were
+        identity["timing"] = {"warmup": cfg.warmup, "iters": cfg.iters, "seed": cfg.seed,
+                              "decode_tokens": cfg.decode_tokens}  # fmt: skip
     h = config_hash(identity)  # the grid is not part of it: a run extends point by point
     folder = cfg.out / cfg.model.name / f"latency-{cfg.backend}" / f"{method.name}-{h}"
     check_layout(folder, cfg.out)
@@ -398,7 +409,7 @@ def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int) ->
         prompts = source.prompts(it)
         for m in job.methods:
             row = point_row(job, m, unit, batch, length, it)
-            rows.append(measured(row, functools.partial(measure, m, prompts, backend)))
+            rows.append(measured(row, functools.partial(measure, m, prompts, backend, job.cfg.decode_tokens)))
     return rows
 
 

@@ -209,6 +209,8 @@ class TransformersBackend:
         #: Model FLOPs of the captures run for methods (speculator, early layers), cumulative.
         self.method_flops = 0
         self.last_kv: tuple[int, int] | None = None  # (tokens, bytes per prompt) of the last prefill
+        self.last_decode_s: float | None = None  # seconds of the decode_tokens after the last prefill
+        self.last_decoded: torch.Tensor | None = None  # [b, decode_tokens] token ids it decoded
 
     @property
     def base_config(self) -> Any:
@@ -365,16 +367,19 @@ class TransformersBackend:
         ]
 
     @torch.inference_mode()
-    def prefill(self, plans: Sequence[Plan]) -> float:
+    def prefill(self, plans: Sequence[Plan], decode_tokens: int = 0) -> float:
         """Prefill a batch of plans into a fresh KV cache (transformers has no prefix cache)
         up to each one's first token, and return the seconds it took (latency grids).
 
         Plans of different lengths are left-padded (padding masked out, so the last column
-        is every plan's last kept token)."""
+        is every plan's last kept token). After the clock stops, ``last_kv`` holds what the
+        cache kept; with ``decode_tokens``, that many greedy tokens are then decoded from it
+        (every row of the batch, no early stop) and ``last_decode_s`` holds their seconds."""
         from transformers import DynamicCache
 
         b, k = len(plans), max(p.k for p in plans)
         cache = DynamicCache(config=self.base.config)
+        mask = torch.ones(1, k, dtype=torch.int64)
         if any(p.prefix is not None for p in plans):  # two parts into one cache: one prompt at a time
             if b > 1:
                 raise ValueError(
@@ -406,6 +411,37 @@ class TransformersBackend:
         elapsed = time.perf_counter() - t0
         tokens, nbytes = cache_size(cache)  # after the clock: what a KV press left, untimed
         self.last_kv = (tokens, nbytes // b)  # per prompt; a left-padded batch counts its padding
+        self.last_decode_s = self._decode(plans, cache, out, mask, decode_tokens) if decode_tokens else None
+        return elapsed
+
+    def _decode(self, plans: Sequence[Plan], cache: Any, out: Any, mask: torch.Tensor, n: int) -> float:
+        """Seconds to decode ``n`` greedy tokens per row from a prefilled ``cache`` (``out``:
+        the prefill's output, ``mask``: its padding mask)."""
+        b, held = len(plans), int(cache.get_seq_length())
+        if held != mask.shape[1]:  # a KV press shortened the cache: the padding columns are gone
+            if len({p.k for p in plans}) > 1:
+                raise ValueError(
+                    f"decode_tokens after a KV press on prompts of different lengths ({sorted({p.k for p in plans})}):"
+                    f" the padding left the cache with the evicted entries; allowed: prompts of one length"
+                )
+            mask = torch.ones(1, held, dtype=torch.int64)
+        mask = mask.expand(b, -1).to(self.device)
+        pos = torch.tensor([[p.next_position] for p in plans], device=self.device)
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        decoded = [nxt]
+        self._sync()
+        t0 = time.perf_counter()
+        for step in range(n):
+            mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype, device=self.device)], dim=1)
+            out = self.base(
+                input_ids=nxt, position_ids=pos + step, attention_mask=mask, past_key_values=cache, use_cache=True,
+                logits_to_keep=1,
+            )  # fmt: skip
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            decoded.append(nxt)
+        self._sync()
+        elapsed = time.perf_counter() - t0
+        self.last_decoded = torch.cat(decoded[:n], dim=1).cpu()  # [b, n]: the first token, then n - 1 more
         return elapsed
 
     def prefill_into(self, plan: Plan, cache: Any) -> Any:

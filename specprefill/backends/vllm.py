@@ -383,10 +383,13 @@ class VLLMBackend:
         """The base model's Hugging Face config (as the engine loaded it)."""
         return self.llm.llm_engine.model_config.hf_config
 
-    def prefill(self, plans: Sequence[Plan]) -> float:
+    def prefill(self, plans: Sequence[Plan], decode_tokens: int = 0) -> float:
         """Prefill a batch of plans (each at its own positions, through the position hook)
         and sample each first token; returns the wall time of the whole batch (latency
-        grids: one ``generate`` call, one output token per request)."""
+        grids: one ``generate`` call, one output token per request). Decode timing
+        (``decode_tokens``) is the transformers backend's; the latency config refuses it here."""
+        if decode_tokens:
+            raise ValueError(f"decode_tokens={decode_tokens}: the vLLM backend times the prefill only; allowed: 0")
         from vllm import SamplingParams, TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p.input_ids.tolist()]) for p in plans]
