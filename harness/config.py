@@ -404,6 +404,7 @@ LATER_MODEL_FIELDS: dict[str, Any] = {
     "architecture": None,
     "speculator_architecture": None,
     "speculator_chunk": None,
+    "transport": None,
 }
 #: Model-config fields that never change results: the default backend (the backend that
 #: ran is part of the identity on its own) and the GPU size a dry run plans with.

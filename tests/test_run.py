@@ -393,3 +393,16 @@ def test_submitit_launcher_runs_sweep_points_as_jobs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = "".join(p.read_text() for p in out.rglob("*_log.out"))
     assert logs.count("[dry run] smollm2-135m") == 2, logs[-2000:]
+
+
+def test_a_new_model_config_field_keeps_the_run_folders_of_earlier_runs(tmp_path):
+    """Run identities are pinned to folders committed before later fields existed (here
+    ``transport``, ``speculator_chunk``, ``nodes`` ...): a field at its default stays out of
+    the identity, so earlier runs still resume. The folder is the committed kv comparison's."""
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["model.dtype=bfloat16", "method=full", f"out={tmp_path}"])
+    folder = prepare(RunConfig.from_hydra(cfg)).folder
+    assert folder.name == "full-082635776495"
+    assert list(
+        (Path(CONF).parent / "results" / "reference").glob(f"kv_compare*/smollm2-135m/ruler-4096/{folder.name}")
+    )
