@@ -151,12 +151,21 @@ lm-eval-crosscheck: setup
 
 # KV presses beside prompt compression on the CPU default (RULER 4K, SmolLM2, the default
 # tasks; limit=5: 30 samples per point), query-aware presses as SpecPrefill is; then
-# results/kv-compare/report.html has retention against TTFT, KV memory and end-to-end speed.
+# results/kv-compare/report.html has retention against TTFT, KV memory and end-to-end speed
+# (committed: results/reference/kv_compare_smollm2_cpu/).
 KV_COMPARE_METHODS := full,specprefill,truncate,rag_bm25,snapkv,expected_attention,tova,knorm,keydiff,streaming_llm,random_kv
 KV_COMPARE_KEEPS := 0.1,0.25,0.5
+comma := ,
+empty :=
+space := $(empty) $(empty)
+# the costs side by side: each method interleaved with full prefill on the same 4K prompts, 16
+# tokens decoded after each prefill (text-needing methods on RULER niah_single_2: qa_1's prompts
+# fall short of 4K for this tokenizer)
+KV_LATENCY_METHODS = $(subst $(space),$(comma),$(filter-out full,$(subst $(comma),$(space),$(or $(methods),$(KV_COMPARE_METHODS)))))
 kv-compare: setup
 	$(call only_vars,methods keeps limit out dry_run)
 	$(PY) -m harness.jobs.eval 'method=$(or $(methods),$(KV_COMPARE_METHODS))' 'keep=$(or $(keeps),$(KV_COMPARE_KEEPS))' limit=$(or $(limit),5) out=$(or $(out),results/kv-compare) $(if $(dry_run),dry_run=$(dry_run))
+	$(PY) -m harness.jobs.latency model=smollm2-135m 'grid=[[1,4096]]' warmup=1 iters=3 decode_tokens=16 prompt_task=niah_single_2 'method=$(KV_LATENCY_METHODS)' 'keep=$(or $(keeps),$(KV_COMPARE_KEEPS))' out=$(or $(out),results/kv-compare)/latency $(if $(dry_run),dry_run=$(dry_run))
 
 kvpress-crosscheck: setup
 	$(PY) -m harness.studies.kvpress_crosscheck $(if $(limit),--limit $(limit)) $(if $(keep),--keep $(keep))
