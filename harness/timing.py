@@ -40,7 +40,7 @@ def measure(method: Method, prompts: list[Prompt], backend: Backend, decode_toke
         overhead = backend.method_flops
         # decode_tokens > 0: the backend also decodes that many tokens after the timed prefill,
         # timed apart (``last_decode_s``), outside TTFT
-        base_s = backend.prefill(plans, decode_tokens)
+        base_s = backend.prefill(plans, decode_tokens) if decode_tokens else backend.prefill(plans)
         kv = getattr(backend, "last_kv", None)  # set by each prefill of a backend that measures its cache
     parts: dict[str, float] = {}
     for p in plans:
