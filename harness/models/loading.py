@@ -37,7 +37,7 @@ from harness.models.catalog import (
 )
 from harness.models.placement import architecture, model_architecture, plan, quantization, weight_bytes
 from harness.models.replicas import replica_dir
-from harness.models.transports import converted_dir, fetched, transport
+from harness.models.transports import converted_dir, dequantize_gguf, fetched, transport
 from specprefill.backends.transformers import early_exit_view
 
 # --------------------------------------------------------------------------- feasibility
@@ -168,26 +168,7 @@ def _convert_smollm2(out: Path) -> None:
     ggufs = sorted(pkg.glob("*.gguf"))
     if not ggufs:
         raise RuntimeError(f"no .gguf file in {pkg}")
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(pkg, gguf_file=ggufs[0].name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=ggufs[0].name, dtype=torch.float32)
-    cfg_dict = gguf_model.config.to_dict()
-    cfg_dict.pop("quantization_config", None)
-    cfg = LlamaConfig(**{k: v for k, v in cfg_dict.items() if k not in ("architectures", "_name_or_path")})
-    # save_pretrained refuses GGUF-quantized models: rebuild a plain Llama and copy the
-    # (already dequantized, fp32) weights into it.
-    plain: Any = LlamaForCausalLM(cfg)
-    missing, unexpected = plain.load_state_dict(gguf_model.state_dict(), strict=False)
-    if unexpected or [m for m in missing if m != "lm_head.weight"]:
-        raise RuntimeError(f"GGUF conversion mismatch: missing={missing}, unexpected={unexpected}")
-    plain.tie_weights()
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    plain.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    dequantize_gguf(ggufs[0], out, torch.float32, "SmolLM2")
 
 
 def weights_hash(cfg: ModelConfig) -> str | None:

