@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -57,14 +59,17 @@ def run_latency(out: Path, depths: list[int], keeps: list[float], iters: int) ->
                     f"out={out}"], check=True)  # fmt: skip
 
 
-def latency_speedups(rows: pd.DataFrame) -> pd.DataFrame:
+def latency_speedups(
+    rows: pd.DataFrame, column: str = "depth", key: Callable[[Any], Any] = early_exit_layers
+) -> pd.DataFrame:
     """Per (depth, keep): the latency summary's interleaved TTFT speedup over full prefill
     with its 95 % interval (:func:`harness.analysis.latency.summarize_latency`), the ideal
-    speedup from FLOPs and the efficiency."""
+    speedup from FLOPs and the efficiency. ``column``/``key``: what names a speculator's
+    line (the depth of ``self_layers:M``; the family study keys by the speculator itself)."""
     s = summarize_latency(rows)
     s = s[~s["is_reference"].astype(bool)]
     return pd.DataFrame({
-        "depth": s["speculator"].map(early_exit_layers), "keep": s["keep_rate"].astype(float),
+        column: s["speculator"].map(key), "keep": s["keep_rate"].astype(float),
         "lat_n": s["n"].astype(int), "lat_speedup": s["speedup"], "lat_speedup_lo": s["speedup_lo"],
         "lat_speedup_hi": s["speedup_hi"], "lat_ideal": s["ideal_speedup"], "lat_efficiency": s["efficiency"],
     }).reset_index(drop=True)  # fmt: skip
@@ -174,16 +179,19 @@ def main() -> None:
     print(text)
 
 
-def with_latency_speedups(summary: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
+def with_latency_speedups(
+    summary: pd.DataFrame, df: pd.DataFrame, column: str = "depth", key: Callable[[Any], Any] = early_exit_layers
+) -> pd.DataFrame:
     """The summary's overall SpecPrefill lines with the interleaved speedup (and its
     interval) in place of the eval run's and the latency rows' ideal speedup (FLOPs), for
-    the Pareto plot: the figure draws the latency summary's numbers, it computes none."""
-    lat = df[df["method"] == "specprefill"].set_index(["depth", "keep"])
+    the Pareto plot: the figure draws the latency summary's numbers, it computes none.
+    ``df``'s lines are named by ``column``, a summary line's by ``key`` of its speculator."""
+    lat = df[df["method"] == "specprefill"].set_index([column, "keep"])
     summary = summary.copy()
     for i, r in summary[(summary["task"] == "ALL") & (summary["method_name"] == "specprefill")].iterrows():
-        key = (early_exit_layers(r["speculator"]), float(r["keep_rate"]))
-        if key in lat.index:
-            x = lat.loc[key]
+        point = (key(r["speculator"]), float(r["keep_rate"]))
+        if point in lat.index:
+            x = lat.loc[point]
             summary.loc[i, ["speedup", "speedup_lo", "speedup_hi", "ideal_speedup"]] = [
                 x["lat_speedup"], x["lat_speedup_lo"], x["lat_speedup_hi"], x["lat_ideal"]
             ]  # fmt: skip

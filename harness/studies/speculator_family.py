@@ -30,13 +30,14 @@ import argparse
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from harness.analysis.latency import summarize_latency
 from harness.analysis.quality import summarize
 from harness.rendering import plots
 from harness.store import read_rows
+from harness.studies import speculator_depth as depth
 
 BASE = "qwen2.5-coder-1.5b"
 SPECULATORS = ["model:qwen2.5-coder-0.5b", "model:smollm2-135m", "self_layers:3"]
@@ -67,16 +68,16 @@ def run_latency(out: Path, length: int, speculators: list[str], keeps: list[floa
                     f"model.speculator={','.join(speculators)}", f"out={out}"], check=True)  # fmt: skip
 
 
+def _same(speculator: Any) -> Any:
+    """A line's name: the speculator spec itself."""
+    return speculator
+
+
 def latency_speedups(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per (speculator, keep): the latency summary's interleaved speedup over full prefill
-    with its 95 % interval, the ideal speedup from FLOPs and the efficiency."""
-    s = summarize_latency(rows)
-    s = s[~s["is_reference"].astype(bool)]
-    return pd.DataFrame({
-        "speculator": s["speculator"], "keep": s["keep_rate"].astype(float), "lat_n": s["n"].astype(int),
-        "lat_speedup": s["speedup"], "lat_speedup_lo": s["speedup_lo"], "lat_speedup_hi": s["speedup_hi"],
-        "lat_ideal": s["ideal_speedup"], "lat_efficiency": s["efficiency"],
-    }).reset_index(drop=True)  # fmt: skip
+    """Per (speculator, keep): the interleaved speedup over full prefill with its 95 %
+    interval, the ideal speedup from FLOPs and the efficiency (the depth study's, keyed by
+    the speculator)."""
+    return depth.latency_speedups(rows, "speculator", _same)
 
 
 def table(rows: pd.DataFrame, latency: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -126,18 +127,9 @@ def markdown(df: pd.DataFrame) -> str:
 
 
 def with_latency_speedups(summary: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
-    """The summary's overall SpecPrefill lines with the interleaved speedup (and its
-    interval) and the latency rows' ideal speedup, for the Pareto plot, which computes none."""
-    lat = df[df["method"] == "specprefill"].set_index(["speculator", "keep"])
-    summary = summary.copy()
-    for i, r in summary[(summary["task"] == "ALL") & (summary["method_name"] == "specprefill")].iterrows():
-        key = (r["speculator"], float(r["keep_rate"]))
-        if key in lat.index and pd.notna(lat.loc[key, "lat_speedup"]):
-            x = lat.loc[key]
-            summary.loc[i, ["speedup", "speedup_lo", "speedup_hi", "ideal_speedup"]] = [
-                x["lat_speedup"], x["lat_speedup_lo"], x["lat_speedup_hi"], x["lat_ideal"]
-            ]  # fmt: skip
-    return summary
+    """The summary's overall SpecPrefill lines with the interleaved speedups, for the Pareto
+    plot (the depth study's, keyed by the speculator)."""
+    return depth.with_latency_speedups(summary, df, "speculator", _same)
 
 
 def main(argv: list[str] | None = None) -> None:
