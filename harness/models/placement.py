@@ -280,11 +280,13 @@ class Placement:
             out.append(f"vLLM gpu_memory_utilization {self.gpu_memory_utilization:.2f}")
         if self.speculator and (self.speculator_weights_gib or self.speculator_prefill_gib):  # not an early exit
             where = "GPU 0" if self.speculator_gpus == 1 else f"its layers spread over the {self.speculator_gpus} GPUs"
+            where = "the CPU" if cpu else where
             reserve = f" (+ {RESERVE_GIB:.0f} GiB kept free)" if engine is not None else ""
+            total = f"{self.speculator_gpu0_gib:.1f} GiB {'in memory' if cpu else 'on GPU 0'}"
             out.append(
-                f"speculator {self.speculator} (bf16) on {where}: {self.speculator_weights_gib:.1f} GiB weights + "
-                f"{self.speculator_prefill_gib:.1f} GiB prefill at {self.run_tokens} tokens, "
-                f"{self.speculator_gpu0_gib:.1f} GiB on GPU 0{reserve}"
+                f"speculator {self.speculator} (bf16) on {where}: "
+                f"{self.speculator_weights_gib:.1f} GiB weights + {self.speculator_prefill_gib:.1f} GiB prefill at "
+                f"{self.run_tokens} tokens, {total}{reserve}"
             )
         if self.max_model_len_lowered_from is not None:
             out.append(
