@@ -17,7 +17,7 @@ MINFERENCE := minference==0.1.6.0
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=% gpu=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare experiment fetch-models speculator-depth speculator-family report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
+.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare experiment fetch-models speculator-depth speculator-family multiturn report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
 
 setup: $(if $(filter 1,$(gpu)),cuda-driver) $(VENV)/.installed $(if $(filter 1,$(gpu)),$(VENV)/.installed-gpu)
 
@@ -148,6 +148,13 @@ speculator-depth: setup
 speculator-family: setup
 	$(call only_vars,limit length)
 	$(PY) -m harness.studies.speculator_family $(if $(limit),--limit $(limit)) $(if $(length),--length $(length))
+
+# Multi-turn SpecPrefill over a shared context (after make fetch-models): the four policies
+# (prefix cache, re-select, frozen, KV revival) on Qwen2.5-Coder-1.5B with its 0.5B speculator,
+# RULER 2K niah_multikey_1 asked key by key over 4 turns, 30 conversations (results/multiturn/).
+multiturn: setup
+	$(call only_vars,limit length keep model)
+	$(PY) -m harness.studies.multiturn $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(model),--model $(model))
 
 # Our RULER 4K against lm-eval's RULER tasks, full prefill, side by side (results/reference/).
 lm-eval-crosscheck: setup

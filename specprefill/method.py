@@ -28,6 +28,7 @@ class FullPrefill(Method):
     """The baseline: the base model prefills every prompt token."""
 
     identity: ClassVar[bool] = True
+    turn_policy: ClassVar[str | None] = "prefix_cache"
 
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:
         return full_plan(prompt)
@@ -43,6 +44,7 @@ class SpecPrefill(Method):
     """
 
     needs_speculator: ClassVar[bool] = True
+    turn_policy: ClassVar[str | None] = "reselect"
 
     keep_rate: float = 0.3
     lookahead: int = 8
@@ -115,3 +117,24 @@ class SpecPrefill(Method):
                 timings["token_map_s"] = token_map_s
             plans.append(kept_plan(prompt, kept, self.position_mode, timings))
         return plans
+
+
+@register_method("specprefill_frozen")
+@dataclass(frozen=True)
+class SpecPrefillFrozen(SpecPrefill):
+    """SpecPrefill over a conversation with turn 1's selection frozen: later turns append
+    their new tokens whole (:mod:`specprefill.multiturn`, policy ``frozen``). On one prompt
+    it is SpecPrefill."""
+
+    turn_policy: ClassVar[str | None] = "frozen"
+
+
+@register_method("specprefill_revival")
+@dataclass(frozen=True)
+class SpecPrefillRevival(SpecPrefill):
+    """SpecPrefill over a conversation with KV revival: the speculator re-scores the whole
+    conversation for each new question and the base prefills the newly selected earlier
+    tokens at their original positions, then the new turn (:mod:`specprefill.multiturn`,
+    policy ``revival``). On one prompt it is SpecPrefill."""
+
+    turn_policy: ClassVar[str | None] = "revival"

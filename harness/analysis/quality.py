@@ -37,6 +37,9 @@ e2e_s          macro mean of ``ttft_s + max_new_tokens * decode_s / output_token
                end-to-end latency at the benchmark's output length, each sample's decode
                rate over the whole budget (an answer that stops early is not faster)
 e2e_speedup    the reference's e2e_s over the point's, paired and side by side like speedup
+prefilled_tokens  a conversation turn's tokens the base prefilled that turn (multi-turn rows;
+               :mod:`specprefill.multiturn`), macro mean; ``revived_tokens`` those of them
+               revived from earlier turns
 difference     the gate: macro mean of per-sample paired differences, candidate - baseline
 ============== ============================================================================
 
@@ -235,6 +238,7 @@ COLUMNS = [
     "ideal_speedup", "efficiency", "method_name", "reference", "hardware",
     "speculator", "method_options", "benchmark_options", "dtype", "backend",
     "kv_fraction", "kv_mib", "decode_s_per_token", "e2e_s", "e2e_speedup", "e2e_speedup_lo", "e2e_speedup_hi",
+    "prefilled_tokens", "revived_tokens",
 ]  # fmt: skip
 
 
@@ -315,6 +319,8 @@ def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> d
     put("decode_s_per_token", paired_ratio(p, "decode_s", p, "output_tokens", parts), interval=False)
     put("e2e_s", macro_mean(p, "e2e_s", parts), interval=False)
     put("e2e_speedup", paired_ratio(ref, "e2e_s", p, "e2e_s", parts) if timed else nan)  # type: ignore[arg-type]
+    put("prefilled_tokens", macro_mean(p, "prefilled_tokens", parts), interval=False)
+    put("revived_tokens", macro_mean(p, "revived_tokens", parts), interval=False)
     return out
 
 

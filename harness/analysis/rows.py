@@ -7,6 +7,9 @@
 * blanks the reference's speculator (it runs none, so its point is the same whatever the
   model's speculator is);
 * fills the optional columns (``""`` where a row kind or an older row has none);
+* makes each turn of a conversation (a multi-turn benchmark's rows carry ``turn``) a task
+  of its own, ``<task>/turn<k>``: every measure is then taken per turn, paired with the
+  reference's same turn of the same conversation, and ``ALL`` is the mean over turns;
 * marks the reference's rows (``is_reference``) and labels each run (``label``: the method's
   name plus the options that tell apart runs that would otherwise share a point,
   :func:`label_variants`).
@@ -95,6 +98,10 @@ def normalize(rows: pd.DataFrame) -> pd.DataFrame:
     if "reference_method" not in df:
         df["reference_method"] = ""
     df["reference_method"] = df["reference_method"].fillna("").astype(str)
+    if "turn" in df:
+        turn = pd.to_numeric(df["turn"], errors="coerce")
+        has = turn.notna()
+        df.loc[has, "task"] = df.loc[has, "task"].astype(str) + "/turn" + turn[has].astype(int).astype(str)
     df[NORMALIZED] = df["method"] == df["reference_method"]
     df.loc[df[NORMALIZED], "speculator"] = ""
     for c in ("length", "batch"):

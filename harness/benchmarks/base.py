@@ -63,6 +63,9 @@ class Benchmark(ABC):
     #: The keys ``options`` may hold (anything else is refused, so it cannot silently
     #: change the run's hash).
     allowed_options: ClassVar[tuple[str, ...]] = ()
+    #: Whether a sample is a conversation of several turns (``turns(sample)``, one row per
+    #: turn, methods by their multi-turn policy: :mod:`specprefill.multiturn`).
+    multiturn: ClassVar[bool] = False
 
     def __init__(self, cfg: BenchmarkConfig) -> None:
         self.cfg = cfg

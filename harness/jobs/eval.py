@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import hydra
+import torch
 from omegaconf import DictConfig
 
 from harness.benchmarks.base import Benchmark, BenchmarkConfig
@@ -56,6 +57,7 @@ from harness.store import RunStore, check_layout, method_columns
 from harness.timing import flops
 from harness.types import Sample
 from specprefill.flops import Shape
+from specprefill.multiturn import ConversationRun, check_multiturn
 from specprefill.plan import Backend
 
 
@@ -172,6 +174,8 @@ class EvalSession:
 
     def measure(self, sample: Sample) -> list[dict[str, Any]]:
         key = f"{sample.task}/{sample.sample_id}"
+        if self.job.benchmark.multiturn:
+            return run_conversation(self.job, self.backend, self.tok, sample, self.common["hardware"])
         row: dict[str, Any] = {
             "row_key": key,
             "unit": key,
@@ -195,6 +199,8 @@ def prepare(cfg: RunConfig) -> Job:
     benchmark.check_model(cfg.model.max_context)
     check_model_fits(cfg.model, [method], longest_prompt(cfg.model, cfg.benchmark))
     check_in_model([method], cfg.backend)
+    if benchmark.multiturn:
+        check_multiturn(method, cfg.backend)
     placement = place(cfg.model, cfg.backend, method.needs_speculator, longest_sequence(cfg.model, benchmark))
     identity = {
         "model": model_identity(cfg.model),
@@ -289,6 +295,72 @@ def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> di
         "kv_tokens": gen.kv_tokens,
         "kv_bytes": gen.kv_bytes,
     }
+
+
+def run_conversation(job: Job, backend: Backend, tokenizer: Any, sample: Sample, hardware: str) -> list[dict[str, Any]]:
+    """The rows of one conversation (a multi-turn benchmark's sample): one per turn, each
+    turn run by the method's multi-turn policy (:mod:`specprefill.multiturn`). A turn that
+    fails is recorded and ends its conversation (the later turns follow from its answer)."""
+    bench: Any = job.benchmark
+    prompt, offsets = sample_prompt(sample, tokenizer)
+    run = ConversationRun(job.method, backend)
+    rows: list[dict[str, Any]] = []
+    new_ids = prompt.input_ids
+    for turn in bench.turns(sample):
+        key = f"{sample.task}/{sample.sample_id}"
+        row: dict[str, Any] = {
+            "row_key": f"{key}/turn{turn.index}",
+            "unit": key,
+            "task": sample.task,
+            "category": sample.category or None,
+            "bucket": sample.bucket or None,
+            "sample_id": sample.sample_id,
+            "turn": turn.index,
+            "turn_policy": run.policy,
+            "references": list(turn.references),
+        }
+        if turn.index > 1:
+            text = tokenizer(turn.text, add_special_tokens=False).input_ids
+            new_ids = torch.cat([run.answer(), torch.tensor(text, dtype=torch.int64)])
+
+        def one(turn: Any = turn, ids: torch.Tensor = new_ids) -> dict[str, Any]:
+            n = int(run.ids.numel()) + int(ids.numel())
+            max_new = decode_budget(
+                sample, n, job.cfg.model, job.cfg.benchmark.max_new_tokens_cap, job.placement.max_model_len
+            )
+            res = run.turn(ids, max_new, sample.stop)
+            gen = res.generation
+            t = dict(res.timings)
+            return {
+                "prompt_tokens": res.prompt_tokens,
+                "kept_tokens": int(res.held.numel()),
+                "kept_fraction": int(res.held.numel()) / res.prompt_tokens,
+                "prefilled_tokens": res.prefilled,
+                "revived_tokens": res.revived,
+                "prediction": gen.text,
+                "score": bench.score_turn(sample, turn, gen.text),
+                "needle_kept": needle_kept(res.held, needle_tokens(offsets, turn.spans)),
+                "needle_depth": needle_depth(sample.prompt, sample.context, turn.spans),
+                "sample_hash": sample_hash(sample),
+                "ttft_s": res.method_s + gen.prefill_s,
+                "method_s": res.method_s,
+                "speculator_s": t.get("speculator_s"),
+                "selection_s": t.get("selection_s"),
+                "method_timings": json.dumps(t, sort_keys=True),
+                "base_prefill_s": gen.prefill_s,
+                "decode_s": gen.decode_s,
+                "timing_source": gen.timing_source,
+                "output_tokens": len(gen.token_ids),
+                "max_new_tokens": max_new,
+                "kv_tokens": gen.kv_tokens,
+                "kv_bytes": gen.kv_bytes,
+            }
+
+        done = measured(row, one, hardware)
+        rows.append(done)
+        if done["status"] != "ok":
+            break
+    return rows
 
 
 def execute(job: Job) -> Path:

@@ -482,6 +482,43 @@ def pareto_costs(summary: pd.DataFrame, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def turn_points(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary's per-turn rows of a multi-turn benchmark (tasks ``<task>/turn<k>``,
+    :func:`harness.analysis.rows.normalize`), with the turn as a column."""
+    s = summary[summary["task"].str.contains("/turn", regex=False)].copy()
+    s["turn"] = s["task"].str.rsplit("/turn", n=1).str[1].astype(int)
+    return s
+
+
+def by_turn(summary: pd.DataFrame, path: Path) -> Path | None:
+    """A conversation, turn by turn, one line per method (its multi-turn policy): the score
+    (95 % intervals), the TTFT of the turn (the method's own work and the base's prefill of
+    that turn) and the base's KV cache after the turn's prefill. None without multi-turn rows."""
+    s = turn_points(summary)
+    if s.empty:
+        return None
+    fig, axes = _panels(3, width=4.8, height=4.0)
+    for method, g in sorted(s.groupby("method"), key=lambda m: natural_key(m[0])):
+        g = g.sort_values("turn")
+        line = axes[0].errorbar(g["turn"], g["score"], yerr=_yerr(g["score"], g["score_lo"], g["score_hi"]),
+                                fmt="o-", capsize=3, label=str(method))  # fmt: skip
+        color = line[0].get_color()
+        axes[1].plot(g["turn"], g["ttft_s"], "o-", color=color, label=str(method))
+        axes[2].plot(g["turn"], g["kv_fraction"], "o-", color=color, label=str(method))
+    for ax, label in zip(
+        axes, ("score (0-100)", "TTFT of the turn (s)", "KV held / conversation (tokens)"), strict=True
+    ):
+        ax.set_xlabel("turn")
+        ax.set_ylabel(label)
+        ax.set_xticks(sorted(s["turn"].unique()))
+        ax.grid(alpha=0.3)
+    axes[1].set_yscale("log")
+    axes[0].set_title(f"{s['model'].iloc[0]} · {s['benchmark'].iloc[0]}-{s['length'].iloc[0]} · {_n_range(s['n'])}",
+                      fontsize=9)  # fmt: skip
+    axes[0].legend(fontsize=7)
+    return _save(fig, path)
+
+
 def draw_all(a: Analysis, figs: Path) -> tuple[list[tuple[str, Path]], list[tuple[str, str]]]:
     """Every figure of a folder's analysis under ``figs``: (the drawn ones as (title,
     path); the ones left out as (title, why), for the page to say)."""
@@ -498,6 +535,7 @@ def draw_all(a: Analysis, figs: Path) -> tuple[list[tuple[str, Path]], list[tupl
             ("Score vs context length", score_vs_length(s, figs / "score_vs_length.png"), None),
             ("NIAH: score by needle depth and context length", needle_heatmap(ev, figs / "needle_heatmap.png"),
              None),
+            ("Conversations: score, TTFT and KV held by turn", by_turn(s, figs / "by_turn.png"), None),
         ]  # fmt: skip
     if not lat.empty:
         out += [

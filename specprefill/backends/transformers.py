@@ -14,7 +14,11 @@ fails when an upgrade changes what this module relies on:
   *without* an attention mask as packed sequences (no attention across the gaps). We
   always pass an explicit 2-D attention mask, so the kept tokens see each other; its
   length is the cache's length plus the new tokens (a KV press may have shortened the
-  cache).
+  cache). A 4-D mask (``[batch, 1, q, kv]``, float, additive) is passed to attention as
+  is: a conversation's revived tokens, prefilled after later ones, attend by position
+  (:func:`position_mask`).
+* ``DynamicCache.crop(-n)`` drops the last n entries (a conversation's decoded tokens,
+  the speculator's look-ahead).
 * ``LlamaModel.forward`` no longer passes ``cache_position`` to the attention layers
   (transformers 5.3 removed it); kvpress's hooks read it, so
   :func:`cache_positions_restored` gives it back as 4.56-5.2 computed it.
@@ -26,6 +30,7 @@ import copy
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -159,6 +164,35 @@ def early_exit_view(base: Any, num_layers: int) -> Any:
     view.model = inner
     view.config = cfg
     return view
+
+
+def position_mask(cached: torch.Tensor, new: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The attention mask for prefilling tokens at positions ``new`` into a cache holding
+    positions ``cached`` (in cache order): query i may attend key j iff key j's position
+    <= query i's. When every new position follows the cache, in order, that is the causal
+    mask, returned in its fast form (the 2-D all-ones mask transformers turns into it);
+    otherwise a float ``[1, 1, q, cached + q]`` additive mask (0 or the dtype's
+    minimum), which transformers passes to attention as is."""
+    q = int(new.numel())
+    last = int(cached.max()) if cached.numel() else -1
+    if q and int(new[0]) > last and bool((new[1:] > new[:-1]).all()):
+        return torch.ones(1, int(cached.numel()) + q, dtype=torch.long)
+    keys = torch.cat([cached, new])
+    allowed = keys.unsqueeze(0) <= new.unsqueeze(1)  # [q, cached + q]
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+@dataclass
+class Conversation:
+    """The caches a conversation keeps between turns: the base model's (``positions``: the
+    conversation position of each entry, in cache order) and the speculator's own, which
+    holds every conversation token (KV revival re-scores from it)."""
+
+    cache: Any
+    positions: torch.Tensor
+    speculator_cache: Any | None = None
 
 
 class TransformersBackend:
@@ -501,11 +535,20 @@ class TransformersBackend:
         ``plan.next_position``; stops at EOS, a stop string or ``max_new_tokens``."""
         from transformers import DynamicCache
 
-        model: Any = self.base
-        cache = DynamicCache(config=model.config)
+        cache = DynamicCache(config=self.base.config)
         self._sync()
         t0 = time.perf_counter()
         out = self.prefill_into(plan, cache)
+        return self._greedy(cache, out, t0, plan.next_position, max_new_tokens, stop)
+
+    def _greedy(
+        self, cache: Any, out: Any, t0: float, next_position: int, max_new_tokens: int, stop: Sequence[str]
+    ) -> Generation:
+        """Decode greedily from a prefill's output ``out`` (started at ``t0``) into ``cache``,
+        the first generated token at ``next_position``; stops at EOS, a stop string or
+        ``max_new_tokens``. Every cache entry precedes the decoded tokens, so the mask is all
+        ones."""
+        model: Any = self.base
         first_logits = out.logits[0, -1].float()
         nxt = int(first_logits.argmax())
         self._sync()
@@ -525,7 +568,7 @@ class TransformersBackend:
                 break
             out = model(
                 input_ids=torch.tensor([[nxt]], device=self.device),
-                position_ids=torch.tensor([[plan.next_position + step]], device=self.device),
+                position_ids=torch.tensor([[next_position + step]], device=self.device),
                 attention_mask=torch.ones(1, held + step + 1, dtype=torch.long, device=self.device),
                 past_key_values=cache,
                 use_cache=True,
@@ -547,3 +590,132 @@ class TransformersBackend:
             kv_tokens=kv_tokens,
             kv_bytes=kv_bytes,
         )
+
+    # ------------------------------------------------------------------ conversations
+
+    def open_conversation(self) -> Conversation:
+        """Empty caches for a conversation whose turns extend them (:meth:`conversation_turn`,
+        :meth:`speculate_conversation`)."""
+        from transformers import DynamicCache
+
+        spec = self.speculator
+        return Conversation(
+            cache=DynamicCache(config=self.base.config),
+            positions=torch.zeros(0, dtype=torch.int64),
+            speculator_cache=DynamicCache(config=spec.config) if spec is not None else None,
+        )
+
+    @torch.inference_mode()
+    def conversation_turn(
+        self,
+        conv: Conversation,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        next_position: int,
+        max_new_tokens: int,
+        stop: Sequence[str] = (),
+    ) -> Generation:
+        """One turn of a conversation on the base model: prefill ``input_ids`` at
+        ``position_ids`` (conversation positions, none already in the cache) into the
+        conversation's cache, then decode greedily from ``next_position``.
+
+        Attention is by position: a new token at position p sees exactly the cached and new
+        tokens at positions <= p, wherever they sit in the cache. Tokens revived before
+        later cached ones (KV revival) need that 4-D mask; tokens that all come after the
+        cache, in order, get the plain causal one (the same attention, SDPA's causal path).
+        The decoded tokens are dropped from the cache afterwards: the next turn prefills the
+        answer with its new text, so the cache holds exactly the positions it records."""
+        ids = input_ids.to(torch.int64)
+        pos = position_ids.to(torch.int64)
+        if ids.dim() != 1 or ids.shape != pos.shape or ids.numel() == 0:
+            raise ValueError(
+                f"input_ids {tuple(ids.shape)} and position_ids {tuple(pos.shape)}: allowed equal [K], K >= 1"
+            )
+        clash = sorted(set(pos.tolist()) & set(conv.positions.tolist()))
+        if clash or pos.unique().numel() != pos.numel():
+            raise ValueError(
+                f"positions {clash or pos.tolist()} are already in the cache or repeated; allowed: new positions"
+            )
+        if next_position <= int(pos.max()):
+            raise ValueError(
+                f"next_position={next_position} is not after the prefilled positions (max {int(pos.max())})"
+            )
+        held = int(conv.cache.get_seq_length())
+        if held != int(conv.positions.numel()):
+            raise RuntimeError(f"the conversation cache holds {held} entries for {conv.positions.numel()} positions")
+        self._sync()
+        t0 = time.perf_counter()
+        mask = position_mask(conv.positions, pos, self.base.dtype).to(self.device)
+        out = self.base(
+            input_ids=ids.to(self.device).unsqueeze(0),
+            position_ids=pos.to(self.device).unsqueeze(0),
+            attention_mask=mask,
+            past_key_values=conv.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        gen = self._greedy(conv.cache, out, t0, next_position, max_new_tokens, stop)
+        added = int(conv.cache.get_seq_length()) - held - int(ids.numel())
+        if added:  # the decoded tokens: the next turn prefills the answer itself
+            conv.cache.crop(-added)
+        conv.positions = torch.cat([conv.positions, pos])
+        return gen
+
+    @torch.inference_mode()
+    def speculate_conversation(self, conv: Conversation, new_ids: torch.Tensor, lookahead: int) -> SpeculatorCapture:
+        """Extend the speculator's own cache of the whole conversation by ``new_ids`` (at the
+        positions after it) and capture, as :meth:`speculate` does for a prompt: the queries
+        of the last new token and ``lookahead - 1`` greedy look-ahead tokens, and the keys of
+        *every* conversation token so far. The look-ahead tokens are dropped from the cache
+        afterwards. Used by KV revival: the speculator has read every token, so it can score
+        the whole conversation for each new question at the cost of the new tokens only."""
+        model = self.speculator
+        if model is None or conv.speculator_cache is None:
+            raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
+        ids = new_ids.to(torch.int64).to(self.device).unsqueeze(0)
+        if ids.shape[1] == 0:
+            raise ValueError("new_ids is empty; allowed: at least one new token")
+        vocab = model.get_input_embeddings().num_embeddings
+        if int(ids.max()) >= vocab:
+            raise ValueError(
+                f"token ids up to {int(ids.max())} for a speculator of {vocab} embeddings: another tokenizer"
+            )
+        cache = conv.speculator_cache
+        start = int(cache.get_seq_length())
+        m = int(ids.shape[1])
+        self.method_flops += speculator_flops(Shape.of(model.config), start + m, lookahead) - (
+            speculator_flops(Shape.of(model.config), start, 1) if start else 0
+        )
+        chunk = self.prefill_chunk or m
+        with capture_last_queries(model) as captured:
+            for a in range(0, m, chunk):
+                b = min(m, a + chunk)
+                for per_layer in captured:
+                    per_layer.clear()
+                out = model(
+                    input_ids=ids[:, a:b],
+                    position_ids=torch.arange(start + a, start + b, device=self.device).unsqueeze(0),
+                    attention_mask=torch.ones(1, start + b, dtype=torch.long, device=self.device),
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+            n = start + m
+            keys = torch.stack([layer.keys[0, :, :n, :].to(self.device) for layer in cache.layers], dim=0)  # type: ignore[union-attr,index]
+            generated: list[int] = []
+            for step in range(lookahead - 1):
+                nxt = int(out.logits[0, -1].argmax())
+                generated.append(nxt)
+                out = model(
+                    input_ids=torch.tensor([[nxt]], device=self.device),
+                    position_ids=torch.tensor([[n + step]], device=self.device),
+                    attention_mask=torch.ones(1, n + step + 1, dtype=torch.long, device=self.device),
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+        if lookahead > 1:
+            cache.crop(-(lookahead - 1))
+        queries = torch.stack([torch.cat([q[0].to(self.device) for q in per_layer], dim=1) for per_layer in captured])
+        self._sync()
+        return SpeculatorCapture(queries, keys, generated)

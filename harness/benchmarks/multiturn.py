@@ -1,0 +1,144 @@
+"""A shared-context conversation benchmark, built offline from RULER's generators.
+
+Task ``niah_keys``: RULER's ``niah_multikey_1`` sample (an essay haystack holding four
+needles with different keys, one of them asked) is turn 1, exactly as RULER builds it at
+the run's length; turns 2..``turns`` ask the other keys one by one (in the order their
+needles appear), each a follow-up user message after the model's previous answer, worded
+as RULER words the single-key question, with RULER's answer prefix and scored by RULER's
+``string_match_all`` against that key's value. Each turn's evidence is its own needle, so
+every question needs different tokens of the shared context: what a prefill that kept only
+turn 1's evidence loses shows on turns 2..4.
+
+The conversation text is the model's chat template over the turns (the first user message,
+the assistant's answer, the next user message, ...): :meth:`MultiTurn.turns` gives each
+follow-up's text, the piece the template puts between the previous answer and the next
+answer (end of the assistant message, the user message, the generation prompt, the answer
+prefix). Without a chat template the turns are separated by a blank line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
+from harness.benchmarks.ruler import cached_samples
+from harness.benchmarks.ruler.metrics import VERSION as RULER_METRICS_VERSION
+from harness.benchmarks.ruler.metrics import score_one
+from harness.benchmarks.ruler.tasks import MAX_LENGTH, MIN_LENGTH
+from harness.benchmarks.ruler.tasks import VERSION as RULER_VERSION
+from harness.types import Sample
+
+#: Each task's RULER source task.
+SOURCES = {"niah_keys": "niah_multikey_1"}
+#: The needle sentence RULER writes (generators.NEEDLE with numbers as values).
+NEEDLE = re.compile(r"One of the special magic numbers for (?P<key>[\w-]+) is: (?P<value>\d+)\.")
+#: Tokens a follow-up turn adds beyond its answer, at most (the question, the template's
+#: turn markers, the answer prefix): the context window must hold the last turn.
+TURN_TOKENS = 96
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of a conversation sample. ``text``: what the turn appends after the
+    previous answer (empty for turn 1, whose text is the sample's prompt); ``spans``: the
+    turn's evidence in turn 1's prompt (character spans of ``Sample.prompt``)."""
+
+    index: int
+    key: str
+    text: str
+    references: tuple[str, ...]
+    spans: tuple[tuple[int, int], ...]
+
+
+def chat_pieces(tokenizer: Any, chat: bool) -> tuple[str, str]:
+    """(what the chat template writes between an assistant answer and the next user text,
+    what it writes after that user text): from the template rendered on sentinels."""
+    if not chat or tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return "\n\n", ""
+    u1, a, u2 = "\x00SP_U1\x00", "\x00SP_A\x00", "\x00SP_U2\x00"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": u1}, {"role": "assistant", "content": a}, {"role": "user", "content": u2}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    if not all(s in text for s in (u1, a, u2)):
+        raise ValueError("the chat template drops a message's text; the conversation cannot be laid out from it")
+    return text[text.index(a) + len(a) : text.index(u2)], text[text.index(u2) + len(u2) :]
+
+
+@register_benchmark
+class MultiTurn(Benchmark):
+    """Conversations over one shared context (``turns`` questions, 2..4, default 4)."""
+
+    name = "multiturn"
+    version = f"1+ruler{RULER_VERSION}"
+    metrics_version = RULER_METRICS_VERSION
+    all_tasks = tuple(SOURCES)
+    allowed_options = ("turns",)
+    multiturn = True
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        turns = cfg.options.get("turns", 4)
+        if isinstance(turns, bool) or not isinstance(turns, int) or not 2 <= turns <= 4:
+            raise ValueError(f"multiturn: turns={turns!r}; allowed: 2..4 (one per needle key)")
+        self.n_turns = turns
+        self._pieces = ("\n\n", "")
+
+    def options(self) -> dict[str, Any]:
+        return {**super().options(), "turns": self.n_turns}
+
+    def check_model(self, max_context: int) -> None:
+        n = self.cfg.length
+        if not MIN_LENGTH <= n <= MAX_LENGTH:
+            raise ValueError(f"length={n} is outside RULER's range; allowed: {MIN_LENGTH}..{MAX_LENGTH} tokens")
+        need = n + (self.n_turns - 1) * (TURN_TOKENS + self.max_new_tokens())
+        if need > max_context:
+            raise ValueError(
+                f"length={n} with {self.n_turns} turns needs up to {need} tokens (each later turn adds its answer "
+                f"and question) beyond the model's context window ({max_context}); allowed: length <= "
+                f"{max_context - (self.n_turns - 1) * (TURN_TOKENS + self.max_new_tokens())}"
+            )
+
+    def max_new_tokens(self) -> int:
+        return 128  # RULER's niah tokens_to_generate
+
+    def samples(self, tok: TokenizerInfo) -> list[Sample]:
+        self._pieces = chat_pieces(tok.tokenizer, tok.fmt.name == "chat")
+        out = []
+        for task in self.tasks:
+            for s in cached_samples(SOURCES[task], self.cfg.length, self.cfg.limit, tok):
+                out.append(Sample(**{**s.__dict__, "benchmark": self.name, "task": task}))
+        return out
+
+    def turns(self, sample: Sample) -> list[Turn]:
+        """The sample's turns: turn 1 (its own question), then the other keys in the order
+        their needles appear in the context."""
+        needles = []
+        for a, b in sample.spans:
+            m = NEEDLE.fullmatch(sample.prompt[a:b])
+            if m is None:
+                raise ValueError(f"sample {sample.task}/{sample.sample_id}: span {a}:{b} is not a RULER needle")
+            needles.append((m["key"], m["value"], (a, b)))
+        first = [k for k, v, _ in needles if v in sample.references and sample.question.count(k) == 1]
+        if len(first) != 1:
+            raise ValueError(f"sample {sample.task}/{sample.sample_id}: cannot tell which needle turn 1 asks")
+        order = [first[0]] + [k for k, _, _ in needles if k != first[0]]
+        between, after = self._pieces
+        out = []
+        for i, key in enumerate(order[: self.n_turns]):
+            value, span = next((v, s) for k, v, s in needles if k == key)
+            question = sample.question.replace(first[0], key).lstrip("\n")
+            prefix = sample.answer_prefix.replace(first[0], key)
+            text = "" if i == 0 else between + question + after + prefix
+            out.append(Turn(i + 1, key, text, (value,), (span,)))
+        return out
+
+    def score(self, sample: Sample, prediction: str) -> float:
+        return score_one(sample.metric, prediction, sample.references)
+
+    def score_turn(self, sample: Sample, turn: Turn, prediction: str) -> float:
+        """One turn's score: RULER's metric against that turn's key's value."""
+        return score_one(sample.metric, prediction, turn.references)
