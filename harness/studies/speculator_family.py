@@ -61,11 +61,15 @@ def run_sweep(out: Path, limit: int, length: int, speculators: list[str], keeps:
 
 def run_latency(out: Path, length: int, speculators: list[str], keeps: list[float], iters: int) -> None:
     """Speedups where drift cannot skew them: SpecPrefill and full prefill interleaved
-    iteration by iteration on the same prompts, one job per speculator x keep."""
+    iteration by iteration on the same prompts, one job per speculator x keep. The prompts
+    are RULER's (niah_single_1 at ``length``), not random ids: a speculator from another
+    family reads the prompt's text in its own tokens, and random ids decode to text it
+    splits into several times as many tokens as a real prompt's."""
     keep = ",".join(f"{k:g}" for k in keeps)
     subprocess.run([sys.executable, "-m", "harness.jobs.latency", f"model={BASE}", f"grid=[[1,{length}]]",
-                    "warmup=1", f"iters={iters}", "method=specprefill", f"keep={keep}",
-                    f"model.speculator={','.join(speculators)}", f"out={out}"], check=True)  # fmt: skip
+                    "warmup=1", f"iters={iters}", "prompts=benchmark", "prompt_task=niah_single_1",
+                    "method=specprefill", f"keep={keep}", f"model.speculator={','.join(speculators)}",
+                    f"out={out}"], check=True)  # fmt: skip
 
 
 def _same(speculator: Any) -> Any:
