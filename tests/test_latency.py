@@ -298,3 +298,17 @@ def test_decode_tokens_time_decoding_beside_the_prefill_and_keep_old_identities(
     )
     with pytest.raises(ValueError, match="decode timing in latency grids runs on the transformers backend"):
         dataclasses.replace(job.cfg, backend="vllm")
+
+
+def test_random_ids_for_a_cross_family_speculator_are_called_out(capsys):
+    """Random ids decode to text another tokenizer splits into far more tokens than a real
+    prompt's: a latency point timing such a pair on them says so (once, on stderr)."""
+    from types import SimpleNamespace
+
+    from harness.jobs.latency import RANDOM_CROSS_FAMILY, PromptSource
+
+    job = SimpleNamespace(prompt_source="random", cfg=SimpleNamespace(seed=0))
+    PromptSource(job, SimpleNamespace(speculator_tokenizer=object()), 1, 64)  # type: ignore[arg-type]
+    assert RANDOM_CROSS_FAMILY in capsys.readouterr().err
+    PromptSource(job, SimpleNamespace(speculator_tokenizer=None), 1, 64)  # type: ignore[arg-type]
+    assert capsys.readouterr().err == ""

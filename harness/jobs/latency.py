@@ -43,6 +43,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,6 +316,8 @@ class PromptSource:
         self.job, self.backend, self.batch, self.length = job, backend, batch, length
         self.gen = torch.Generator().manual_seed(job.cfg.seed * 1_000_003 + batch * 7919 + length)
         self.samples: list[Prompt] = []
+        if job.prompt_source == "random" and getattr(backend, "speculator_tokenizer", None) is not None:
+            print(RANDOM_CROSS_FAMILY, file=sys.stderr)
         if job.prompt_source != "random":
             iters = job.cfg.warmup + job.cfg.iters
             bench = build_benchmark(job.cfg.prompt_config(length, limit=batch * iters))
@@ -329,6 +332,14 @@ class PromptSource:
             vocab = min(len(self.backend.tokenizer), Shape.of(self.backend.base_config).vocab)
             return random_prompts(self.batch, self.length, vocab, self.gen)
         return self.samples[iteration * self.batch : (iteration + 1) * self.batch]
+
+
+#: Said once per grid point where a speculator from another family times random ids.
+RANDOM_CROSS_FAMILY = (
+    "[latency] a speculator from another family on random token ids: they decode to text its own tokenizer splits "
+    "into several times as many tokens as a real prompt's, so its cost is overstated; prompts=benchmark times it "
+    "on text"
+)
 
 
 #: A benchmark prompt may fall this far below its grid length less the benchmark's answer
