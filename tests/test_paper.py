@@ -22,8 +22,11 @@ def test_every_published_table_has_an_experiment_with_both_variants():
     sources = set(paper.published()["source"])
     for name in paper.experiment_names():
         exp = paper.load_experiment(name)
-        assert exp.source in sources and set(exp.variants) == {"paper", "cpu"}
-        assert exp.variants["cpu"].gpus == 0
+        assert exp.source in sources and {"paper", "cpu"} <= set(exp.variants)
+        assert all(v.gpus == 0 for k, v in exp.variants.items() if k != "paper")  # every other variant: CPU
+    # the 8B/3B table's closer stand-in: a separate same-family speculator, its reason in the table
+    qwen = paper.load_experiment("categories_8b").variants["cpu_qwen"]
+    assert "model.speculator=model:qwen2.5-coder-0.5b" in qwen.commands[0].args and "closer stand-in" in qwen.note
 
 
 @pytest.mark.parametrize("name", ["categories_8b", "latency_grid", "longbench_405b", "qps"])
