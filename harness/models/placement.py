@@ -282,11 +282,11 @@ class Placement:
             where = "GPU 0" if self.speculator_gpus == 1 else f"its layers spread over the {self.speculator_gpus} GPUs"
             where = "the CPU" if cpu else where
             reserve = f" (+ {RESERVE_GIB:.0f} GiB kept free)" if engine is not None else ""
-            total = f"{self.speculator_gpu0_gib:.1f} GiB {'in memory' if cpu else 'on GPU 0'}"
+            holds = f"{self.speculator_gpu0_gib:.1f} GiB {'in memory' if cpu else 'on GPU 0'}"
             out.append(
                 f"speculator {self.speculator} (bf16) on {where}: "
                 f"{self.speculator_weights_gib:.1f} GiB weights + {self.speculator_prefill_gib:.1f} GiB prefill at "
-                f"{self.run_tokens} tokens, {total}{reserve}"
+                f"{self.run_tokens} tokens, {holds}{reserve}"
             )
         if self.max_model_len_lowered_from is not None:
             out.append(
