@@ -493,18 +493,24 @@ def turn_points(summary: pd.DataFrame) -> pd.DataFrame:
 def by_turn(summary: pd.DataFrame, path: Path) -> Path | None:
     """A conversation, turn by turn, one line per method (its multi-turn policy): the score
     (95 % intervals), the TTFT of the turn (the method's own work and the base's prefill of
-    that turn) and the base's KV cache after the turn's prefill. None without multi-turn rows."""
+    that turn) and the base's KV cache after the turn's prefill; one line per method and keep
+    rate (the lowest keep solid, others dashed). None without multi-turn rows."""
     s = turn_points(summary)
     if s.empty:
         return None
     fig, axes = _panels(3, width=4.8, height=4.0)
-    for method, g in sorted(s.groupby("method"), key=lambda m: natural_key(m[0])):
+    lines = s.groupby(["method", "keep_rate"])
+    for (method, keep), g in sorted(lines, key=lambda m: (natural_key(m[0][0]), m[0][1])):
         g = g.sort_values("turn")
+        name = str(method) if g["method_name"].iloc[0] == g["reference"].iloc[0] else f"{method} keep {keep:g}"
+        style = (
+            "o-" if keep == s.loc[s["method_name"] != s["reference"], "keep_rate"].min() or name == method else "s--"
+        )
         line = axes[0].errorbar(g["turn"], g["score"], yerr=_yerr(g["score"], g["score_lo"], g["score_hi"]),
-                                fmt="o-", capsize=3, label=str(method))  # fmt: skip
+                                fmt=style, capsize=3, label=name)  # fmt: skip
         color = line[0].get_color()
-        axes[1].plot(g["turn"], g["ttft_s"], "o-", color=color, label=str(method))
-        axes[2].plot(g["turn"], g["kv_fraction"], "o-", color=color, label=str(method))
+        axes[1].plot(g["turn"], g["ttft_s"], style, color=color, label=name)
+        axes[2].plot(g["turn"], g["kv_fraction"], style, color=color, label=name)
     for ax, label in zip(
         axes, ("score (0-100)", "TTFT of the turn (s)", "KV held / conversation (tokens)"), strict=True
     ):
