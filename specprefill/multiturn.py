@@ -85,10 +85,6 @@ class TurnResult:
     held: torch.Tensor
     timings: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def method_s(self) -> float:
-        return float(sum(self.timings.values()))
-
 
 class ConversationRun:
     """One conversation under ``method``'s policy on a backend that keeps caches between

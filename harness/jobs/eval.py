@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -58,7 +58,7 @@ from harness.timing import flops
 from harness.types import Sample
 from specprefill.flops import Shape
 from specprefill.multiturn import ConversationRun, check_multiturn
-from specprefill.plan import Backend
+from specprefill.plan import Backend, Generation
 
 
 @dataclass(frozen=True)
@@ -176,15 +176,7 @@ class EvalSession:
         key = f"{sample.task}/{sample.sample_id}"
         if self.job.benchmark.multiturn:
             return run_conversation(self.job, self.backend, self.tok, sample, self.common["hardware"])
-        row: dict[str, Any] = {
-            "row_key": key,
-            "unit": key,
-            "task": sample.task,
-            "category": sample.category or None,
-            "bucket": sample.bucket or None,
-            "sample_id": sample.sample_id,
-            "references": list(sample.references),
-        }
+        row = {**row_head(sample, key), "references": list(sample.references)}
         return [measured(row, lambda: run_sample(self.job, self.backend, self.tok, sample), self.common["hardware"])]
 
 
@@ -266,7 +258,6 @@ def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> di
         plan = job.method.plan(prompt, backend)
         overhead = backend.method_flops
         gen = backend.generate(plan, max_new, stop=sample.stop)
-    t = dict(plan.timings)
     f_full, f_method = flops(Shape.of(backend.base_config), [prompt], [plan], overhead)
     return {
         "prompt_tokens": prompt.n,
@@ -280,20 +271,43 @@ def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> di
         else needle_kept(plan.kept_indices, needle_tokens(offsets, sample.spans)),
         "needle_depth": needle_depth(sample.prompt, sample.context, sample.spans),
         "sample_hash": sample_hash(sample),
-        "ttft_s": plan.method_s + gen.prefill_s,
-        "method_s": plan.method_s,
+        "flops_full": float(f_full),
+        "flops_method": f_method,
+        **generation_fields(plan.timings, gen, max_new),
+    }
+
+
+def generation_fields(timings: Mapping[str, float], gen: Generation, max_new: int) -> dict[str, Any]:
+    """The fields of a row that come from a method's own timings and the base model's
+    generation: TTFT and its parts, decoding, the KV cache left (a sample's or a turn's)."""
+    t = dict(timings)
+    method_s = float(sum(t.values()))
+    return {
+        "ttft_s": method_s + gen.prefill_s,
+        "method_s": method_s,
         "speculator_s": t.get("speculator_s"),
         "selection_s": t.get("selection_s"),
         "method_timings": json.dumps(t, sort_keys=True),
         "base_prefill_s": gen.prefill_s,
-        "flops_full": float(f_full),
-        "flops_method": f_method,
         "decode_s": gen.decode_s,
         "timing_source": gen.timing_source,
         "output_tokens": len(gen.token_ids),
         "max_new_tokens": max_new,
         "kv_tokens": gen.kv_tokens,
         "kv_bytes": gen.kv_bytes,
+    }
+
+
+def row_head(sample: Sample, row_key: str, unit: str | None = None) -> dict[str, Any]:
+    """The identifying fields of a sample's row (``unit``: the row key unless the sample
+    writes several rows, a conversation's turns)."""
+    return {
+        "row_key": row_key,
+        "unit": unit or row_key,
+        "task": sample.task,
+        "category": sample.category or None,
+        "bucket": sample.bucket or None,
+        "sample_id": sample.sample_id,
     }
 
 
@@ -306,15 +320,10 @@ def run_conversation(job: Job, backend: Backend, tokenizer: Any, sample: Sample,
     run = ConversationRun(job.method, backend)
     rows: list[dict[str, Any]] = []
     new_ids = prompt.input_ids
+    key = f"{sample.task}/{sample.sample_id}"
     for turn in bench.turns(sample):
-        key = f"{sample.task}/{sample.sample_id}"
-        row: dict[str, Any] = {
-            "row_key": f"{key}/turn{turn.index}",
-            "unit": key,
-            "task": sample.task,
-            "category": sample.category or None,
-            "bucket": sample.bucket or None,
-            "sample_id": sample.sample_id,
+        row = {
+            **row_head(sample, f"{key}/turn{turn.index}", unit=key),
             "turn": turn.index,
             "turn_policy": run.policy,
             "references": list(turn.references),
@@ -330,7 +339,6 @@ def run_conversation(job: Job, backend: Backend, tokenizer: Any, sample: Sample,
             )
             res = run.turn(ids, max_new, sample.stop)
             gen = res.generation
-            t = dict(res.timings)
             return {
                 "prompt_tokens": res.prompt_tokens,
                 "kept_tokens": int(res.held.numel()),
@@ -342,18 +350,7 @@ def run_conversation(job: Job, backend: Backend, tokenizer: Any, sample: Sample,
                 "needle_kept": needle_kept(res.held, needle_tokens(offsets, turn.spans)),
                 "needle_depth": needle_depth(sample.prompt, sample.context, turn.spans),
                 "sample_hash": sample_hash(sample),
-                "ttft_s": res.method_s + gen.prefill_s,
-                "method_s": res.method_s,
-                "speculator_s": t.get("speculator_s"),
-                "selection_s": t.get("selection_s"),
-                "method_timings": json.dumps(t, sort_keys=True),
-                "base_prefill_s": gen.prefill_s,
-                "decode_s": gen.decode_s,
-                "timing_source": gen.timing_source,
-                "output_tokens": len(gen.token_ids),
-                "max_new_tokens": max_new,
-                "kv_tokens": gen.kv_tokens,
-                "kv_bytes": gen.kv_bytes,
+                **generation_fields(res.timings, gen, max_new),
             }
 
         done = measured(row, one, hardware)
