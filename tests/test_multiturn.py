@@ -81,6 +81,8 @@ def test_the_speculator_reads_each_segment_once_and_scores_the_whole_conversatio
     assert cap.keys.shape == whole.keys.shape == (3, 2, 50, 16) and cap.lookahead_ids == whole.lookahead_ids
     torch.testing.assert_close(cap.keys, whole.keys, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(cap.queries, whole.queries, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match=r"a batch of 2 prompts with an existing cache; allowed: one prompt"):
+        be._capture_batch(tiny_llama, [ids[:3], ids[:4]], 2, conv.speculator_cache)
 
 
 def _run(method_name: str, be, turns: list[torch.Tensor], **options) -> list[tuple[list[int], torch.Tensor]]:

@@ -287,7 +287,7 @@ class TransformersBackend:
 
     @torch.inference_mode()
     def _capture_batch(
-        self, model: Any, input_ids: torch.Tensor | Sequence[torch.Tensor], lookahead: int
+        self, model: Any, input_ids: torch.Tensor | Sequence[torch.Tensor], lookahead: int, cache: Any = None
     ) -> list[SpeculatorCapture]:
         """Prefill ``model`` on B prompts at once (``[B, N]``, or B ``[n_i]`` tensors) and decode
         ``lookahead - 1`` greedy tokens per prompt, capturing what SpecPrefill scores with.
@@ -304,7 +304,12 @@ class TransformersBackend:
         the last logits are checked finite anyway. Look-ahead token j of row i is decoded at
         position n_i + j. Returns per row: ``queries`` ``[layers, heads, L, d]`` (last prompt
         token, then the look-ahead tokens), ``keys`` ``[layers, kv_heads, n_i, d]`` (the
-        row's own prompt tokens only, padding and look-ahead excluded)."""
+        row's own prompt tokens only, padding and look-ahead excluded).
+
+        ``cache``: a cache already holding earlier tokens of one prompt (a conversation's, at
+        positions 0..P-1): the B = 1 prompt is its continuation, prefilled at P.., the keys
+        are every cached token's and the new ones', and the look-ahead tokens are dropped from
+        the cache afterwards."""
         from transformers import DynamicCache
 
         if isinstance(input_ids, torch.Tensor):
@@ -326,8 +331,13 @@ class TransformersBackend:
             )
         lengths = [int(r.shape[0]) for r in rows]
         b, n = len(rows), max(lengths)
+        if cache is not None and b != 1:
+            raise ValueError(f"a batch of {b} prompts with an existing cache; allowed: one prompt continuing it")
+        past = int(cache.get_seq_length()) if cache is not None else 0
         shape = Shape.of(model.config)
-        self.method_flops += sum(speculator_flops(shape, k, lookahead) for k in lengths)  # padding not counted
+        self.method_flops += sum(speculator_flops(shape, past + k, lookahead) for k in lengths)  # padding not counted
+        if past:  # what the cache holds was read before
+            self.method_flops -= speculator_flops(shape, past, 1)
         ragged = min(lengths) != n
         m = n - 1 if ragged else n  # prefilled columns
         ids = torch.zeros(b, m, dtype=torch.int64)  # [B, M]: row i's first n_i - 1 tokens, then padding
@@ -335,8 +345,9 @@ class TransformersBackend:
             ids[i, : lengths[i] - 1 if ragged else n] = r[:-1] if ragged else r
         ids = ids.to(self.device)
         lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)  # [B]
-        mask = torch.ones(b, m, dtype=torch.int64, device=self.device)  # nothing to hide in the prefill
-        cache = DynamicCache(config=model.config)
+        mask = torch.ones(b, past + m, dtype=torch.int64, device=self.device)  # nothing to hide in the prefill
+        kept_cache = cache is not None
+        cache = cache if kept_cache else DynamicCache(config=model.config)
         generated: list[list[int]] = [[] for _ in range(b)]
         chunk = self.prefill_chunk or m
         with capture_last_queries(model) as captured:
@@ -346,8 +357,10 @@ class TransformersBackend:
                     per_layer.clear()
                 out = model(
                     input_ids=ids[:, start:end],
-                    position_ids=torch.arange(start, end, device=self.device).unsqueeze(0).expand(b, end - start),
-                    attention_mask=mask[:, :end],
+                    position_ids=torch.arange(past + start, past + end, device=self.device)
+                    .unsqueeze(0)
+                    .expand(b, end - start),
+                    attention_mask=mask[:, : past + end],
                     past_key_values=cache,
                     use_cache=True,
                     logits_to_keep=1,
@@ -375,7 +388,7 @@ class TransformersBackend:
             # Keys of the prompt only (later look-ahead steps append to the cache), gathered on the first
             # device when the model's layers are spread over several: [B, layers, kv_heads, M (+1), d].
             p = m + 1 if ragged else n
-            keys = torch.stack([layer.keys[:, :, :p, :].to(self.device) for layer in cache.layers], dim=1)  # type: ignore[union-attr,index]
+            keys = torch.stack([layer.keys[:, :, : past + p, :].to(self.device) for layer in cache.layers], dim=1)  # type: ignore[union-attr,index]
             for step in range(lookahead - 1):
                 nxt = out.logits[:, -1].argmax(-1)  # [B]
                 for row, t in zip(generated, nxt.tolist(), strict=True):
@@ -383,12 +396,14 @@ class TransformersBackend:
                 mask = torch.cat([mask, mask.new_ones(b, 1)], dim=1)
                 out = model(
                     input_ids=nxt.unsqueeze(1),
-                    position_ids=(lens + step).unsqueeze(1),
+                    position_ids=(lens + past + step).unsqueeze(1),
                     attention_mask=mask,
                     past_key_values=cache,
                     use_cache=True,
                     logits_to_keep=1,
                 )
+        if kept_cache and lookahead > 1:  # the look-ahead tokens leave a kept cache
+            cache.crop(-(lookahead - 1))
         queries = torch.stack(
             [torch.cat([q.to(self.device) for q in per_layer], dim=2) for per_layer in captured], dim=1
         )  # [B, layers, H, L, d]
@@ -669,53 +684,6 @@ class TransformersBackend:
         *every* conversation token so far. The look-ahead tokens are dropped from the cache
         afterwards. Used by KV revival: the speculator has read every token, so it can score
         the whole conversation for each new question at the cost of the new tokens only."""
-        model = self.speculator
-        if model is None or conv.speculator_cache is None:
+        if self.speculator is None or conv.speculator_cache is None:
             raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
-        ids = new_ids.to(torch.int64).to(self.device).unsqueeze(0)
-        if ids.shape[1] == 0:
-            raise ValueError("new_ids is empty; allowed: at least one new token")
-        vocab = model.get_input_embeddings().num_embeddings
-        if int(ids.max()) >= vocab:
-            raise ValueError(
-                f"token ids up to {int(ids.max())} for a speculator of {vocab} embeddings: another tokenizer"
-            )
-        cache = conv.speculator_cache
-        start = int(cache.get_seq_length())
-        m = int(ids.shape[1])
-        self.method_flops += speculator_flops(Shape.of(model.config), start + m, lookahead) - (
-            speculator_flops(Shape.of(model.config), start, 1) if start else 0
-        )
-        chunk = self.prefill_chunk or m
-        with capture_last_queries(model) as captured:
-            for a in range(0, m, chunk):
-                b = min(m, a + chunk)
-                for per_layer in captured:
-                    per_layer.clear()
-                out = model(
-                    input_ids=ids[:, a:b],
-                    position_ids=torch.arange(start + a, start + b, device=self.device).unsqueeze(0),
-                    attention_mask=torch.ones(1, start + b, dtype=torch.long, device=self.device),
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-            n = start + m
-            keys = torch.stack([layer.keys[0, :, :n, :].to(self.device) for layer in cache.layers], dim=0)  # type: ignore[union-attr,index]
-            generated: list[int] = []
-            for step in range(lookahead - 1):
-                nxt = int(out.logits[0, -1].argmax())
-                generated.append(nxt)
-                out = model(
-                    input_ids=torch.tensor([[nxt]], device=self.device),
-                    position_ids=torch.tensor([[n + step]], device=self.device),
-                    attention_mask=torch.ones(1, n + step + 1, dtype=torch.long, device=self.device),
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-        if lookahead > 1:
-            cache.crop(-(lookahead - 1))
-        queries = torch.stack([torch.cat([q[0].to(self.device) for q in per_layer], dim=1) for per_layer in captured])
-        self._sync()
-        return SpeculatorCapture(queries, keys, generated)
+        return self._capture_batch(self.speculator, [new_ids.to(torch.int64)], lookahead, conv.speculator_cache)[0]
