@@ -499,13 +499,13 @@ def by_turn(summary: pd.DataFrame, path: Path) -> Path | None:
     if s.empty:
         return None
     fig, axes = _panels(3, width=4.8, height=4.0)
+    lowest = s.loc[s["method_name"] != s["reference"], "keep_rate"].min()
     lines = s.groupby(["method", "keep_rate"])
     for (method, keep), g in sorted(lines, key=lambda m: (natural_key(m[0][0]), m[0][1])):
         g = g.sort_values("turn")
-        name = str(method) if g["method_name"].iloc[0] == g["reference"].iloc[0] else f"{method} keep {keep:g}"
-        style = (
-            "o-" if keep == s.loc[s["method_name"] != s["reference"], "keep_rate"].min() or name == method else "s--"
-        )
+        ref = g["method_name"].iloc[0] == g["reference"].iloc[0]
+        name = str(method) if ref else f"{method} keep {keep:g}"
+        style = "o-" if ref or keep == lowest else "s--"
         line = axes[0].errorbar(g["turn"], g["score"], yerr=_yerr(g["score"], g["score_lo"], g["score_hi"]),
                                 fmt=style, capsize=3, label=name)  # fmt: skip
         color = line[0].get_color()
