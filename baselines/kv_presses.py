@@ -28,8 +28,12 @@ kvpress is written against transformers < 5.3; on 5.19 its hooks need the
 :func:`specprefill.backends.transformers.cache_positions_restored` gives back around the
 press. ``import kvpress`` also wraps transformers' attention functions for the whole
 process (``kvpress.attention_patch``: head-wise masking for presses such as KVzip; a
-pass-through otherwise). ``tests/test_kvpress.py`` checks, on the pinned versions, that the
-kept keys are the ones the press's score chooses, computed independently.
+pass-through otherwise); :func:`kvpress_module` takes that wrapper back out of the process
+right after the import and :func:`attention_patched` puts it in for a press's own turn
+only, so a reference (or any method) timed or evaluated beside a press runs transformers'
+attention exactly as it does alone (``tests/test_kvpress.py`` checks both).
+``tests/test_kvpress.py`` also checks, on the pinned versions, that the kept keys are the
+ones the press's score chooses, computed independently.
 
 Like MInference, a press acts inside the model, so it needs the base model in this process
 (backend ``transformers``); an early-exit speculator is not used.
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -48,6 +53,57 @@ from specprefill.plan import Backend, Method, Plan, Prompt, check_keep, full_pla
 
 #: The attribute :meth:`KVPress.applied` sets on the base model while its press is on.
 APPLIED = "_kvpress_applied"
+#: kvpress's wrapped attention functions by name, taken out of transformers' registry after
+#: the import (:func:`kvpress_module`) and put back only inside :func:`attention_patched`.
+_WRAPPED: dict[str, Any] = {}
+#: How many :func:`attention_patched` blocks are open (their wrappers stay while one is).
+_OPEN = [0]
+
+
+def _attention_functions() -> Any:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS
+
+
+def _unpatch() -> None:
+    """Take kvpress's wrappers out of transformers' attention registry (kvpress sets them in
+    the registry instance's local mapping, over transformers' own global one), keeping them
+    in :data:`_WRAPPED`."""
+    local = _attention_functions()._local_mapping
+    for name, fn in list(local.items()):
+        if getattr(fn, "__module__", "") == "kvpress.attention_patch":
+            _WRAPPED[name] = fn
+            del local[name]
+
+
+def kvpress_module() -> Any:
+    """kvpress, imported without its process-wide attention patch (see the module's doc);
+    importing it any other way (``import kvpress`` elsewhere first) is undone here too."""
+    module = importlib.import_module("kvpress")
+    if not _OPEN[0]:
+        _unpatch()
+    return module
+
+
+@contextlib.contextmanager
+def attention_patched() -> Iterator[None]:
+    """kvpress's attention wrappers in transformers' registry for the body only (a press's
+    own turn; kvpress's head-wise presses need them), transformers' own functions after."""
+    kvpress_module()
+    local = _attention_functions()._local_mapping
+    before = {name: local[name] for name in _WRAPPED if name in local}
+    local.update(_WRAPPED)
+    _OPEN[0] += 1
+    try:
+        yield
+    finally:
+        _OPEN[0] -= 1
+        for name in _WRAPPED:
+            if name in before:
+                local[name] = before[name]
+            else:
+                local.pop(name, None)
 
 
 def question_start(prompt: Prompt, tokenizer: Any) -> int | None:
@@ -90,9 +146,9 @@ class KVPress(Method):
         return round(1.0 - float(self.keep_rate), 12)
 
     def press(self) -> Any:
-        """The kvpress press object (kvpress imported here: it wraps transformers' attention
-        functions for the process on import)."""
-        import kvpress  # type: ignore[import-untyped]  # deferred: kvpress patches attention on import
+        """The kvpress press object (kvpress imported here, its attention patch taken back:
+        :func:`kvpress_module`)."""
+        kvpress = kvpress_module()
 
         extra = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         extra.pop("keep_rate")
@@ -109,7 +165,8 @@ class KVPress(Method):
             return
         if getattr(base, APPLIED, None) is not None:
             raise RuntimeError(f"{self.name}: the base model already has a press on: {getattr(base, APPLIED)!r}")
-        with cache_positions_restored(base), self.press()(base):
+        press = self.press()
+        with cache_positions_restored(base), attention_patched(), press(base):
             setattr(base, APPLIED, self)
             try:
                 yield

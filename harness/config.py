@@ -71,13 +71,14 @@ class LatencySchema(CommonSchema):
 
     grid: Any = field(default_factory=lambda: [[2, 4096], [1, 8192]])
     warmup: int = 1
-    iters: int = 3
+    iters: int = 10
     seed: int = 0
     prompts: str = "auto"
     prompt_task: str = "qa_1"
     prompt_benchmark: str = "ruler"
     prompt_options: Any = None
     decode_tokens: int = 0
+    aa_check: bool = True
 
 
 @dataclass

@@ -10,12 +10,18 @@ folders point by point (model, benchmark, length, task, method and its options, 
   interval excludes 0 *and* the drop exceeds ``--quality-tol`` (2 points on the 0-100
   scale): one flipped sample among many is noise, not a regression.
 * **Speed**: the speedup over the reference method measured inside each folder (never
-  absolute seconds across folders), from the latency rows: the ratio of median TTFTs per
-  grid point, the two methods interleaved within each run. A point regresses when the
-  candidate's speedup falls by more than ``--speed-tol`` (15 %) of the baseline's, its
-  bootstrap interval included. The eval runs' TTFT ratios (the reference's mean TTFT over
-  the method's on the same samples, timed minutes apart) drift ~15 % between runs on a
-  shared CPU, so they are compared only with ``--eval-speed``.
+  absolute seconds across folders), from the latency rows: the paired speedup per grid
+  point (:mod:`harness.analysis.latency`: the methods timed side by side, order turned over
+  every iteration, interval over pairs). A point regresses when the candidate's speedup
+  falls by more than ``--speed-tol`` (15 %) of the baseline's, its bootstrap interval
+  included. A point whose speed claim is unsafe in either folder (its ``flags``: a speedup
+  above its FLOP ideal, a failed A/A check, too few pairs) is **not comparable**, never
+  passed; a baseline timed under the older protocol (the reference always first, no A/A
+  check) gives no speed baseline (``not compared``, exit 3, as with no baseline) until it
+  is accepted again. Without latency rows in both folders the verdict says first that
+  speed was not compared. The eval runs' TTFT ratios (the reference's mean TTFT over the
+  method's on the same samples, timed minutes apart: between runs) drift ~15 % between
+  runs on a shared CPU, so they are compared only with ``--eval-speed``.
 
 The verdict (``--format``): ``text`` (default) is one screen: short point labels (only the
 fields that tell the points apart; what all share on one line), regressions and
@@ -30,9 +36,11 @@ Exit status (``compare`` and ``run``; :data:`EXIT_CODES`):
 * **0** pass: nothing regressed;
 * **1** regressed: at least one point (each named);
 * **2** not comparable: no rows, no point in common, points in only one folder with
-  ``--require-all``, or a suite command that failed (argparse's own usage errors exit 2 too);
+  ``--require-all``, a speed point flagged unsafe (anomaly, failed A/A check, too few
+  pairs), or a suite command that failed (argparse's own usage errors exit 2 too);
 * **3** not compared: ``run`` found no baseline for this machine's class (quality is still
-  compared with another class's baseline, and a quality regression there exits 1);
+  compared with another class's baseline, and a quality regression there exits 1), or the
+  baseline's speed rows predate the paired protocol (quality compared as usual);
 * **4** refused, before comparing, in one line naming the path: a baseline or candidate
   folder that does not exist, a corrupt file in one, a ``--candidate`` folder the gate did
   not make (it removes only folders carrying its marker file), a missing suite file.
@@ -71,7 +79,7 @@ from harness.analysis.quality import (
     references,
     summarize,
 )
-from harness.analysis.rows import LATENCY_POINT, POINT, REFERENCE_OF, normalize
+from harness.analysis.rows import AA_METHOD, LATENCY_POINT, POINT, REFERENCE_OF, normalize
 from harness.analysis.stats import Estimate
 from harness.provenance import git_sha
 from harness.store import DamagedRowFile, read_results
@@ -85,8 +93,9 @@ EXIT_CODES = {
     OK: "pass: nothing regressed",
     REGRESSED: "regressed: at least one point regressed (each named)",
     INCOMPARABLE: "not comparable: no rows, no point in common, points in one folder only (--require-all), "
-    "or a suite command failed",
-    NO_BASELINE: "not compared: no baseline for this machine class (quality still checked against another class's)",
+    "a speed point flagged unsafe (anomaly, failed A/A check, too few pairs), or a suite command failed",
+    NO_BASELINE: "not compared: no baseline for this machine class, or its speed rows predate the paired protocol "
+    "(quality still checked)",
     REFUSED: "refused before comparing: a missing folder, a corrupt file or a candidate folder the gate did not make",
 }
 VERDICT_NAMES = {OK: "pass", REGRESSED: "regressed", INCOMPARABLE: "not comparable", NO_BASELINE: "no baseline",
@@ -111,7 +120,7 @@ class Comparison:
     baseline: float
     candidate: float
     delta: Estimate  # quality: candidate - baseline (points); speed: candidate / baseline - 1
-    verdict: str  # regressed | improved | same
+    verdict: str  # regressed | improved | same | not comparable (speed: a flagged point)
     retention: Estimate | None = None  # quality: the candidate's score / its reference's, same samples
     #: What the point is, field by field (model, benchmark, setup, method, keep, speculator,
     #: options, where), for short labels: :func:`short_labels`.
@@ -133,6 +142,9 @@ class Verdict:
     speed_from: str = "latency rows"
     #: One line said before the points (why not compared, what they were compared with).
     note: str = ""
+    #: What the gate says of speed before the points: not compared (and why), the flagged
+    #: points, the machine's load; empty when every speed point was compared cleanly.
+    speed_notes: list[str] = field(default_factory=list)
 
 
 def _label(r: dict) -> str:
@@ -287,17 +299,46 @@ def quality(
     return out, keys_b | keys_c, sorted(only, key=str)
 
 
-def _estimates(s: pd.DataFrame, key: list[str]) -> dict[tuple, Estimate]:
-    """A summary's speedups (not the reference's own) by point key."""
-    s = s[(s["method_name"] != s["reference"]) & s["speedup"].notna()]
+@dataclass(frozen=True)
+class SpeedPoint:
+    """A point's speedup as the gate reads it, with what its summary flagged."""
+
+    estimate: Estimate
+    flags: str = ""  # the summary's words (harness.analysis.latency), "" for eval points
+    comparable: bool = True  # False: a flag that makes its speed claim unsafe
+    old_protocol: bool = False  # timed before the paired protocol (the reference always first)
+    loaded: bool = False
+
+
+def _estimates(s: pd.DataFrame, key: list[str]) -> dict[tuple, SpeedPoint]:
+    """A summary's speedups (not the reference's own, not the A/A check's) by point key."""
+    s = s[(s["method_name"] != s["reference"]) & (s["method_name"] != AA_METHOD) & s["speedup"].notna()]
     cols = [{"method": "method_name", "reference_method": "reference"}.get(k, k) for k in key]
-    return {
-        tuple(r[cols]): Estimate(float(r["speedup"]), float(r["speedup_lo"]), float(r["speedup_hi"]), int(r["n"]))
+    out = {}
+    for _, r in s.iterrows():
+        e = Estimate(float(r["speedup"]), float(r["speedup_lo"]), float(r["speedup_hi"]), int(r["n"]))
+        flags = str(r["flags"]) if isinstance(r.get("flags"), str) else ""
+        comparable = bool(r["comparable"]) if "comparable" in r and pd.notna(r["comparable"]) else True
+        out[tuple(r[cols])] = SpeedPoint(
+            e, flags, comparable, "order not balanced" in flags, bool(r.get("loaded", False) is True)
+        )
+    return out
+
+
+def _aa_failures(d: pd.DataFrame) -> list[str]:
+    """The A/A checks of a folder's latency rows that failed, in words."""
+    if d.empty:
+        return []
+    s = summarize_latency(d)
+    s = s[(s["method_name"] == AA_METHOD) & (s["aa_ok"] == False)]  # noqa: E712  (NaN: no A/A check)
+    return [
+        f"{int(r['batch'])}x{int(r['length'])} {r['model']}: {r['aa_speedup']:.3f}x "
+        f"[{r['aa_speedup_lo']:.3f}, {r['aa_speedup_hi']:.3f}]"
         for _, r in s.iterrows()
-    }
+    ]
 
 
-def _eval_speedups(d: pd.DataFrame) -> dict[tuple, Estimate]:
+def _eval_speedups(d: pd.DataFrame) -> dict[tuple, SpeedPoint]:
     """Per quality point: the summary's ``ALL`` speedup (the reference's TTFT over the
     method's on the samples both ran, on one machine)."""
     if d.empty:
@@ -306,24 +347,43 @@ def _eval_speedups(d: pd.DataFrame) -> dict[tuple, Estimate]:
     return _estimates(s[s["task"] == "ALL"], POINT)
 
 
-def _latency_speedups(d: pd.DataFrame) -> dict[tuple, Estimate]:
+def _latency_speedups(d: pd.DataFrame) -> dict[tuple, SpeedPoint]:
     """Per latency point: the latency summary's speedup (interleaved in one run)."""
     return _estimates(summarize_latency(d), LATENCY_POINT) if not d.empty else {}
 
 
 def speed(
     base: pd.DataFrame, cand: pd.DataFrame, tol: float, eval_speed: bool = False
-) -> tuple[list[Comparison], set, list[dict[str, str]]]:
+) -> tuple[list[Comparison], set, list[dict[str, str]], list[str]]:
     """Speedups over the reference, compared point by point: from the latency rows (the
-    two methods interleaved in one run), and with ``eval_speed`` from the eval rows' TTFTs
-    too (timed minutes apart, so they drift with a shared machine's load)."""
+    methods timed side by side in one run), and with ``eval_speed`` from the eval rows'
+    TTFTs too (between runs: timed minutes apart, so they drift with a shared machine's
+    load). Returns the comparisons, the points seen, those in one folder only, and what the
+    verdict says of speed before the points (see :class:`Verdict`)."""
     out: list[Comparison] = []
     seen: set = set()
     only: list[dict[str, str]] = []
+    notes: list[str] = []
+    lb, lc = _ok(base, "latency"), _ok(cand, "latency")
+    if lb.empty or lc.empty:
+        missing = " and ".join(w for w, d in (("baseline", lb), ("candidate", lc)) if d.empty)
+        notes.append(f"Speed NOT compared: no latency rows in the {missing}" +
+                     (" (eval TTFTs, between runs, compared below)" if eval_speed else " (quality only)"))  # fmt: skip
+    failed_aa = _aa_failures(lc)
+    if failed_aa:
+        notes.append("A/A check FAILED in the candidate (the reference timed against itself must read 1.0): "
+                     + "; ".join(failed_aa))  # fmt: skip
     sources = (("eval", _eval_speedups, POINT),) if eval_speed else ()
     for kind, fn, keys in (*sources, ("latency", _latency_speedups, LATENCY_POINT)):
         sb, sc = fn(_ok(base, kind)), fn(_ok(cand, kind))
         seen |= {(kind, k) for k in sb.keys() | sc.keys()}
+        if kind == "latency" and sb and all(p.old_protocol for p in sb.values()):
+            notes.append(
+                "Speed NOT compared: the baseline's latency rows predate the paired, order-balanced protocol "
+                "(the reference always timed first, no A/A check); accept a new baseline on this machine "
+                "(make regress-accept reason='...')"
+            )
+            continue
 
         def fields(key: tuple, kind: str = kind) -> dict[str, str]:
             if kind == "latency":
@@ -332,14 +392,25 @@ def speed(
 
         only += [fields(k) for k in sorted(sb.keys() ^ sc.keys(), key=str)]
         for key in sorted(sb.keys() & sc.keys(), key=str):
-            eb, ec = sb[key], sc[key]
+            pb, pc = sb[key], sc[key]
+            eb, ec = pb.estimate, pc.estimate
             r = dict(zip(keys, key, strict=True))
-            where = "ALL TTFT" if kind == "eval" else f"latency {int(r['batch'])}x{int(r['length'])}"
+            where = "ALL TTFT (between runs)" if kind == "eval" else f"latency {int(r['batch'])}x{int(r['length'])}"
             label = f"{r['model']} {r['method']} keep={r['keep_rate']:g}{_speculator_s(r)} {where}"
             rel = Estimate(ec.value / eb.value - 1, ec.lo / eb.value - 1, ec.hi / eb.value - 1, ec.n)
             verdict = _speed_verdict(eb.value, ec, tol)
+            unsafe = [
+                (w, p) for w, p in (("baseline", pb), ("candidate", pc)) if not p.comparable and not p.old_protocol
+            ]
+            if pc.old_protocol:
+                unsafe.append(("candidate", pc))
+            if unsafe:
+                verdict = "not comparable"
+                notes.append(f"Not comparable: {label}: " + "; ".join(f"{w}: {p.flags}" for w, p in unsafe))
+            elif pc.loaded or pb.loaded:
+                notes.append(f"Loaded machine while timing {label} (its speedup is paired, but read it with care)")
             out.append(Comparison("speed", label, eb.value, ec.value, rel, verdict, None, fields(key)))
-    return out, seen, only
+    return out, seen, only, notes
 
 
 #: Columns the comparison reads, by row kind: a folder lacking one is refused naming it.
@@ -391,14 +462,24 @@ def gate(
         return v
     base, cand = normalize(base), normalize(cand)  # once: every comparison below reads them
     q, _, q_only = quality(base, cand, quality_tol)
-    s, _, s_only = ([], set(), []) if skip_speed else speed(base, cand, speed_tol, eval_speed)
+    s, _, s_only, v.speed_notes = ([], set(), [], []) if skip_speed else speed(base, cand, speed_tol, eval_speed)
+    if not skip_speed and any(n.startswith("Speed NOT compared") for n in v.speed_notes):
+        v.speed_from = "speed not compared (see above)"
     v.rows, v.only = q + s, q_only + s_only
-    if not v.rows:
+    aa_failed = any(n.startswith("A/A check FAILED") for n in v.speed_notes)
+    if not v.rows and not aa_failed:
         v.code, v.note = INCOMPARABLE, "cannot compare: the folders have no point in common"
     elif any(r.verdict == "regressed" for r in v.rows):
         v.code = REGRESSED
+    elif aa_failed or any(r.verdict == "not comparable" for r in v.rows):
+        n = sum(r.verdict == "not comparable" for r in v.rows)
+        v.code = INCOMPARABLE
+        v.note = "cannot compare speed: " + ("the candidate's A/A check failed" if aa_failed else
+                                              f"{n} speed point{'s' if n != 1 else ''} flagged unsafe")  # fmt: skip
     elif v.only and require_all:
         v.code, v.note = INCOMPARABLE, "cannot compare: points present in only one folder (--require-all)"
+    elif any("predate the paired" in n for n in v.speed_notes):
+        v.code = NO_BASELINE
     return v
 
 
@@ -459,10 +540,8 @@ def _labelled(v: Verdict) -> tuple[list[tuple[str, Comparison]], list[str], list
 
 
 def _tolerances(v: Verdict) -> str:
-    return (
-        f"quality tolerance {v.quality_tol:g} points, speed tolerance {v.speed_tol:.0%} of the baseline's speedup, "
-        f"speed from the {v.speed_from}"
-    )
+    source = v.speed_from if v.speed_from.startswith("speed not") else f"speed from the {v.speed_from}"
+    return f"quality tolerance {v.quality_tol:g} points, speed tolerance {v.speed_tol:.0%} of the baseline's speedup, {source}"
 
 
 def _speedups(pairs: list[tuple[str, Comparison]], most: int = 6) -> str:
@@ -486,12 +565,13 @@ def render_text(v: Verdict, all_points: bool = False) -> str:
     one line (``all_points``: every point)."""
     lines = [f"Regression gate: {v.candidate} against {v.baseline}"] if v.candidate and v.baseline else []
     lines += [v.note] if v.note else []
+    lines += v.speed_notes
     pairs, common, only = _labelled(v)
     if pairs:
         lines.append("Shared by the points: " + ", ".join(common) if common else "")
         width = min(48, max(len(lab) for lab, _ in pairs))
-        shown = [("Points", "regressed|improved|same")] if all_points else [
-            ("REGRESSED", "regressed"), ("Improved", "improved")
+        shown = [("Points", "regressed|improved|same|not comparable")] if all_points else [
+            ("REGRESSED", "regressed"), ("NOT COMPARABLE", "not comparable"), ("Improved", "improved")
         ]  # fmt: skip
         for title, verdicts in shown:
             sel = [(lab, r) for lab, r in pairs if r.verdict in verdicts.split("|")]
@@ -521,7 +601,9 @@ def render_markdown(v: Verdict) -> str:
     if common:
         where += f" Shared by the points: {', '.join(common)}."
     lines += [x for x in (where.strip(), v.note) if x]
+    lines += [f"- {n}" for n in v.speed_notes[:6]]
     changed = [(lab, r) for lab, r in pairs if r.verdict == "regressed"]
+    changed += [(lab, r) for lab, r in pairs if r.verdict == "not comparable"]
     changed += [(lab, r) for lab, r in pairs if r.verdict == "improved"]
     if changed:
         lines += [
@@ -531,7 +613,7 @@ def render_markdown(v: Verdict) -> str:
         ]
         for lab, r in changed[:MARKDOWN_ROWS]:
             b, c, d = _values(r)
-            mark = "❌ regressed" if r.verdict == "regressed" else "⬆️ improved"
+            mark = {"regressed": "❌ regressed", "not comparable": "⚠️ not comparable"}.get(r.verdict, "⬆️ improved")
             lines.append(f"| {mark} | {r.kind} {lab} | {b} | {c} | {d} | {r.delta.n} |")
         if len(changed) > MARKDOWN_ROWS:
             lines.append(f"\n… and {len(changed) - MARKDOWN_ROWS} more (the job log lists every one).")
@@ -581,9 +663,10 @@ def render_json(v: Verdict) -> str:
         "baseline": v.baseline,
         "candidate": v.candidate,
         "note": v.note,
+        "speed_notes": v.speed_notes,
         "tolerances": {"quality_points": v.quality_tol, "speed_fraction": v.speed_tol, "speed_from": v.speed_from},
         "common": common,
-        "counts": {k: sum(r.verdict == k for r in v.rows) for k in ("regressed", "improved", "same")}
+        "counts": {k: sum(r.verdict == k for r in v.rows) for k in ("regressed", "improved", "same", "not comparable")}
         | {"one_folder_only": len(only)},
         "points": points,
         "one_folder_only": only,
@@ -602,6 +685,8 @@ def render_junit(v: Verdict) -> str:
         if r.verdict == "regressed":
             failure = ET.SubElement(case, "failure", message=f"regressed: {b} -> {c}, {d}, n={r.delta.n}")
             failure.text = r.point
+        elif r.verdict == "not comparable":
+            ET.SubElement(case, "error", message=f"not comparable (flagged): {b} -> {c}, n={r.delta.n}")
         else:
             ET.SubElement(case, "system-out").text = f"{r.verdict}: {b} -> {c}, {d}, n={r.delta.n}"
     if v.code in (INCOMPARABLE, NO_BASELINE, REFUSED):

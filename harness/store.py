@@ -220,6 +220,16 @@ class LatencyRecord(RunRecord):
     #: seconds they took, outside TTFT; None when the run times the prefill only.
     decode_tokens: int | None = None
     decode_s: float | None = None
+    #: The method's place among the methods timed in this iteration (0: first), rotated from
+    #: one iteration to the next (harness.jobs.latency.iteration_order); None in rows
+    #: written before the order-balanced protocol (the reference always first).
+    order: int | None = None
+    #: The machine's load while the row was timed (harness.timing.machine_load): the share of
+    #: this process's CPUs busy with other work, the 1-minute load average, the CPUs, their clock.
+    foreign_cpu: float | None = None
+    loadavg_1m: float | None = None
+    cpus: int | None = None
+    cpu_mhz: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

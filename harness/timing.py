@@ -7,10 +7,13 @@ grid with the store around it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from specprefill.flops import Shape, causal_pairs, prefill_flops
@@ -26,13 +29,101 @@ def flops(base: Shape, prompts: Sequence[Prompt], plans: Sequence[Plan], overhea
     return full, float(overhead + sum(prefill_flops(base, p.k, causal_pairs(p.k)) for p in plans))
 
 
+#: A timed call shorter than this gets no ``foreign_cpu``: /proc/stat counts in clock ticks
+#: (10 ms), so one tick of another process would read as a large share of a short call.
+MIN_LOAD_WINDOW_S = 0.25
+
+
+def _cpus() -> set[int]:
+    """The CPUs this process may run on."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
+def _busy_ticks(cpus: set[int]) -> int | None:
+    """Clock ticks the given CPUs spent not idle (steal included: the hypervisor ran someone
+    else), from ``/proc/stat``; None where it cannot be read."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    busy = 0
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+            continue
+        v = [int(x) for x in rest.split()]
+        busy += sum(v[:8]) - v[3] - v[4]  # user..steal, less idle and iowait (guest is inside user)
+    return busy
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and its live children (a vLLM engine core runs in one)."""
+    try:
+        import psutil
+
+        me = psutil.Process()
+        procs = [me, *me.children(recursive=True)]
+        total = 0.0
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
+    except ImportError:
+        t = os.times()
+        return t.user + t.system
+
+
+def _cpu_mhz(cpus: set[int]) -> float | None:
+    """The mean current clock of the given CPUs (cpufreq), else /proc/cpuinfo's; None where
+    neither can be read (a VM's cpuinfo states its nominal clock)."""
+    now = []
+    for c in sorted(cpus):
+        f = Path(f"/sys/devices/system/cpu/cpu{c}/cpufreq/scaling_cur_freq")
+        with contextlib.suppress(OSError, ValueError):
+            now.append(int(f.read_text()) / 1000)
+    if not now:
+        with contextlib.suppress(OSError):
+            now = [float(x.split(":")[1]) for x in Path("/proc/cpuinfo").read_text().splitlines()
+                   if x.startswith("cpu MHz")]  # fmt: skip
+    return sum(now) / len(now) if now else None
+
+
+@contextlib.contextmanager
+def machine_load() -> Iterator[dict[str, Any]]:
+    """The load on the machine while the body ran, in the dict it yields (filled on exit):
+    ``foreign_cpu``, the share of this process's CPUs busy with other work (their busy
+    ticks less this process's and its children's CPU time, over the CPUs x the wall time;
+    None for a body shorter than :data:`MIN_LOAD_WINDOW_S` or without /proc/stat);
+    ``loadavg_1m`` (the kernel's, at the end; the job's own compute threads count in it);
+    ``cpus``; ``cpu_mhz`` where readable."""
+    cpus = _cpus()
+    out: dict[str, Any] = {"cpus": len(cpus)}
+    b0, own0, t0 = _busy_ticks(cpus), _own_cpu_s(), time.perf_counter()
+    try:
+        yield out
+    finally:
+        wall, b1, own1 = time.perf_counter() - t0, _busy_ticks(cpus), _own_cpu_s()
+        foreign = None
+        if b0 is not None and b1 is not None and wall >= MIN_LOAD_WINDOW_S:
+            hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+            foreign = max(0.0, ((b1 - b0) / hz - (own1 - own0)) / (len(cpus) * wall))
+        out["foreign_cpu"] = foreign
+        out["loadavg_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        out["cpu_mhz"] = _cpu_mhz(cpus)
+
+
 def measure(method: Method, prompts: list[Prompt], backend: Backend, decode_tokens: int = 0) -> dict[str, Any]:
-    """Plan ``prompts`` with ``method`` and prefill the plans: the measured fields of a row.
+    """Plan ``prompts`` with ``method`` and prefill the plans: the measured fields of a row,
+    with the machine's load while they ran (:func:`machine_load`).
 
     Both run inside ``method.applied(backend)`` (a method acting inside the model patches
     it for this turn only, untimed, and leaves it as it found it), so methods measured in
     turn on one backend (a latency job's reference and method) never see each other's patch."""
-    with method.applied(backend):
+    with machine_load() as load, method.applied(backend):
         backend.method_flops = 0
         t0 = time.perf_counter()
         plans = method.plan_batch(prompts, backend)
@@ -68,4 +159,5 @@ def measure(method: Method, prompts: list[Prompt], backend: Backend, decode_toke
         # decoding after the prefill (latency grids with decode_tokens > 0): the batch's seconds
         "decode_tokens": decode_tokens or None,
         "decode_s": getattr(backend, "last_decode_s", None) if decode_tokens else None,
+        **load,
     }

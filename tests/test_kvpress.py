@@ -248,3 +248,37 @@ def test_decode_after_a_latency_prefill_is_what_generate_decodes(backend):
         assert backend.last_decoded.tolist()[0] == backend.generate(plan, 5).token_ids
     with press.applied(backend), pytest.raises(ValueError, match="prompts of different lengths"):
         backend.prefill([full_plan(_prompt(50)), full_plan(_prompt(37))], decode_tokens=2)
+
+
+def test_a_reference_timed_beside_a_press_runs_transformers_own_attention(backend, monkeypatch):
+    """``import kvpress`` wraps transformers' attention functions for the whole process;
+    here the wrapper is on inside a press's own turn only, so the reference timed in the
+    same latency iteration (or evaluated in the same process) calls exactly the function it
+    calls alone. Breaking :func:`baselines.kv_presses.kvpress_module`'s undo (or
+    :func:`attention_patched`) fails this test."""
+    import kvpress  # noqa: F401  (the plain import: kvpress's patch lands process-wide)
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from harness.timing import measure
+
+    impl = backend.base.config._attn_implementation
+    own = type(ALL_ATTENTION_FUNCTIONS)._global_mapping[impl]  # transformers' own function
+    seen: dict[str, object] = {}
+
+    def spy(name):
+        real = backend.prefill
+
+        def prefill(plans, *a):
+            seen[name] = ALL_ATTENTION_FUNCTIONS[impl]
+            return real(plans, *a)
+
+        return prefill
+
+    prompts = [_prompt(64)]
+    for name in ("knorm", "full", "knorm", "full"):  # a press, the reference, and again
+        monkeypatch.setattr(backend, "prefill", spy(name))
+        measure(build_method(name, {"keep_rate": 0.5} if name == "knorm" else {}), prompts, backend)
+        monkeypatch.undo()
+        assert (seen[name] is own) == (name == "full"), name
+    assert getattr(seen["knorm"], "__module__", "") == "kvpress.attention_patch"
+    assert ALL_ATTENTION_FUNCTIONS[impl] is own  # and nothing left behind

@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -124,10 +125,19 @@ def test_any_method_is_timed_beside_the_reference_into_the_one_store(tmp_path, m
     folder = lat.execute(_lat(tmp_path, "method=specprefill", "method.pool_kernel=3", *common))
     lat.execute(_lat(tmp_path, "method=truncate", *common[:-1]))
     rows = read_results(tmp_path)
-    assert set(rows["kind"]) == {"latency"} and set(rows["method"]) == {"full", "specprefill", "truncate"}
+    assert set(rows["kind"]) == {"latency"}
+    assert set(rows["method"]) == {"full", "aa_check", "specprefill", "truncate"}
     spec = rows[rows["run_id"] == folder.name]
-    # 2 points x 3 iterations x (reference + method), warm-up flagged
-    assert len(spec) == 2 * 3 * 2 and spec["warmup"].sum() == 2 * 2
+    # 2 points x 3 iterations x (reference + its A/A copy + method), warm-up flagged
+    assert len(spec) == 2 * 3 * 3 and spec["warmup"].sum() == 2 * 3
+    # every iteration times the three in an order of its own, recorded: the two timed ones
+    # reverse each other (the reference first, then last)
+    for _, it in spec.groupby(["unit", "iteration"]):
+        assert sorted(it["order"]) == [0, 1, 2]
+    timed = spec[~spec["warmup"]]
+    assert sorted(timed.loc[timed["order"] == 0, "method"]) == ["full", "full", "specprefill", "specprefill"]
+    # the machine's load while each row was timed
+    assert spec["cpus"].ge(1).all() and spec["loadavg_1m"].notna().all()
     assert (rows["status"] == "ok").all() and (rows["ttft_s"] > 0).all() and not rows["prefix_cache"].any()
     assert set(rows["prompt_source"]) == {"random"} and set(rows["reference_method"]) == {"full"}
     sp = spec[spec["method"] == "specprefill"]
@@ -138,20 +148,18 @@ def test_any_method_is_timed_beside_the_reference_into_the_one_store(tmp_path, m
     assert set(sp["kept_tokens"][sp["length"] == 192]) == {64.0}  # whole chunks of 16: ceil(12 * 0.3) = 4
     assert (sp["ideal_speedup"] < 1 / 0.3).all() and (sp["flops_method"] > sp["flops_full"] * 0.3).all()
     summary = (tmp_path / "summary.md").read_text()
-    assert "## Latency" in summary and "| truncate | 0.300 |" in summary
+    assert "## Latency" in summary and "| truncate | 0.3 | 2 |" in summary and "few pairs" in summary
     # resume: nothing re-measured
     before = {p.name for p in (folder / "parts").glob("*.parquet")} | {"rows.parquet"}
     lat.execute(_lat(tmp_path, "method=specprefill", "method.pool_kernel=3", *common))
     assert {p.name for p in folder.iterdir() if p.suffix == ".parquet"} <= before
-    assert len(RunStore(folder).read()) == 12
+    assert len(RunStore(folder).read()) == 18
     # a grid point added later extends the same run
     lat.execute(_lat(tmp_path, "method=specprefill", "method.pool_kernel=3", *common[1:], "grid=[[1,128]]"))
-    assert len(RunStore(folder).read()) == 12 + 6
+    assert len(RunStore(folder).read()) == 18 + 9
 
 
-def test_summary_speedup_is_the_ratio_of_medians_in_the_same_run():
-    import pandas as pd
-
+def test_summary_speedup_pairs_the_iterations_of_the_same_run():
     from harness.analysis.latency import summarize_latency
 
     def rows(run, method, ttfts, warm=9.0):
@@ -170,10 +178,9 @@ def test_summary_speedup_is_the_ratio_of_medians_in_the_same_run():
     assert s.loc["x", "speedup"] == pytest.approx(2.5)  # 5 / 2, warm-up (9 s) left out
     assert s.loc["x", "efficiency"] == pytest.approx(2.5 / 4.0)
     assert s.loc["y", "speedup"] == pytest.approx(4.0)  # against run b's own reference
-    # the interval resamples each side's timed iterations: medians of {4,5,6} over {1,2,3}
-    # range from 4/3 to 6/1; identical iterations give a point interval
-    assert 4 / 3 - 1e-9 <= s.loc["x", "speedup_lo"] < 2.5 < s.loc["x", "speedup_hi"] <= 6.0 + 1e-9
-    assert s.loc["y", "speedup_lo"] == pytest.approx(4.0) and s.loc["y", "speedup_hi"] == pytest.approx(4.0)
+    # pairs by iteration: 4/1, 6/3, 5/2 -> median 2.5; three pairs give no interval (MIN_PAIRS)
+    assert math.isnan(s.loc["x", "speedup_lo"]) and s.loc["x", "pairs"] == 3
+    assert "too few pairs" in s.loc["x", "flags"] and not s.loc["x", "comparable"]
     assert math.isnan(s.loc["full", "speedup_lo"])
     assert s.loc["full", "n"] == 6 and s.loc["full", "ttft_median_s"] == pytest.approx(
         23.0
@@ -191,8 +198,110 @@ def test_summary_speedup_is_the_ratio_of_medians_in_the_same_run():
     kv["decode_s"] = [9.0, 1.0, 1.0, 1.0, 9.0, 0.5, 0.5, 0.5]
     s = summarize_latency(kv).set_index("method")
     assert (s.loc["full", "decode_s_per_token"], s.loc["x", "decode_s_per_token"]) == (0.25, 0.125)
-    assert s.loc["x", "e2e_speedup"] == pytest.approx(6.0 / 2.5)  # medians of 5 7 6 and 1.5 3.5 2.5
-    assert s.loc["x", "e2e_speedup_lo"] <= 2.4 <= s.loc["x", "e2e_speedup_hi"] and s.loc["full", "e2e_speedup"] == 1.0
+    # pairs of TTFT + decode: 5/1.5, 7/3.5, 6/2.5 -> median 2.4
+    assert s.loc["x", "e2e_speedup"] == pytest.approx(2.4) and s.loc["full", "e2e_speedup"] == 1.0
+
+
+def _paired_rows(ref: list[float], timed: list[float], aa: list[float] | None = None, ideal: float = 4.0,
+                 order: bool = True) -> pd.DataFrame:  # fmt: skip
+    """One run's latency rows: a warm-up, then the given timed iterations of the reference,
+    the method ``x`` and (``aa``) the A/A check."""
+    rows = []
+    for method, times in (("full", ref), ("x", timed), *((("aa_check", aa),) if aa else ())):
+        for i, t in enumerate([9.0, *times]):
+            rows.append({"run_id": "a", "model": "m", "backend": "b", "prompt_source": "random", "batch": 1,
+                         "length": 8, "method": method, "keep_rate": 0.3 if method == "x" else None,
+                         "reference_method": "full", "iteration": i, "warmup": i == 0, "status": "ok", "ttft_s": t,
+                         "method_s": 0.0, "base_prefill_s": t, "kept_fraction": 1.0,
+                         "ideal_speedup": ideal if method == "x" else 1.0, "method_options": "{}",
+                         "config_hash": "a", "dtype": "x", "order": (i + (method == "x")) % 2 if order else None,
+                         "foreign_cpu": 0.01, "loadavg_1m": 2.0, "cpus": 2})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_the_speedup_interval_resamples_pairs_computed_by_hand():
+    """Twelve pairs timed while the machine slows down (each pair's two members slow
+    together): the per-pair ratio is 2 within 1 %, so the interval over pairs is narrow,
+    where resampling each side on its own (the old estimator) mixes slow and fast minutes
+    and gives a wide one. The expected interval is computed here from the rows, by hand."""
+    import numpy as np
+
+    drift = [1 + 0.1 * i for i in range(12)]
+    jitter = [1.0, 1.01, 0.99, 1.005, 0.995, 1.0, 1.008, 0.992, 1.0, 1.003, 0.997, 1.0]
+    ref = [2.0 * d for d in drift]
+    method = [d * j for d, j in zip(drift, jitter, strict=True)]
+    s = summarize_latency(_paired_rows(ref, method)).set_index("method")
+    ratios = np.array(ref) / np.array(method)
+    idx = np.random.default_rng(0).integers(0, 12, size=(2000, 12))  # harness.analysis.stats.SEED, RESAMPLES
+    lo, hi = np.percentile(np.median(ratios[idx], axis=1), [2.5, 97.5])
+    assert s.loc["x", "speedup"] == pytest.approx(np.median(ratios))
+    assert (s.loc["x", "speedup_lo"], s.loc["x", "speedup_hi"]) == pytest.approx((lo, hi))
+    assert hi - lo < 0.05 and s.loc["x", "pairs"] == 12
+    assert s.loc["x", "comparable"] and s.loc["x", "flags"] == ""
+    # pairs are matched by iteration, not by row order: shuffled rows give the same interval
+    shuffled = summarize_latency(_paired_rows(ref, method).sample(frac=1, random_state=3)).set_index("method")
+    assert shuffled.loc["x", "speedup_lo"] == pytest.approx(lo)
+
+
+def test_the_aa_check_anomalies_and_old_rows_are_flagged():
+    base = [2.0, 2.1, 1.9, 2.05, 1.95, 2.0, 2.02, 1.98, 2.0, 2.01]
+    # the A/A copy reads 1.0: fine; a method at 1.3x with an ideal of 1.0 is an anomaly
+    s = summarize_latency(_paired_rows(base, [t / 1.3 for t in base], aa=[t * 1.001 for t in base], ideal=1.0))
+    s = s.set_index("method")
+    assert s.loc["aa_check", "aa_ok"] and s.loc["x", "aa_ok"]
+    assert s.loc["x", "aa_speedup"] == pytest.approx(1 / 1.001)
+    assert s.loc["x", "anomaly"].startswith("anomaly: 1.30x is above its FLOP ideal 1.00x by 30%")
+    assert not s.loc["x", "comparable"] and s.loc["aa_check", "comparable"]
+    # an A/A copy 10 % faster than the reference fails the check, and every point of its run says so
+    s = summarize_latency(_paired_rows(base, [t / 2 for t in base], aa=[t / 1.1 for t in base])).set_index("method")
+    assert not s.loc["x", "aa_ok"] and "A/A check failed" in s.loc["x", "flags"] and not s.loc["x", "comparable"]
+    assert s.loc["x", "anomaly"] == ""  # 2.0x under its ideal 4.0x
+    # rows of the older protocol (no order recorded): flagged, not comparable
+    s = summarize_latency(_paired_rows(base, [t / 2 for t in base], order=False)).set_index("method")
+    assert "order not balanced" in s.loc["x", "flags"] and not s.loc["x", "comparable"]
+    # a loaded machine is said, not refused
+    rows = _paired_rows(base, [t / 2 for t in base], aa=base)
+    rows.loc[3, "foreign_cpu"] = 0.4
+    s = summarize_latency(rows).set_index("method")
+    assert s.loc["x", "loaded"] and "loaded" in s.loc["x", "flags"] and s.loc["x", "comparable"]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_iteration_order_balances_places_and_pairs(k):
+    orders = [lat.iteration_order(i, k) for i in range(2 * k)]
+    assert all(sorted(o) == list(range(k)) for o in orders)
+    for m in range(k):  # every method in every place equally often over 2k iterations
+        assert sorted(o.index(m) for o in orders) == sorted(list(range(k)) * 2)
+    for i in range(0, 2 * k, 2):  # each two consecutive iterations: every pair in both orders
+        a, b = orders[i], orders[i + 1]
+        for x in range(k):
+            for y in range(x + 1, k):
+                assert (a.index(x) < a.index(y)) != (b.index(x) < b.index(y))
+
+
+def test_machine_load_sees_another_process_on_the_cores():
+    """A CPU burner that is not this process's child (its parent shell exits at once) shows
+    as foreign CPU while this process sleeps; without it, a sleep reads near zero."""
+    import subprocess
+    import sys
+    import time
+
+    from harness.timing import machine_load
+
+    with machine_load() as quiet:
+        time.sleep(0.6)
+    burn = (
+        f"{sys.executable} -c 'import time; t = time.time() + 3\nwhile time.time() < t: pass' >/dev/null 2>&1 & echo $!"
+    )
+    pid = int(subprocess.run(["sh", "-c", burn], capture_output=True, text=True, check=True).stdout.strip())
+    try:
+        time.sleep(0.3)
+        with machine_load() as busy:
+            time.sleep(1.0)
+    finally:
+        subprocess.run(["kill", str(pid)], check=False)
+    assert busy["foreign_cpu"] > quiet["foreign_cpu"] + 0.25 and busy["foreign_cpu"] > 0.3
+    assert busy["cpus"] >= 1 and busy["loadavg_1m"] is not None
 
 
 def test_text_rewriting_methods_time_on_benchmark_prompts(tmp_path, monkeypatch):
@@ -200,7 +309,7 @@ def test_text_rewriting_methods_time_on_benchmark_prompts(tmp_path, monkeypatch)
     job = _lat(tmp_path, "method=rag_bm25", "grid=[[2,1024]]", "warmup=0", "iters=1")
     assert job.prompt_source == "ruler/qa_1"
     rows = RunStore(lat.execute(job)).read()
-    assert len(rows) == 2 and (rows["status"] == "ok").all() and set(rows["prompt_source"]) == {"ruler/qa_1"}
+    assert len(rows) == 3 and (rows["status"] == "ok").all() and set(rows["prompt_source"]) == {"ruler/qa_1"}
     rag = rows[rows["method"] == "rag_bm25"].iloc[0]
     assert 0.2 < rag["kept_fraction"] < 0.4 and math.isnan(rag["ideal_speedup"])
     assert "retriever_s" in rag["method_timings"] and rows["prompt_tokens"].between(900, 1024).all()
@@ -219,8 +328,8 @@ def test_a_failing_method_is_a_failed_row_and_the_grid_goes_on(tmp_path, monkeyp
     monkeypatch.setattr(SpecPrefill, "plan_batch", boom)
     folder = lat.execute(_lat(tmp_path, "method=specprefill", "grid=[[1,64],[1,96]]", "warmup=0", "iters=1"))
     rows = RunStore(folder).read()
-    assert len(calls) == 2 and len(rows) == 4
-    assert set(rows[rows["method"] == "full"]["status"]) == {"ok"}
+    assert len(calls) == 2 and len(rows) == 6
+    assert set(rows[rows["method"].isin(["full", "aa_check"])]["status"]) == {"ok"}
     failed = rows[rows["method"] == "specprefill"]
     assert set(failed["status"]) == {"failed"} and failed["error"].str.contains("out of memory").all()
     monkeypatch.undo()
@@ -284,12 +393,14 @@ def test_latency_prompts_come_from_any_registered_benchmark(tmp_path, monkeypatc
 
 def test_decode_tokens_time_decoding_beside_the_prefill_and_keep_old_identities(tmp_path, monkeypatch):
     """``decode_tokens=n``: every row also times n decode steps after its prefill (outside
-    TTFT), the summary gives seconds per token and the end-to-end speedup; without it a run
-    keeps the identity (folder) it had before the option existed; vLLM refuses it."""
+    TTFT), the summary gives seconds per token and the end-to-end speedup; a run under the
+    paired protocol never shares a folder with one timed before it (the reference always
+    first); vLLM refuses decode_tokens."""
     monkeypatch.chdir(tmp_path)
     job = _lat(tmp_path, "method=specprefill", "grid=[[1,96]]", "warmup=0", "iters=2", "decode_tokens=3")
     before = _lat(tmp_path, "method=specprefill", "grid=[[1,96]]", "warmup=0", "iters=2").folder.name
-    assert before == "specprefill-e3717ecead47" != job.folder.name  # the folder this config had before decode_tokens
+    # "specprefill-e3717ecead47": this config's folder before the paired protocol (its rows: no order, no A/A)
+    assert before != "specprefill-e3717ecead47" and before != job.folder.name
     rows = RunStore(lat.execute(job)).read()
     assert set(rows["decode_tokens"]) == {3} and (rows["decode_s"] > 0).all()
     s = summarize_latency(rows).set_index("method_name")

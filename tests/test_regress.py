@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.regress import INCOMPARABLE, MARKER, OK, REFUSED, REGRESSED, ROOT, compare, main
+from harness.regress import INCOMPARABLE, MARKER, NO_BASELINE, OK, REFUSED, REGRESSED, ROOT, compare, main
 from harness.store import RunStore, record
 
 TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "qa_1")
@@ -52,9 +52,17 @@ def _eval_rows(
     ]
 
 
-def _latency_rows(run: str, full_s: list[float], spec_s: list[float]) -> list:
+def _latency_rows(run: str, full_s: list[float], spec_s: list[float], aa: float = 1.0, order: bool = True) -> list:
+    """A latency run under the paired protocol: one warm-up, then 10 timed pairs (the given
+    times repeated), the reference's A/A copy at ``aa`` times its speed, the order turned
+    over every iteration (``order=False``: rows of the older protocol, no order, no A/A)."""
+    n = 10
+    full = [9.0, *(full_s * n)[:n]]
+    methods = [("full", None, full), ("specprefill", 0.3, [9.0, *(spec_s * n)[:n]])]
+    if order:  # the A/A check: the reference's times, a hair apart, over ``aa``
+        methods.append(("aa_check", None, [t * (1 + (0.004 if i % 2 else -0.004)) / aa for i, t in enumerate(full)]))
     rows = []
-    for method, keep, times in (("full", None, full_s), ("specprefill", 0.3, spec_s)):
+    for method, keep, times in methods:
         opts = json.dumps({"keep_rate": keep} if keep is not None else {})
         rows += [
             record(
@@ -70,26 +78,29 @@ def _latency_rows(run: str, full_s: list[float], spec_s: list[float]) -> list:
                 batch=1,
                 length=2048,
                 iteration=i,
-                warmup=False,
+                warmup=i == 0,
                 method=method,
                 method_options=opts,
                 keep_rate=keep,
                 reference_method="full",
                 ttft_s=t,
+                ideal_speedup=1.0 if keep is None else 4.5,
+                order=(i + (method == "full")) % 2 if order else None,
             )
             for i, t in enumerate(times)
         ]
     return rows
 
 
-def _folder(root, spec_scores=None, spec_ttft=1.0, lat_spec=None, speculator="s:8"):
+def _folder(root, spec_scores=None, spec_ttft=1.0, lat_spec=None, speculator="s:8", latency=True, **lat_kw):
     rng = np.random.default_rng(0)
     full = {t: [100.0 if x < 0.8 else 0.0 for x in rng.random(10)] for t in TASKS}
     spec = spec_scores or {t: [100.0 if x < 0.6 else 0.0 for x in np.random.default_rng(1).random(10)] for t in TASKS}
+    lat = _latency_rows("lat", [4.0, 4.1, 3.9, 4.0], lat_spec or [1.0, 1.05, 0.95, 1.0], **lat_kw)
     for name, rows in (
         ("full", _eval_rows("full", None, "full", full, 4.0)),
         ("spec", _eval_rows("specprefill", 0.3, "spec", spec, spec_ttft, speculator)),
-        ("lat", _latency_rows("lat", [4.0, 4.1, 3.9, 4.0], lat_spec or [1.0, 1.05, 0.95, 1.0])),
+        *((("lat", lat),) if latency else ()),
     ):
         store = RunStore(root / name)
         store.write_config({"name": name})
@@ -138,10 +149,49 @@ def test_a_ttft_two_and_a_half_times_longer_regresses_the_speedup(base, tmp_path
     assert code == REGRESSED and {r.kind for r in bad} == {"speed"}
     assert len(bad) == 1 and "specprefill" in bad[0].point and "latency 1x2048" in bad[0].point
     code, rows, _ = compare(base, cand, eval_speed=True)  # the eval TTFT ratio too, when asked
-    assert code == REGRESSED and sorted(r.point.split()[-1] for r in rows if r.verdict == "regressed") == [
-        "1x2048",
-        "TTFT",
-    ]
+    bad = sorted(r.point for r in rows if r.verdict == "regressed")
+    assert code == REGRESSED and len(bad) == 2
+    assert bad[0].endswith("latency 1x2048") and bad[1].endswith("ALL TTFT (between runs)")
+
+
+def test_a_speedup_above_its_ideal_is_not_comparable_never_passed(base, tmp_path):
+    """A planted anomaly: the candidate's SpecPrefill at 5.7x against a FLOP ideal of 4.5x
+    (more than 15 % over) is "not comparable" (exit 2), not an improvement that passes."""
+    cand = _folder(tmp_path / "cand", lat_spec=[0.7, 0.72, 0.68, 0.7])
+    code, rows, text = compare(base, cand)
+    (sp,) = [r for r in rows if r.kind == "speed"]
+    assert code == INCOMPARABLE and sp.verdict == "not comparable" and sp.candidate > 4.5 * 1.15
+    assert "NOT COMPARABLE (1)" in text and "anomaly" in text and "above its FLOP ideal 4.50x" in text
+    assert "no regression" not in text
+    # the same candidate within its ideal passes
+    assert compare(base, _folder(tmp_path / "ok", lat_spec=[0.95, 1.0, 1.05, 1.0]))[0] == OK
+
+
+def test_a_failed_aa_check_refuses_the_candidates_speed(base, tmp_path):
+    cand = _folder(tmp_path / "cand", aa=1.12)  # the reference timed against itself reads 1.12x
+    code, rows, text = compare(base, cand)
+    assert code == INCOMPARABLE and "A/A check FAILED in the candidate" in text
+    assert [r.verdict for r in rows if r.kind == "speed"] == ["not comparable"]
+    assert "cannot compare speed" in text.splitlines()[1]
+
+
+def test_without_latency_rows_the_first_lines_say_speed_was_not_compared(tmp_path):
+    base = _folder(tmp_path / "base", latency=False)
+    cand = _folder(tmp_path / "cand", latency=False, spec_ttft=2.0)  # eval TTFT doubled: not a speed claim
+    code, rows, text = compare(base, cand)
+    assert code == OK and {r.kind for r in rows} == {"quality"}
+    head = text.splitlines()[:2]
+    assert head[1].startswith("Speed NOT compared: no latency rows in the baseline and candidate"), head
+    assert "speed not compared" in text.splitlines()[-1] and "speed from the latency rows" not in text
+    code, _, text = compare(tmp_path / "base", _folder(tmp_path / "c2"))  # only the candidate has them
+    assert "Speed NOT compared: no latency rows in the baseline" in text.splitlines()[1]
+
+
+def test_a_baseline_of_the_older_protocol_gives_no_speed_baseline(tmp_path):
+    base = _folder(tmp_path / "base", order=False)  # the reference always first, no A/A check
+    code, rows, text = compare(base, _folder(tmp_path / "cand"))
+    assert code == NO_BASELINE and not [r for r in rows if r.kind == "speed"]
+    assert "predate the paired, order-balanced protocol" in text.splitlines()[1]
 
 
 def test_speed_is_gated_on_the_latency_rows_only(base, tmp_path):

@@ -1,21 +1,45 @@
 """The latency measures: TTFT over the batch x length grid and the speedup measured side by side.
 
+The timing protocol (:func:`harness.jobs.latency.measure_point` writes it, this module reads
+it): at a grid point every timed iteration plans one fresh prompt set, and the reference,
+its A/A copy and the method each time that same set in turn, the order rotated from one
+iteration to the next so that each is first as often as the others (recorded per row,
+``order``); warm-up iterations are recorded and left out. The reference's row and a
+method's row of one iteration are a *pair*.
+
 ============== ============================================================================
 measure        estimator
 ============== ============================================================================
-speedup        median TTFT of the reference / median TTFT of the method over the timed
-               iterations of one run (the two interleaved on the same prompts); interval:
-               each side's iterations resampled within itself (:func:`run_speedup`). With
-               several runs at a point, the run whose speedup is the median's, value and
-               interval both (:func:`point_speedup`)
+speedup        the median over the timed pairs of the reference's TTFT / the method's (one
+               run); interval: the percentile bootstrap over the pairs
+               (:func:`harness.analysis.stats.paired_ratio_ci`: a slow minute moves both
+               members of a pair and cancels), none under
+               :data:`~harness.analysis.stats.MIN_PAIRS` pairs. With several runs at a point,
+               the run whose speedup is the median's, value and interval both
+               (:func:`point_speedup`)
+aa_speedup     the same estimator on the A/A check (:data:`~harness.analysis.rows.AA_METHOD`:
+               the reference's own work on the same prompts, timed like any method) of the
+               run the point's speedup comes from; it must read 1.0: ``aa_ok`` is false
+               when its interval excludes 1.0 *and* it is more than :data:`AA_TOL` away
+               (an order effect, a warm-up too short, something the two sides do not share)
 ttft           median, p90 and p99 over the timed iterations (the reference pools its runs)
 ideal_speedup  the FLOP model's full prefill over the method's work (median over iterations);
                ``ideal_ttft_s``: the reference's median TTFT at the point over it
 efficiency     speedup / ideal_speedup
+anomaly        a speedup above its ideal by more than :func:`anomaly_tolerance` (10 % for a
+               method that does the reference's whole work, a press or the A/A check; 15 %
+               for one that does less): the words say by how much and the likely causes
+loaded         the machine had work of others while the point was timed: some timed row
+               of the point's runs saw more than :data:`FOREIGN_CPU_MAX` of its cores busy
+               with other processes (``foreign_cpu``), or a 1-minute load average above the
+               cores plus :data:`LOAD_MARGIN` (``loadavg_1m``)
+flags          what makes the point's speed claim unsafe, in words (anomaly, A/A check
+               failed, loaded, too few pairs, order not balanced: rows older than the
+               protocol, no warm-up); ``comparable`` is false where any but "loaded" holds
 decode         with ``decode_tokens`` > 0 (tokens decoded after each prefill, outside TTFT):
                ``decode_s_per_token``, the median over the timed iterations of the decode
                seconds over the tokens (one step of the batch); ``e2e_speedup``, the
-               speedup's estimator on TTFT + decode seconds (the same run, interleaved)
+               speedup's estimator on TTFT + decode seconds (the same pairs)
 kv_mib         median over the timed iterations of the KV cache one prompt leaves after the
                prefill (``kv_bytes``: all layers, keys and values, a KV press's eviction
                included; a left-padded batch counts its padding), in MiB; NaN where the
@@ -25,27 +49,73 @@ kv_mib         median over the timed iterations of the KV cache one prompt leave
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from harness.analysis.rows import LATENCY_POINT, normalize
-from harness.analysis.stats import Estimate, ratio_of_medians_ci
+from harness.analysis.rows import AA_METHOD, LATENCY_POINT, normalize
+from harness.analysis.stats import MIN_PAIRS, Estimate, paired_ratio_ci
 
 COLUMNS = [
-    "model", "backend", "prompt_source", "batch", "length", "method", "keep_rate", "n", "failed", "ttft_median_s",
-    "ttft_p90_s", "ttft_p99_s", "method_median_s", "base_prefill_median_s", "kept_fraction", "speedup", "speedup_lo",
-    "speedup_hi", "ideal_speedup", "ideal_ttft_s", "efficiency", "kv_mib", "decode_s_per_token", "e2e_speedup", "e2e_speedup_lo",
-    "e2e_speedup_hi", "reference", "is_reference", "method_name", "speculator", "dtype",
-    "method_options",
+    "model", "backend", "prompt_source", "batch", "length", "method", "keep_rate", "n", "pairs", "failed",
+    "ttft_median_s", "ttft_p90_s", "ttft_p99_s", "method_median_s", "base_prefill_median_s", "kept_fraction",
+    "speedup", "speedup_lo", "speedup_hi", "ideal_speedup", "ideal_ttft_s", "efficiency", "aa_speedup",
+    "aa_speedup_lo", "aa_speedup_hi", "aa_ok", "anomaly", "loaded", "foreign_cpu", "loadavg_1m", "flags",
+    "comparable", "kv_mib", "decode_s_per_token", "e2e_speedup", "e2e_speedup_lo", "e2e_speedup_hi", "reference",
+    "is_reference", "method_name", "speculator", "dtype", "method_options",
 ]  # fmt: skip
 
+#: The A/A check fails when its interval excludes 1.0 and its value is further than this from
+#: 1.0: a 95 % interval excludes the truth once in twenty runs, and a 2 % order effect on a
+#: shared CPU is not worth failing a gate for; a 5 % one moves every speedup of the run.
+AA_TOL = 0.05
+#: Some timed row of a point saw more than this share of its cores busy with other processes.
+FOREIGN_CPU_MAX = 0.10
+#: ... or a 1-minute load average above the cores plus this (the job's own threads count
+#: for about the cores: each compute thread is runnable while it works).
+LOAD_MARGIN = 1.0
+#: What can make a measured speedup beat the FLOP ideal (named with every anomaly).
+ANOMALY_CAUSES = (
+    "noise the interval does not show, an order or warm-up effect (the A/A check tells), other work on the "
+    "machine while one side ran, a kernel or patch on one side only (a faster path, a process-wide wrapper), "
+    "or a speculator on another engine or in another dtype than the base (one FLOP rate for both does not hold)"
+)
 
-def run_speedup(reference_ttft: np.ndarray, method_ttft: np.ndarray) -> Estimate:
-    """One run's speedup: median reference TTFT / median method TTFT, each side's timed
-    iterations resampled within itself."""
-    return ratio_of_medians_ci(reference_ttft, method_ttft)
+
+def anomaly_tolerance(ideal: float) -> float:
+    """How far a speedup may exceed its ideal before it is an anomaly: 10 % where the ideal
+    is 1.0 or less (the method does at least the reference's work: a press, full prefill, the
+    A/A check), 15 % where the method does less (its own overheads scale differently with
+    the FLOPs, e.g. a short prefill's attention)."""
+    return 0.10 if ideal <= 1.0 + 1e-9 else 0.15
+
+
+def anomaly(speedup: float, ideal: float) -> str:
+    """The words for a speedup above its ideal by more than :func:`anomaly_tolerance`; ``""``
+    where it is not (or either is unknown: a text rewrite has no FLOP ideal)."""
+    if not (np.isfinite(speedup) and np.isfinite(ideal) and ideal > 0):
+        return ""
+    tol = anomaly_tolerance(ideal)
+    if speedup <= ideal * (1 + tol):
+        return ""
+    return (
+        f"anomaly: {speedup:.2f}x is above its FLOP ideal {ideal:.2f}x by {speedup / ideal - 1:.0%} "
+        f"(tolerance {tol:.0%}); likely causes: {ANOMALY_CAUSES}"
+    )
+
+
+def aa_fails(e: Estimate) -> bool:
+    """Whether an A/A check's estimate says the two sides of a pair are not timed alike."""
+    return bool(np.isfinite(e.lo) and not e.lo <= 1.0 <= e.hi and abs(e.value - 1.0) > AA_TOL)
+
+
+def run_speedup(reference_ttft: dict[int, float], method_ttft: dict[int, float]) -> Estimate:
+    """One run's speedup from its timed iterations (iteration -> seconds): the pairs are the
+    iterations both sides timed (:func:`harness.analysis.stats.paired_ratio_ci`)."""
+    its = sorted(reference_ttft.keys() & method_ttft.keys())
+    return paired_ratio_ci([reference_ttft[i] for i in its], [method_ttft[i] for i in its])
 
 
 def point_speedup(runs: list[Estimate]) -> Estimate | None:
@@ -60,16 +130,68 @@ def _stats(x: pd.Series) -> dict[str, float]:
     return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
 
 
-def _e2e(rows: pd.DataFrame) -> np.ndarray:
+def _e2e(rows: pd.DataFrame) -> pd.Series:
     """TTFT + the decode seconds after it, per row."""
-    return (rows["ttft_s"].astype(float) + pd.to_numeric(rows["decode_s"], errors="coerce")).to_numpy(dtype=float)
+    return rows["ttft_s"].astype(float) + pd.to_numeric(rows["decode_s"], errors="coerce")
+
+
+def _by_iteration(rows: pd.DataFrame, values: pd.Series) -> dict[int, float]:
+    return dict(zip(rows["iteration"].astype(int), values.astype(float), strict=True))
+
+
+def _num(rows: pd.DataFrame, col: str) -> pd.Series:
+    return pd.to_numeric(rows[col], errors="coerce") if col in rows else pd.Series(np.nan, index=rows.index)
+
+
+def load_of(rows: pd.DataFrame) -> dict[str, Any]:
+    """The most load any of ``rows`` saw (``foreign_cpu``, ``loadavg_1m``) and whether that
+    makes them loaded (see the module's table); NaN and not loaded where rows predate it."""
+    foreign, load, cpus = _num(rows, "foreign_cpu"), _num(rows, "loadavg_1m"), _num(rows, "cpus")
+    f = float(foreign.max()) if foreign.notna().any() else math.nan
+    over = (load - cpus - LOAD_MARGIN).max() if (load.notna() & cpus.notna()).any() else math.nan
+    loaded = bool((np.isfinite(f) and f > FOREIGN_CPU_MAX) or (np.isfinite(over) and over > 0))
+    return {"foreign_cpu": f, "loadavg_1m": float(load.max()) if load.notna().any() else math.nan, "loaded": loaded}
+
+
+def _flags(entry: dict[str, Any], pair_rows: pd.DataFrame, all_rows: pd.DataFrame) -> None:
+    """``entry``'s anomaly, flags and whether its speed claim is comparable (see the module's
+    table); ``pair_rows``: its timed rows and its reference's in the same runs;
+    ``all_rows``: every row of those runs, warm-ups included."""
+    flags: list[str] = []
+    words = anomaly(entry.get("speedup", math.nan), entry.get("ideal_speedup", math.nan))
+    entry["anomaly"] = words
+    if words:
+        flags.append(words)
+    aa = Estimate(entry.get("aa_speedup", math.nan), entry.get("aa_speedup_lo", math.nan),
+                  entry.get("aa_speedup_hi", math.nan), 0)  # fmt: skip
+    if np.isfinite(aa.value):
+        entry["aa_ok"] = not aa_fails(aa)
+        if not entry["aa_ok"]:
+            flags.append(f"A/A check failed: {aa.value:.3f}x [{aa.lo:.3f}, {aa.hi:.3f}] (must hold 1.0)")
+    pairs = entry.get("pairs", 0)
+    if pairs and pairs < MIN_PAIRS:
+        flags.append(f"too few pairs: {pairs} timed (at least {MIN_PAIRS} for an interval)")
+    order = _num(pair_rows, "order")
+    if order.isna().all():
+        flags.append("order not balanced: the rows predate the order-balanced protocol (the reference timed first)")
+    if not all_rows["warmup"].astype(bool).any():
+        flags.append("no warm-up iteration: the first timed iteration runs cold")
+    load = load_of(pair_rows)
+    entry.update(load)
+    if load["loaded"]:
+        flags.append(
+            f"loaded: other work on the machine while timed (foreign CPU up to {load['foreign_cpu']:.0%} of the "
+            f"cores, 1-minute load up to {load['loadavg_1m']:.1f})"
+        )
+    entry["flags"] = "; ".join(flags)
+    entry["comparable"] = not any(not f.startswith("loaded") for f in flags)
 
 
 def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
     """Latency rows: per point (:data:`~harness.analysis.rows.LATENCY_POINT`, the ``method``
     column its label): TTFT median/p90/p99 over the timed iterations, the method's own cost,
-    the base prefill, and the module's speedup, ideal speedup and efficiency (the reference's
-    own line: 1.0, pooling its rows of every run at the point)."""
+    the base prefill, and the module's paired speedup, A/A check, ideal speedup, efficiency,
+    load and flags (the reference's own line: 1.0, pooling its rows of every run at the point)."""
     if rows.empty:
         return pd.DataFrame(columns=COLUMNS)
     df = normalize(rows).copy()
@@ -77,9 +199,13 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
     timed = df[~df["warmup"].astype(bool)]
     ok = timed[timed["status"] == "ok"]
     by_run = ["run_id", "batch", "length", "reference_method"]
-    refs = {k: g["ttft_s"].to_numpy(dtype=float) for k, g in ok[ok["is_reference"]].groupby(by_run)}
+    ref_rows = {k: g for k, g in ok[ok["is_reference"]].groupby(by_run)}
+    refs = {k: _by_iteration(g, g["ttft_s"]) for k, g in ref_rows.items()}
     decoded = "decode_s" in ok and pd.to_numeric(ok["decode_s"], errors="coerce").notna().any()
-    ref_e2e = {k: _e2e(g) for k, g in ok[ok["is_reference"]].groupby(by_run)} if decoded else {}
+    ref_e2e = {k: _by_iteration(g, _e2e(g)) for k, g in ref_rows.items()} if decoded else {}
+    aa_rows = ok[ok["method"] == AA_METHOD]
+    aa = {k: run_speedup(refs[k], _by_iteration(g, g["ttft_s"])) for k, g in aa_rows.groupby(by_run) if k in refs}
+    all_by_run = {k: g for k, g in df.groupby(by_run)}
     out = []
     for key, g in timed.groupby([*LATENCY_POINT, "label", "is_reference"], dropna=False, sort=True):
         item = dict(zip([*LATENCY_POINT, "label", "is_reference"], key, strict=True))
@@ -103,28 +229,40 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
             entry["decode_s_per_token"] = float(
                 (pd.to_numeric(good["decode_s"], errors="coerce") / pd.to_numeric(good["decode_tokens"])).median()
             )
+        runs = [k for k in good.groupby(by_run).groups if k in refs]
         if item["is_reference"]:
-            entry.update(speedup=1.0, ideal_speedup=1.0, efficiency=1.0)
+            entry.update(speedup=1.0, ideal_speedup=1.0, efficiency=1.0, comparable=True, flags="", anomaly="")
             if "decode_s_per_token" in entry:
                 entry["e2e_speedup"] = 1.0
-        else:
-            runs = [
-                run_speedup(refs[k], gr["ttft_s"].to_numpy(dtype=float)) for k, gr in good.groupby(by_run) if k in refs
-            ]
-            e = point_speedup(runs)
-            ideal = float(good["ideal_speedup"].median())
-            if e is not None:
-                entry.update(speedup=e.value, speedup_lo=e.lo, speedup_hi=e.hi, efficiency=e.value / ideal)
-            entry["ideal_speedup"] = ideal
-            if "decode_s_per_token" in entry:
-                e2e = point_speedup([
-                    run_speedup(ref_e2e[k], _e2e(gr))
-                    for k, gr in good.groupby(by_run) if k in ref_e2e
-                ])  # fmt: skip
-                if e2e is not None:
-                    entry.update(e2e_speedup=e2e.value, e2e_speedup_lo=e2e.lo, e2e_speedup_hi=e2e.hi)
+            entry.update(load_of(good))
+            out.append(entry)
+            continue
+        per_run = {k: run_speedup(refs[k], _by_iteration(gr, gr["ttft_s"])) for k, gr in good.groupby(by_run)
+                   if k in refs}  # fmt: skip
+        e = point_speedup(list(per_run.values()))
+        ideal = float(good["ideal_speedup"].median())
+        entry["ideal_speedup"] = ideal
+        if e is not None:
+            entry.update(speedup=e.value, speedup_lo=e.lo, speedup_hi=e.hi, efficiency=e.value / ideal, pairs=e.n)
+            run = next(k for k, v in per_run.items() if v is e)
+            if run in aa and item["method"] != AA_METHOD:
+                a = aa[run]
+                entry.update(aa_speedup=a.value, aa_speedup_lo=a.lo, aa_speedup_hi=a.hi)
+        if "decode_s_per_token" in entry:
+            e2e = point_speedup([
+                run_speedup(ref_e2e[k], _by_iteration(gr, _e2e(gr)))
+                for k, gr in good.groupby(by_run) if k in ref_e2e
+            ])  # fmt: skip
+            if e2e is not None:
+                entry.update(e2e_speedup=e2e.value, e2e_speedup_lo=e2e.lo, e2e_speedup_hi=e2e.hi)
+        if item["method"] == AA_METHOD and e is not None:
+            entry.update(aa_speedup=e.value, aa_speedup_lo=e.lo, aa_speedup_hi=e.hi)
+        pair_rows = pd.concat([good, *(ref_rows[k] for k in runs)])
+        _flags(entry, pair_rows, pd.concat([all_by_run[k] for k in runs]) if runs else g)
         out.append(entry)
     df = pd.DataFrame(out).reindex(columns=COLUMNS)
+    df["anomaly"] = df["anomaly"].fillna("")
+    df["flags"] = df["flags"].fillna("")
     # the ideal TTFT: the reference's median at the point over the method's ideal speedup
     at = ["model", "backend", "dtype", "prompt_source", "batch", "length", "reference"]
     ref = df[df["is_reference"].astype(bool)].groupby(at, dropna=False)["ttft_median_s"].first()

@@ -23,8 +23,14 @@ ttft_ratio     ratio of macro means, paired: the point's TTFT over the reference
                samples both ran, when both ran on one machine (< 1 is faster)
 ttft_s         macro mean of per-sample TTFT (the method's own work and the base prefill);
                ``speculator_s`` likewise, the speculator's part of it
-speedup        the reference's TTFT over the point's, paired (1 / ttft_ratio; its interval
-               from the same resampled pairs)
+speedup        the reference's TTFT over the point's, paired by sample (1 / ttft_ratio; its
+               interval from the same resampled samples). **Between runs**: each method's
+               eval run timed its samples on its own, minutes apart, so the interval covers
+               the samples only, not the drift between runs (20 % or more on a shared
+               machine); side-by-side speedups come from the latency job
+               (:mod:`harness.analysis.latency`)
+speed_anomaly  the speedup above its ideal by more than the latency measures' tolerance
+               (:func:`harness.analysis.latency.anomaly`): the words, else ``""``
 ideal_speedup  the FLOP model's full prefill over the method's work, ratio of means over
                the point's samples (:mod:`specprefill.flops`, the speculator included)
 efficiency     speedup / ideal_speedup
@@ -36,7 +42,7 @@ decode_s_per_token  ratio of macro means of ``decode_s`` and ``output_tokens``
 e2e_s          macro mean of ``ttft_s + max_new_tokens * decode_s / output_tokens``: the
                end-to-end latency at the benchmark's output length, each sample's decode
                rate over the whole budget (an answer that stops early is not faster)
-e2e_speedup    the reference's e2e_s over the point's, paired and side by side like speedup
+e2e_speedup    the reference's e2e_s over the point's, paired by sample, between runs like speedup
 prefilled_tokens  a conversation turn's tokens the base prefilled that turn (multi-turn rows;
                :mod:`specprefill.multiturn`), macro mean; ``revived_tokens`` those of them
                revived from earlier turns
@@ -59,6 +65,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.analysis.latency import anomaly
 from harness.analysis.rows import POINT, REFERENCE_OF, normalize
 from harness.analysis.stats import NAN, Estimate, estimate, mean_draws, task_seed
 
@@ -238,7 +245,7 @@ COLUMNS = [
     "ideal_speedup", "efficiency", "method_name", "reference", "hardware",
     "speculator", "method_options", "benchmark_options", "dtype", "backend",
     "kv_fraction", "kv_mib", "decode_s_per_token", "e2e_s", "e2e_speedup", "e2e_speedup_lo", "e2e_speedup_hi",
-    "prefilled_tokens", "revived_tokens",
+    "prefilled_tokens", "revived_tokens", "speed_anomaly",
 ]  # fmt: skip
 
 
@@ -293,9 +300,9 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     return s.sort_values(["model", "benchmark", "length", "task", "method", "keep_rate"]).reset_index(drop=True)
 
 
-def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> dict[str, float]:
+def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> dict[str, Any]:
     """Every measure of one point over ``parts`` (the module's table), as summary columns."""
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
 
     def put(name: str, e: Estimate, interval: bool = True) -> None:
         out[name] = e.value
@@ -314,6 +321,7 @@ def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> d
     put("ttft_ratio", paired_ratio(p, "ttft_s", ref, "ttft_s", parts) if timed else nan)  # type: ignore[arg-type]
     put("speedup", paired_ratio(ref, "ttft_s", p, "ttft_s", parts) if timed else nan)  # type: ignore[arg-type]
     out["efficiency"] = out["speedup"] / out["ideal_speedup"] if out["ideal_speedup"] else float("nan")
+    out["speed_anomaly"] = anomaly(out["speedup"], out["ideal_speedup"])  # type: ignore[assignment]
     put("kv_fraction", paired_ratio(p, "kv_tokens", p, "prompt_tokens", parts), interval=False)
     out["kv_mib"] = macro_mean(p, "kv_bytes", parts).value / 2**20
     put("decode_s_per_token", paired_ratio(p, "decode_s", p, "output_tokens", parts), interval=False)

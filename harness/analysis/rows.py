@@ -27,6 +27,10 @@ import pandas as pd
 
 #: The reference's keep rate: it prefills the whole prompt.
 REFERENCE_KEEP = 1.0
+#: The ``method`` of a latency job's A/A check: the reference itself, timed a second time on
+#: the same prompts as a method beside it (its options are the reference's); its speedup
+#: must read 1.0 (:mod:`harness.analysis.latency`).
+AA_METHOD = "aa_check"
 #: What identifies a point of eval rows: a method with its options at a keep rate, on a
 #: model (and speculator), benchmark (and its options) and length, in a dtype and backend,
 #: compared with one reference method.

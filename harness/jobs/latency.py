@@ -4,7 +4,20 @@ One job = one method (with its options) and the reference method (config ``refer
 full prefill by default), measured side by side in one process: for every grid point
 (``batch`` prompts of ``length`` tokens) and iteration, both plan the *same* fresh
 prompts through :meth:`Method.plan_batch` (the eval's path) and the backend prefills the
-plans (:meth:`Backend.prefill`) up to the first token. TTFT counts everything up to the
+plans (:meth:`Backend.prefill`) up to the first token.
+
+The timing protocol (:mod:`harness.analysis.latency` reads it): each iteration is a *pair*
+(the reference and the method on one prompt set); the order of the methods within an
+iteration turns over from one iteration to the next (:func:`iteration_order`: every
+ordering and its reverse in consecutive iterations, so each method runs first as often as
+the others and a slow first slot cannot land on one side), recorded per row (``order``);
+the speedup's interval resamples the pairs. An **A/A check** (config ``aa_check``, on by
+default) times the reference a second time in every iteration as if it were a method
+(rows ``method=aa_check``): its speedup must read 1.0, or the run's speed claims are
+refused. Each row records the machine's load while it was timed
+(:func:`harness.timing.machine_load`). ``iters`` defaults to 10 pairs: enough for the
+bootstrap over pairs to mean something (fewer than
+:data:`harness.analysis.stats.MIN_PAIRS` give no interval). TTFT counts everything up to the
 first token's logits: the method's own cost (SpecPrefill: speculator prefill and
 look-ahead, scoring, top-k; RAG: retrieval; GemFilter: the early layers) and the base
 model's prefill of what it kept. A method that acts inside the model (MInference) patches
@@ -54,6 +67,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
+from harness.analysis.rows import AA_METHOD
 from harness.benchmarks.base import BenchmarkConfig
 from harness.benchmarks.samples import benchmark_samples
 from harness.config import (
@@ -86,6 +100,9 @@ from specprefill.flops import Shape
 from specprefill.plan import Backend, Method, Prompt, check_choice
 
 PROMPTS = ("auto", "random", "benchmark")
+#: The timing protocol's version, part of a run's identity: rows timed under another one
+#: (the reference always first, no A/A check) never share a folder with these.
+PROTOCOL = "paired-v2"
 
 
 @dataclass(frozen=True)
@@ -97,7 +114,7 @@ class LatencyConfig:
     reference_options: dict[str, Any]
     grid: tuple[tuple[int, int], ...]  # (batch, length)
     warmup: int = 1
-    iters: int = 3
+    iters: int = 10
     seed: int = 0
     out: Path = Path("results/latency")
     backend: str = "transformers"
@@ -107,6 +124,9 @@ class LatencyConfig:
     prompt_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: Tokens decoded (greedy, timed) after each prefill; 0: TTFT only.
     decode_tokens: int = 0
+    #: Time the reference a second time in every iteration, as a method (rows
+    #: ``method=aa_check``): its speedup must read 1.0 (harness.analysis.latency).
+    aa_check: bool = True
 
     def prompt_config(self, length: int, limit: int = 10) -> BenchmarkConfig:
         """The benchmark whose ``prompt_task`` prompts a grid point of ``length`` tokens plans."""
@@ -135,6 +155,8 @@ class LatencyConfig:
             low = 1 if name == "iters" else 0
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"{name}={v!r}; allowed: int >= {low}")
+        if not isinstance(self.aa_check, bool):
+            raise ValueError(f"aa_check={self.aa_check!r}; allowed: true or false")
         check_backend(self.backend)
         check_choice("prompts", self.prompts, PROMPTS)
         if self.decode_tokens and self.backend != "transformers":
@@ -170,6 +192,7 @@ class LatencyConfig:
             prompt_benchmark=str(c["prompt_benchmark"]),
             prompt_options=dict(c["prompt_options"] or {}),
             decode_tokens=c["decode_tokens"],
+            aa_check=c["aa_check"],
         )
 
 
@@ -196,6 +219,8 @@ class LatencyJob(ModelJob):
             "warmup": c.warmup,
             "iters": c.iters,
             "seed": c.seed,
+            "aa_check": c.aa_check,
+            "protocol": PROTOCOL,
             "backend": c.backend,
             "prompts": self.prompt_source,
             "placement": dataclasses.asdict(self.placement),
@@ -206,13 +231,13 @@ class LatencyJob(ModelJob):
         """What a run would do and need, without loading anything (``dry_run=true``)."""
         c, m = self.cfg, self.cfg.model
         names = " vs ".join(f"{x.name} {json.dumps(x.options())}" for x in reversed(self.methods))
+        aa = f", and {self.reference.name} again as the A/A check" if c.aa_check else " (no A/A check: aa_check=false)"
         lines = [
             f"[latency plan] {m.name} ({m.weights_label} weights, {m.dtype}), speculator {m.speculator}, backend {c.backend}",
-            f"  {names}; prompts {self.prompt_source}",
-            f"  {c.warmup} warm-up + {c.iters} timed iterations per point, methods interleaved on the same prompts",
-            requirements_text(
-                m, self.placement, [(b * (c.warmup + c.iters) * len(self.methods), n) for b, n in c.grid]
-            ),
+            f"  {names}{aa}; prompts {self.prompt_source}",
+            f"  {c.warmup} warm-up + {c.iters} timed pairs per point, the methods on the same prompts in an order "
+            f"that turns over every iteration",
+            requirements_text(m, self.placement, [(b * (c.warmup + c.iters) * len(self.timed), n) for b, n in c.grid]),
             f"  this machine: {'cuda' if torch.cuda.is_available() else 'cpu'}; results: {self.folder}",
         ]
         for b, n in c.grid:
@@ -249,6 +274,15 @@ class LatencyJob(ModelJob):
         same = self.method.name == self.reference.name and self.method.options() == self.reference.options()
         return [self.reference] if same else [self.reference, self.method]
 
+    @property
+    def timed(self) -> list[tuple[str, Method]]:
+        """What each iteration times, as (row method name, method): the reference, its A/A
+        copy (``aa_check``), then the method (unless it is the reference itself)."""
+        out = [(self.reference.name, self.reference)]
+        if self.cfg.aa_check:
+            out.append((AA_METHOD, self.reference))
+        return out + [(m.name, m) for m in self.methods[1:]]
+
 
 def prepare(cfg: LatencyConfig) -> LatencyJob:
     """Validate everything that can be validated without loading anything."""
@@ -278,17 +312,18 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
             source += " " + json.dumps(cfg.prompt_options, sort_keys=True)
         for _, n in cfg.grid:  # the benchmark refuses a name, task, option or length it cannot give
             build_benchmark(cfg.prompt_config(n)).check_model(cfg.model.max_context)
+    timing: dict[str, Any] = {"warmup": cfg.warmup, "iters": cfg.iters, "seed": cfg.seed, "protocol": PROTOCOL,
+                              "aa_check": cfg.aa_check}  # fmt: skip
+    if cfg.decode_tokens:
+        timing["decode_tokens"] = cfg.decode_tokens
     identity = {
         "model": model_identity(cfg.model),
         "method": {"name": method.name, **method.options()},
         "reference": {"name": reference.name, **reference.options()},
         "backend": cfg.backend,
         "prompts": source,
-        "timing": {"warmup": cfg.warmup, "iters": cfg.iters, "seed": cfg.seed},
+        "timing": timing,
     }
-    if cfg.decode_tokens:  # only then: the identities of runs without decoding stay what they were
-        identity["timing"] = {"warmup": cfg.warmup, "iters": cfg.iters, "seed": cfg.seed,
-                              "decode_tokens": cfg.decode_tokens}  # fmt: skip
     h = config_hash(identity)  # the grid is not part of it: a run extends point by point
     folder = cfg.out / cfg.model.name / f"latency-{cfg.backend}" / f"{method.name}-{h}"
     check_layout(folder, cfg.out)
@@ -386,11 +421,27 @@ class LatencySession:
         return measure_point(self.job, self.backend, *point)
 
 
-def point_row(job: LatencyJob, m: Method, unit: str, batch: int, length: int, it: int) -> dict[str, Any]:
-    """The columns one method's row of one iteration of a grid point starts with."""
+def iteration_order(iteration: int, k: int) -> list[int]:
+    """The order in which ``k`` methods are timed in ``iteration`` (indices into the job's
+    :attr:`LatencyJob.timed`): a rotation of ``0..k-1`` that moves on every second
+    iteration, reversed in every odd one. Each two consecutive iterations time every pair of
+    methods once in each order (ABBA: a position effect cancels in each pair's median), and
+    every ``2k`` iterations put each method in each place equally often."""
+    rot = (iteration // 2) % k
+    order = [(j + rot) % k for j in range(k)]
+    return order[::-1] if iteration % 2 else order
+
+
+def point_row(
+    job: LatencyJob, m: Method, unit: str, batch: int, length: int, it: int, name: str | None = None
+) -> dict[str, Any]:
+    """The columns one method's row of one iteration of a grid point starts with (``name``:
+    the row's method, :data:`~harness.analysis.rows.AA_METHOD` for the A/A check)."""
+    name = name or m.name
     return {
         **method_columns(m, job.reference.name),
-        "row_key": f"{unit}/{it}/{m.name}-{config_hash(m.options())}",
+        "method": name,
+        "row_key": f"{unit}/{it}/{name}-{config_hash(m.options())}",
         "unit": unit,
         "batch": batch,
         "length": length,
@@ -413,13 +464,19 @@ def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int) ->
             raise error
 
         # one row per method, not a warm-up (so the summary counts it failed); retried on rerun
-        return [measured({**point_row(job, m, unit, batch, length, 0), "warmup": False}, refused) for m in job.methods]
+        return [
+            measured({**point_row(job, m, unit, batch, length, 0, name), "warmup": False}, refused)
+            for name, m in job.timed
+        ]
     rows = []
-    bar = tqdm(range(job.cfg.warmup + job.cfg.iters), desc=f"batch {batch} x {length}", unit="iter", leave=False)
+    warmup, timed = job.cfg.warmup, job.timed
+    bar = tqdm(range(warmup + job.cfg.iters), desc=f"batch {batch} x {length}", unit="pair", leave=False)
     for it in bar:
         prompts = source.prompts(it)
-        for m in job.methods:
-            row = point_row(job, m, unit, batch, length, it)
+        # timed iterations count from 0, so the balanced design covers exactly the timed pairs
+        for slot, j in enumerate(iteration_order(it - warmup if it >= warmup else it, len(timed))):
+            name, m = timed[j]
+            row = {**point_row(job, m, unit, batch, length, it, name), "order": slot}
             rows.append(measured(row, functools.partial(measure, m, prompts, backend, job.cfg.decode_tokens)))
     return rows
 

@@ -27,9 +27,13 @@ from markupsafe import Markup
 from harness.analysis.folder import Analysis
 from harness.rendering import paper
 from harness.rendering.tables import (
+    BETWEEN_RUNS,
     INTERVAL_NOTE,
+    LATENCY_NOTE,
     UNPAIRED_NOTE,
+    format_latency,
     format_summary,
+    latency_notes,
     score_by_task,
     speculator_note,
     unpaired,
@@ -71,7 +75,7 @@ nav a { margin-right: 1em; } pre { white-space: pre-wrap; font-size: 12px; backg
 {% if glance %}
 <h2 id="glance">At a glance</h2>
 <p class="note">Over all tasks (<code>ALL</code>): score, retention (score / the reference's on the same samples) and
-TTFT speedup over the reference measured side by side, each with its 95 % interval; n samples per task point.</p>
+TTFT speedup over the reference, each with its 95 % interval; n samples per task point. {{ between_runs }}</p>
 <div class="scroll">{{ glance }}</div>
 {% if speculator_note %}<p class="note" id="speculator-note">{{ speculator_note }}</p>{% endif %}
 {% endif %}
@@ -96,9 +100,10 @@ TTFT speedup over the reference measured side by side, each with its 95 % interv
 
 {% if latency %}
 <h2 id="latency">Latency</h2>
-<p class="note">TTFT per grid point: medians over timed iterations; speedups measured side by side in one run,
-with 95 % bootstrap intervals; ideal speedup from the FLOP model; efficiency = speedup / ideal.</p>
+<p class="note">{{ latency_note }}</p>
 <div class="scroll">{{ latency }}</div>
+{% if latency_flags %}<p class="warn">Flagged points:</p>
+<ul class="flags">{% for f in latency_flags %}<li>{{ f }}</li>{% endfor %}</ul>{% endif %}
 {% endif %}
 
 {% if qps %}
@@ -293,7 +298,7 @@ def render(
             wide["keep_rate"] = wide["keep_rate"].map(lambda v: "-" if pd.isna(v) else f"{v:g}")
             by_task = html_table(wide, "score-per-task")
     if not report.latency.empty:
-        latency = html_table(report.latency, "latency-summary")
+        latency = html_table(format_latency(report.latency), "latency-summary")
     if not report.qps.empty:
         qps = html_table(report.qps.drop(columns=["run_id"]), "qps-summary")
         qps_rates = html_table(report.qps_rates, "qps-rates")
@@ -330,6 +335,9 @@ def render(
         interval_note=INTERVAL_NOTE,
         unpaired_note=UNPAIRED_NOTE if not s.empty and unpaired(s) else "",
         latency=latency,
+        latency_note=LATENCY_NOTE,
+        between_runs=BETWEEN_RUNS,
+        latency_flags=latency_notes(report.latency) if not report.latency.empty else [],
         qps=qps,
         qps_rates=qps_rates,
         paper=[_markdown(m) for m in paper_md],

@@ -57,7 +57,7 @@ from harness.analysis.stats import Estimate
 from harness.experiments import Experiment, cannot_run, variant_of
 from harness.registry import task_family
 from harness.rendering.plots import _panels, _plt
-from harness.rendering.tables import md_table
+from harness.rendering.tables import flag_word, md_table
 from harness.store import read_results
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -584,7 +584,8 @@ def _longbench_405b(exp: Experiment, pub: pd.DataFrame, ours: Ours, variant: str
         "Full-prefill score per dataset and SpecPrefill's retention (its score over full prefill's "
         "on the same samples; the paper prints no per-dataset SpecPrefill numbers):\n\n"
         + _md(rows)
-        + "\nTTFT speedup over full prefill (ours: mean TTFT ratio on the same samples):\n\n"
+        + "\nTTFT speedup over full prefill (ours: mean TTFT ratio on the same samples, between runs: each "
+        "method's eval run timed on its own, so the interval covers the samples, not the drift between runs):\n\n"
         + _md(speed)
     )
     return md, marks
@@ -719,6 +720,9 @@ def _latency_grid(exp: Experiment, pub: pd.DataFrame, ours: Ours, variant: str) 
                     )
                 paper_speedup = _ratio(pf, p)
                 r.update(columns("speedup", cell(est, paper_speedup, why=reason, no_delta=nd)))
+                check = "ok" if got is None else flag_word(got.get("flags"))
+                if check != "ok":  # an unsafe speed claim says so in its cell (the summary has the words)
+                    r["speedup: ours"] += f" ({check})"
                 if paper_speedup is not None:
                     marks.append(
                         Mark("paper: speedup over full prefill (70B, 8 GPUs)", "paper", label, g, paper_speedup)
@@ -729,8 +733,10 @@ def _latency_grid(exp: Experiment, pub: pd.DataFrame, ours: Ours, variant: str) 
             rows.append(r)
     md = (
         "Batch latency in seconds (ours: median of the timed iterations, n of them) and the speedup "
-        "over full prefill (ours: measured side by side in one run, 95 % interval; the paper's: "
-        "its full-prefill latency over the method's):\n\n"
+        "over full prefill (ours: measured side by side in one run, the median of the per-iteration ratios "
+        "with its 95 % interval over the pairs, none under 5 pairs; a cell marked `old protocol` was timed "
+        "before the order-balanced protocol, the reference always first; `ANOMALY`, `A/A FAILED`: see the "
+        "latency summary's flags; the paper's: its full-prefill latency over the method's):\n\n"
         + _md(rows)
         + "".join(f"\n{m}: cannot run in this table: {r}.\n" for m, r in blocked.items())
     )

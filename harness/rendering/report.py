@@ -22,7 +22,7 @@ import pandas as pd
 from harness.analysis.folder import Analysis, analyze
 from harness.rendering import plots
 from harness.rendering.html import write_html
-from harness.rendering.tables import by_task_markdown, numbers_md, speculator_note, to_markdown
+from harness.rendering.tables import by_task_markdown, latency_markdown, numbers_md, speculator_note, to_markdown
 
 
 @dataclass
@@ -62,8 +62,7 @@ def write_all(out: Path, plots_dir: Path | None = None, html: bool = True) -> pd
         r.summary.to_csv(out / "summary.csv", index=False)
     if not r.latency.empty:
         sections.append(
-            "## Latency (TTFT; speedups side by side in one run, medians of timed iterations)\n\n"
-            + numbers_md(r.latency.drop(columns=["method_options"]))
+            "## Latency (TTFT; speedups side by side in one run, paired by iteration)\n\n" + latency_markdown(r.latency)
         )
         r.latency.to_csv(out / "latency_summary.csv", index=False)
     if not r.qps.empty:

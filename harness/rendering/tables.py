@@ -8,6 +8,12 @@ import pandas as pd
 
 from harness.analysis.quality import COLUMNS as QUALITY_COLUMNS
 
+#: What an eval run's TTFT ratio and speedup are, wherever one is printed.
+BETWEEN_RUNS = (
+    "TTFT ratio, speedup and e2e speedup here are between runs: each method's eval run timed its samples on its "
+    "own, minutes apart, not side by side; their interval is over samples only and does not cover the drift "
+    "between runs (20 % or more on a shared machine). Side-by-side speedups: make latency."
+)
 #: The columns of the quality table, in order; (value, lo, hi) cells show ``v [lo, hi]``.
 SHOWN = [
     "model", "benchmark", "length", "task", "method", "keep_rate", "n", "failed", "unsupported", "score",
@@ -25,8 +31,10 @@ assert set(SHOWN) <= set(QUALITY_COLUMNS) and set(COSTS) <= set(QUALITY_COLUMNS)
 #: What the summary's intervals are, under every rendering of it.
 INTERVAL_NOTE = ("Score, retention (score / the reference's, same samples), needle kept, TTFT ratio and speedup: "
                  "value [95 % bootstrap interval over samples, seeded; the same estimator as the value]. "
+                 f"{BETWEEN_RUNS} "
                  "Ideal speedup: the FLOP model's full prefill over the method's work (its speculator "
-                 "included).")  # fmt: skip
+                 "included); \"above ideal\": a speedup beyond it by more than the tolerance (10 % where the ideal "
+                 "is 1.0, else 15 %), an anomaly to explain, not a finding.")  # fmt: skip
 COSTS_NOTE = ("kv_fraction: the base's KV cache after the prefill over the prompt (tokens); kv_mib: its size, "
               "all layers; decode_s_per_token: decode time over output tokens; e2e_speedup: the reference's "
               "TTFT + decode of the benchmark's output length over the method's, same samples, same machine "
@@ -65,6 +73,9 @@ def format_summary(summary: pd.DataFrame, columns: list[str] | None = None) -> p
         if c in WITH_CI:
             s[c] = [with_ci(v, lo, hi, WITH_CI[c]) for v, lo, hi in
                     zip(summary[c], summary[f"{c}_lo"], summary[f"{c}_hi"], strict=True)]  # fmt: skip
+            if c == "speedup" and "speed_anomaly" in summary:
+                above = summary["speed_anomaly"].fillna("").astype(str) != ""
+                s.loc[above, c] = s.loc[above, c] + " (above ideal)"
         elif c in PLAIN:
             s[c] = summary[c].map(lambda v, f=PLAIN[c]: "-" if pd.isna(v) else f.format(v))
         else:
@@ -126,6 +137,81 @@ def by_task_markdown(summary: pd.DataFrame) -> str:
         return ""
     wide["keep_rate"] = wide["keep_rate"].map(lambda v: "-" if pd.isna(v) else f"{v:g}")
     return md_table(wide)
+
+
+#: The latency table's columns, in order (:func:`format_latency`); the speedups with their
+#: interval as ``v [lo, hi]``; ``check`` says in a word what :func:`latency_notes` says in full.
+LATENCY_SHOWN = [
+    "model", "backend", "dtype", "prompt_source", "batch", "length", "method", "keep_rate", "pairs", "ttft_median_s",
+    "method_median_s", "speedup", "ideal_speedup", "efficiency", "aa_speedup", "foreign_cpu", "kv_mib",
+    "decode_s_per_token", "e2e_speedup", "check",
+]  # fmt: skip
+LATENCY_CI = {"speedup": "{:.2f}x", "aa_speedup": "{:.3f}x", "e2e_speedup": "{:.2f}x"}
+LATENCY_PLAIN = {"keep_rate": "{:g}", "pairs": "{:.0f}", "ttft_median_s": "{:.3f}", "method_median_s": "{:.3f}",
+                 "ideal_speedup": "{:.2f}x", "efficiency": "{:.2f}", "foreign_cpu": "{:.0%}", "kv_mib": "{:.1f}",
+                 "decode_s_per_token": "{:.4f}"}  # fmt: skip
+#: The protocol under every latency table (what its numbers are).
+LATENCY_NOTE = (
+    "Speedup: the reference's TTFT over the method's, timed side by side in one run on the same prompts, the "
+    "order of the methods turned over every iteration; value = median over the timed pairs, [95 % bootstrap "
+    "interval over pairs]; no interval under 5 pairs. aa_speedup: the reference timed against itself the same way "
+    "(the A/A check; it must hold 1.0). Ideal: the FLOP model's full prefill over the method's work (its "
+    "speculator included); efficiency = speedup / ideal. foreign_cpu: the most of the cores other processes used "
+    "while a row of the point was timed. check: ok, or what makes the speed claim unsafe (notes below)."
+)  # fmt: skip
+CHECK_WORDS = (("anomaly", "ANOMALY"), ("A/A check failed", "A/A FAILED"), ("too few pairs", "few pairs"),
+               ("order not balanced", "old protocol"), ("no warm-up", "no warm-up"), ("loaded", "loaded"))  # fmt: skip
+
+
+def flag_word(flags: object) -> str:
+    text = flags if isinstance(flags, str) else ""
+    words = [short for key, short in CHECK_WORDS if key in text]
+    return ", ".join(words) if words else "ok"
+
+
+def format_latency(lat: pd.DataFrame) -> pd.DataFrame:
+    """The latency summary's cells as text (:data:`LATENCY_SHOWN`; the decode columns only
+    where some row decoded)."""
+    cols = [c for c in LATENCY_SHOWN if c == "check" or c in lat]
+    if not (lat.get("decode_s_per_token", pd.Series(dtype=float)).notna().any()):
+        cols = [c for c in cols if c not in ("decode_s_per_token", "e2e_speedup")]
+    if not lat.get("aa_speedup", pd.Series(dtype=float)).notna().any():
+        cols = [c for c in cols if c != "aa_speedup"]
+    s = pd.DataFrame(index=lat.index)
+    for c in cols:
+        if c == "check":
+            s[c] = [("-" if ref else flag_word(f)) for f, ref in zip(lat["flags"], lat["is_reference"], strict=True)]
+        elif c in LATENCY_CI:
+            s[c] = [with_ci(v, lo, hi, LATENCY_CI[c]) for v, lo, hi in
+                    zip(lat[c], lat[f"{c}_lo"], lat[f"{c}_hi"], strict=True)]  # fmt: skip
+        elif c in LATENCY_PLAIN:
+            s[c] = lat[c].map(lambda v, f=LATENCY_PLAIN[c]: "-" if pd.isna(v) else f.format(v))
+        else:
+            s[c] = lat[c]
+    return s
+
+
+def latency_notes(lat: pd.DataFrame) -> list[str]:
+    """One line per flagged point: its label and every flag in words."""
+    out = []
+    for _, r in lat.iterrows():
+        if isinstance(r.get("flags"), str) and r["flags"]:
+            keep = "" if pd.isna(r.get("keep_rate")) else f" keep {r['keep_rate']:g}"
+            out.append(
+                f"{r['method']}{keep} at {int(r['batch'])}x{int(r['length'])} ({r['prompt_source']}): {r['flags']}"
+            )
+    return out
+
+
+def latency_markdown(lat: pd.DataFrame) -> str:
+    """The latency summary as markdown: the table, the protocol's note, every flagged point."""
+    if lat.empty:
+        return "(no results)\n"
+    lines = [md_table(format_latency(lat)).rstrip("\n"), "", LATENCY_NOTE]
+    notes = latency_notes(lat)
+    if notes:
+        lines += ["", "Flagged points:", "", *(f"* {n}" for n in notes)]
+    return "\n".join(lines) + "\n"
 
 
 def numbers_md(df: pd.DataFrame) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
+from baselines.kv_presses import attention_patched
 from harness.analysis.quality import Point, macro_mean, paired_difference
 from harness.analysis.stats import Estimate
 from harness.benchmarks.base import BenchmarkConfig
@@ -59,7 +60,7 @@ def run_theirs(model: str, presses: list[str], keep: float, limit: int) -> pd.Da
     for name in presses:
         press = build_method(name, {"keep_rate": keep, "query_aware": False}).press()  # type: ignore[attr-defined]
         for s in tqdm(samples, desc=f"kvpress pipeline {name}", unit="sample"):
-            with cache_positions_restored(lm.base):
+            with cache_positions_restored(lm.base), attention_patched():  # kvpress's pipeline as kvpress runs it
                 answer = pipe(s.instruction + s.context, question=s.question, answer_prefix=s.answer_prefix,
                               press=press, max_new_tokens=s.max_new_tokens)["answer"]  # fmt: skip
             out.append({"method": name, "task": s.task, "sample_id": s.sample_id, "prediction": str(answer),
