@@ -79,6 +79,8 @@ class LatencySchema(CommonSchema):
     prompt_options: Any = None
     decode_tokens: int = 0
     aa_check: bool = True
+    engine_ideal: Any = "auto"
+    also: Any = None
 
 
 @dataclass

@@ -230,6 +230,12 @@ class LatencyRecord(RunRecord):
     loadavg_1m: float | None = None
     cpus: int | None = None
     cpu_mhz: float | None = None
+    #: FLOPs of the method's own model calls through the backend (the speculator's, for
+    #: SpecPrefill), part of ``flops_method``; and, where the speculator runs on another
+    #: engine than the base (vLLM), its measured rate at this grid point (FLOP/s, a
+    #: calibration pass: harness.jobs.latency.speculator_rate), for the ideal per engine.
+    flops_speculator: float | None = None
+    speculator_flop_rate: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

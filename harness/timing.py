@@ -29,6 +29,17 @@ def flops(base: Shape, prompts: Sequence[Prompt], plans: Sequence[Plan], overhea
     return full, float(overhead + sum(prefill_flops(base, p.k, causal_pairs(p.k)) for p in plans))
 
 
+def iteration_order(iteration: int, k: int) -> list[int]:
+    """The order in which ``k`` methods are timed in ``iteration`` (indices into the methods
+    timed at a point, e.g. :attr:`harness.jobs.latency.LatencyJob.timed`): a rotation of
+    ``0..k-1`` that moves on every second iteration, reversed in every odd one. Each two consecutive iterations time every pair of
+    methods once in each order (ABBA: a position effect cancels in each pair's median), and
+    every ``2k`` iterations put each method in each place equally often."""
+    rot = (iteration // 2) % k
+    order = [(j + rot) % k for j in range(k)]
+    return order[::-1] if iteration % 2 else order
+
+
 #: A timed call shorter than this gets no ``foreign_cpu``: /proc/stat counts in clock ticks
 #: (10 ms), so one tick of another process would read as a large share of a short call.
 MIN_LOAD_WINDOW_S = 0.25
@@ -152,6 +163,7 @@ def measure(method: Method, prompts: list[Prompt], backend: Backend, decode_toke
         "base_prefill_s": base_s,
         "flops_full": float(f_full),
         "flops_method": f_method,
+        "flops_speculator": float(overhead),
         "ideal_speedup": f_full / f_method if f_method == f_method else math.nan,
         # the KV cache after the prefill (a press's eviction included), where the backend measures it
         "kv_tokens": kv[0] if kv else None,

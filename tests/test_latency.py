@@ -266,9 +266,43 @@ def test_the_aa_check_anomalies_and_old_rows_are_flagged():
     assert s.loc["x", "loaded"] and "loaded" in s.loc["x", "flags"] and s.loc["x", "comparable"]
 
 
+def test_the_ideal_per_engine_from_a_calibrated_speculator_rate(tmp_path, monkeypatch):
+    """``engine_ideal=true`` (by default only where the speculator runs on another engine
+    than the base: backend vllm): each point measures the speculator's FLOP rate and the
+    summary gives the ideal at each engine's own rate, computed here by hand from the rows;
+    the one-rate FLOP ideal stays beside it."""
+    import numpy as np
+
+    monkeypatch.chdir(tmp_path)
+    job = _lat(tmp_path, "method=specprefill", "grid=[[1,192]]", "warmup=1", "iters=5", "engine_ideal=true")
+    assert job.calibrates
+    assert not _lat(tmp_path, "method=specprefill").calibrates  # auto on one engine: no calibration
+    vllm_cfg = dataclasses.replace(_lat(tmp_path, "method=specprefill").cfg, backend="vllm")
+    assert dataclasses.replace(job, cfg=vllm_cfg).calibrates  # auto with the base on vLLM
+    rows = RunStore(lat.execute(job)).read()
+    timed = rows[~rows["warmup"]]
+    rate = timed["speculator_flop_rate"]
+    assert rate.notna().all() and rate.nunique() == 1 and rate.iloc[0] > 0
+    ref = timed[timed["method"] == "full"].set_index("iteration")
+    sp = timed[timed["method"] == "specprefill"].set_index("iteration").loc[ref.index]
+    assert (sp["flops_speculator"] > 0).all() and (sp["flops_speculator"] < sp["flops_method"]).all()
+    base_rate = ref["flops_full"] / ref["ttft_s"]
+    t = (sp["flops_method"] - sp["flops_speculator"]) / base_rate + sp["flops_speculator"] / sp["speculator_flop_rate"]
+    s = summarize_latency(rows).set_index("method")
+    assert s.loc["specprefill", "ideal_engine_speedup"] == pytest.approx(float(np.median(ref["ttft_s"] / t)))
+    assert s.loc["specprefill", "ideal_speedup"] == pytest.approx(float(sp["ideal_speedup"].median()))
+    e = s.loc["specprefill", "efficiency_engine"]
+    assert e == pytest.approx(s.loc["specprefill", "speedup"] / s.loc["specprefill", "ideal_engine_speedup"])
+    assert math.isnan(s.loc["aa_check", "ideal_engine_speedup"])  # the reference's work: one engine
+    with pytest.raises(ValueError, match="engine_ideal='maybe'; allowed"):
+        _lat(tmp_path, "engine_ideal=maybe")
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_iteration_order_balances_places_and_pairs(k):
-    orders = [lat.iteration_order(i, k) for i in range(2 * k)]
+    from harness.timing import iteration_order
+
+    orders = [iteration_order(i, k) for i in range(2 * k)]
     assert all(sorted(o) == list(range(k)) for o in orders)
     for m in range(k):  # every method in every place equally often over 2k iterations
         assert sorted(o.index(m) for o in orders) == sorted(list(range(k)) * 2)
@@ -302,6 +336,27 @@ def test_machine_load_sees_another_process_on_the_cores():
         subprocess.run(["kill", str(pid)], check=False)
     assert busy["foreign_cpu"] > quiet["foreign_cpu"] + 0.25 and busy["foreign_cpu"] > 0.3
     assert busy["cpus"] >= 1 and busy["loadavg_1m"] is not None
+
+
+def test_several_methods_share_one_reference_and_one_aa_check(tmp_path, monkeypatch):
+    """``also=[...]``: more methods in the same iterations, each at the job's keep, beside one
+    reference and one A/A check (a comparison of many methods costs one reference per
+    iteration); each gets its paired speedup; the reference or a method twice is refused."""
+    monkeypatch.chdir(tmp_path)
+    job = _lat(tmp_path, "method=specprefill", "also=[truncate,random]", "grid=[[1,96]]", "warmup=1", "iters=4")
+    assert [n for n, _ in job.timed] == ["full", "aa_check", "specprefill", "truncate", "random"]
+    assert "truncate" in job.plan_text() and job.folder != _lat(tmp_path, "method=specprefill").folder
+    rows = RunStore(lat.execute(job)).read()
+    assert len(rows) == 5 * 5 and set(rows["keep_rate"].dropna()) == {0.3}
+    for _, it in rows.groupby("iteration"):
+        assert sorted(it["order"]) == [0, 1, 2, 3, 4]
+    s = summarize_latency(rows).set_index("method")
+    assert s.loc[["specprefill", "truncate", "random"], "pairs"].tolist() == [4, 4, 4]
+    assert s.loc["truncate", "aa_speedup"] == s.loc["specprefill", "aa_speedup"]  # one A/A check serves all
+    for bad, match in (("also=[full]", "names \\['full'\\] twice"), ("also=[specprefill]", "specprefill"),
+                       ("also=[truncat]", "unknown method config 'truncat'")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            _lat(tmp_path, "method=specprefill", bad)
 
 
 def test_text_rewriting_methods_time_on_benchmark_prompts(tmp_path, monkeypatch):

@@ -145,7 +145,9 @@ def test_latency_grid_cells_from_latency_rows(tmp_path):
     assert "| 2x4096 | 8.15 n=2 | - | - |" in full  # median of the timed 8.1, 8.2; the paper has no 2x4096 point
     (sp,) = [line for line in cpu.splitlines() if line.startswith("| specprefill 10% |")]
     # the median of the two pairs' ratios, 8.1 / 2.1 and 8.2 / 2.2; two pairs give no interval
-    assert "| 2.15 n=2 | - | - | 3.79 n=2 (few pairs, old protocol) |" in sp and np.isclose((8.1 / 2.1 + 8.2 / 2.2) / 2, 3.79, atol=0.005)
+    assert "| 2.15 n=2 | - | - | 3.79 n=2 (few pairs, old protocol) |" in sp and np.isclose(
+        (8.1 / 2.1 + 8.2 / 2.2) / 2, 3.79, atol=0.005
+    )
     (mi,) = [line for line in cpu.splitlines() if line.startswith("| minference |")]
     assert mi.count("(unsupported: needs CUDA) | - | - |") == 2
     assert "128x4096" not in cpu  # the CPU variant's columns are its own grid

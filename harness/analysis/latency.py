@@ -26,9 +26,17 @@ ttft           median, p90 and p99 over the timed iterations (the reference pool
 ideal_speedup  the FLOP model's full prefill over the method's work (median over iterations);
                ``ideal_ttft_s``: the reference's median TTFT at the point over it
 efficiency     speedup / ideal_speedup
-anomaly        a speedup above its ideal by more than :func:`anomaly_tolerance` (10 % for a
-               method that does the reference's whole work, a press or the A/A check; 15 %
-               for one that does less): the words say by how much and the likely causes
+ideal_engine_speedup
+               where the speculator runs on another engine than the base (vLLM; a
+               calibration pass measures its FLOP rate at the point, ``speculator_flop_rate``):
+               the reference's TTFT over the time the method's work would take at each
+               engine's own rate, the base's from the reference's TTFT in the same pair
+               (:func:`engine_ideal`), median over pairs; ``efficiency_engine`` = speedup over
+               it. NaN where one rate serves both (the FLOP ideal is then the ideal)
+anomaly        a speedup above its ideal (the ideal per engine where there is one, else the
+               FLOP ideal) by more than :func:`anomaly_tolerance` (10 % for a method that
+               does the reference's whole work, a press or the A/A check; 15 % for one that
+               does less): the words say by how much and the likely causes
 loaded         the machine had work of others while the point was timed: some timed row
                of the point's runs saw more than :data:`FOREIGN_CPU_MAX` of its cores busy
                with other processes (``foreign_cpu``), or a 1-minute load average above the
@@ -61,7 +69,8 @@ from harness.analysis.stats import MIN_PAIRS, Estimate, paired_ratio_ci
 COLUMNS = [
     "model", "backend", "prompt_source", "batch", "length", "method", "keep_rate", "n", "pairs", "failed",
     "ttft_median_s", "ttft_p90_s", "ttft_p99_s", "method_median_s", "base_prefill_median_s", "kept_fraction",
-    "speedup", "speedup_lo", "speedup_hi", "ideal_speedup", "ideal_ttft_s", "efficiency", "aa_speedup",
+    "speedup", "speedup_lo", "speedup_hi", "ideal_speedup", "ideal_ttft_s", "efficiency", "ideal_engine_speedup",
+    "efficiency_engine", "aa_speedup",
     "aa_speedup_lo", "aa_speedup_hi", "aa_ok", "anomaly", "loaded", "foreign_cpu", "loadavg_1m", "flags",
     "comparable", "kv_mib", "decode_s_per_token", "e2e_speedup", "e2e_speedup_lo", "e2e_speedup_hi", "reference",
     "is_reference", "method_name", "speculator", "dtype", "method_options",
@@ -92,18 +101,39 @@ def anomaly_tolerance(ideal: float) -> float:
     return 0.10 if ideal <= 1.0 + 1e-9 else 0.15
 
 
-def anomaly(speedup: float, ideal: float) -> str:
+def anomaly(speedup: float, ideal: float, kind: str = "FLOP") -> str:
     """The words for a speedup above its ideal by more than :func:`anomaly_tolerance`; ``""``
-    where it is not (or either is unknown: a text rewrite has no FLOP ideal)."""
+    where it is not (or either is unknown: a text rewrite has no FLOP ideal). ``kind``
+    names the ideal (``FLOP``, or ``per-engine``)."""
     if not (np.isfinite(speedup) and np.isfinite(ideal) and ideal > 0):
         return ""
     tol = anomaly_tolerance(ideal)
     if speedup <= ideal * (1 + tol):
         return ""
     return (
-        f"anomaly: {speedup:.2f}x is above its FLOP ideal {ideal:.2f}x by {speedup / ideal - 1:.0%} "
+        f"anomaly: {speedup:.2f}x is above its {kind} ideal {ideal:.2f}x by {speedup / ideal - 1:.0%} "
         f"(tolerance {tol:.0%}); likely causes: {ANOMALY_CAUSES}"
     )
+
+
+def engine_ideal(reference: pd.DataFrame, method: pd.DataFrame) -> float:
+    """The ideal speedup per engine of one run's pairs (rows of each side, matched by
+    ``iteration``): per pair, the base's rate is the reference's FLOPs over its TTFT, the
+    speculator's the calibrated ``speculator_flop_rate``, and the ideal is the reference's
+    TTFT over ``(flops_method - flops_speculator) / base rate + flops_speculator /
+    speculator rate``; the median over pairs (NaN without a rate)."""
+    ref = reference.set_index("iteration")
+    m = method.set_index("iteration")
+    its = ref.index.intersection(m.index)
+    if its.empty or "speculator_flop_rate" not in m:
+        return math.nan
+    r, x = ref.loc[its], m.loc[its]
+    base_rate = r["flops_full"].astype(float) / r["ttft_s"].astype(float)
+    spec = pd.to_numeric(x["flops_speculator"], errors="coerce")
+    spec_rate = pd.to_numeric(x["speculator_flop_rate"], errors="coerce")
+    t = (x["flops_method"].astype(float) - spec) / base_rate + spec / spec_rate
+    ideal = (r["ttft_s"].astype(float) / t).dropna()
+    return float(ideal.median()) if len(ideal) else math.nan
 
 
 def aa_fails(e: Estimate) -> bool:
@@ -158,7 +188,11 @@ def _flags(entry: dict[str, Any], pair_rows: pd.DataFrame, all_rows: pd.DataFram
     table); ``pair_rows``: its timed rows and its reference's in the same runs;
     ``all_rows``: every row of those runs, warm-ups included."""
     flags: list[str] = []
-    words = anomaly(entry.get("speedup", math.nan), entry.get("ideal_speedup", math.nan))
+    per_engine = entry.get("ideal_engine_speedup", math.nan)
+    if np.isfinite(per_engine):
+        words = anomaly(entry.get("speedup", math.nan), per_engine, "per-engine")
+    else:
+        words = anomaly(entry.get("speedup", math.nan), entry.get("ideal_speedup", math.nan))
     entry["anomaly"] = words
     if words:
         flags.append(words)
@@ -255,6 +289,12 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
             ])  # fmt: skip
             if e2e is not None:
                 entry.update(e2e_speedup=e2e.value, e2e_speedup_lo=e2e.lo, e2e_speedup_hi=e2e.hi)
+        on_two = _num(good, "speculator_flop_rate").notna().any() and _num(good, "flops_speculator").gt(0).any()
+        if on_two:  # the method's own calls ran on the speculator's engine
+            ideals = [engine_ideal(ref_rows[k], gr) for k, gr in good.groupby(by_run) if k in ref_rows]
+            entry["ideal_engine_speedup"] = float(np.nanmedian(ideals)) if any(np.isfinite(ideals)) else math.nan
+            if e is not None:
+                entry["efficiency_engine"] = e.value / entry["ideal_engine_speedup"]
         if item["method"] == AA_METHOD and e is not None:
             entry.update(aa_speedup=e.value, aa_speedup_lo=e.lo, aa_speedup_hi=e.hi)
         pair_rows = pd.concat([good, *(ref_rows[k] for k in runs)])

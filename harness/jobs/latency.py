@@ -57,6 +57,7 @@ import dataclasses
 import functools
 import json
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,7 +96,7 @@ from harness.prompts import random_prompts, sample_prompt
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
 from harness.store import RunStore, check_layout, method_columns
-from harness.timing import measure
+from harness.timing import iteration_order, measure
 from specprefill.flops import Shape
 from specprefill.plan import Backend, Method, Prompt, check_choice
 
@@ -103,6 +104,9 @@ PROMPTS = ("auto", "random", "benchmark")
 #: The timing protocol's version, part of a run's identity: rows timed under another one
 #: (the reference always first, no A/A check) never share a folder with these.
 PROTOCOL = "paired-v2"
+ENGINE_IDEAL = ("auto", "true", "false")
+#: Timed speculator prefills per grid point for its FLOP rate (after one untimed).
+CALIBRATION_REPEATS = 3
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,15 @@ class LatencyConfig:
     #: Time the reference a second time in every iteration, as a method (rows
     #: ``method=aa_check``): its speedup must read 1.0 (harness.analysis.latency).
     aa_check: bool = True
+    #: More methods timed in the same iterations, each at the job's ``keep`` and
+    #: ``lookahead`` with its ``conf/method`` defaults (config ``also``): one reference and one
+    #: A/A check serve them all, so a comparison of many methods is side by side and costs
+    #: one reference per iteration, not one per method.
+    also: tuple[tuple[str, dict[str, Any]], ...] = ()
+    #: Calibrate the speculator's FLOP rate at each point for the ideal per engine
+    #: (:func:`speculator_rate`): ``auto`` where the speculator runs on another engine than
+    #: the base (backend vllm), ``true``/``false`` always/never.
+    engine_ideal: str = "auto"
 
     def prompt_config(self, length: int, limit: int = 10) -> BenchmarkConfig:
         """The benchmark whose ``prompt_task`` prompts a grid point of ``length`` tokens plans."""
@@ -157,6 +170,7 @@ class LatencyConfig:
                 raise ValueError(f"{name}={v!r}; allowed: int >= {low}")
         if not isinstance(self.aa_check, bool):
             raise ValueError(f"aa_check={self.aa_check!r}; allowed: true or false")
+        check_choice("engine_ideal", self.engine_ideal, ENGINE_IDEAL)
         check_backend(self.backend)
         check_choice("prompts", self.prompts, PROMPTS)
         if self.decode_tokens and self.backend != "transformers":
@@ -172,6 +186,10 @@ class LatencyConfig:
         check_common(c)
         name, options = method_spec(c["method"])
         ref_name, ref_options = method_conf(str(c["reference"]), float(c["keep"]), int(c["lookahead"]))
+        also = c["also"] or []
+        if not isinstance(also, list) or not all(isinstance(a, str) for a in also):
+            raise ValueError(f"also={also!r} is invalid; allowed: a list of method names, e.g. [knorm,snapkv]")
+        extra = tuple(method_conf(a, float(c["keep"]), int(c["lookahead"])) for a in also)
         grid = c["grid"]
         if not isinstance(grid, list) or not all(isinstance(p, list) for p in grid):
             raise ValueError(f"grid={grid!r} is invalid; allowed: a list of [batch, length] pairs, e.g. [[1,4096]]")
@@ -193,6 +211,8 @@ class LatencyConfig:
             prompt_options=dict(c["prompt_options"] or {}),
             decode_tokens=c["decode_tokens"],
             aa_check=c["aa_check"],
+            also=extra,
+            engine_ideal={True: "true", False: "false"}.get(c["engine_ideal"], str(c["engine_ideal"])),
         )
 
 
@@ -204,6 +224,8 @@ class LatencyJob(ModelJob):
     retry_failed: ClassVar[bool] = True
     cfg: LatencyConfig
     reference: Method
+    #: More methods timed beside the method (config ``also``).
+    also: tuple[Method, ...]
     #: ``random``, or ``<benchmark>/<task>`` (benchmark prompts at each grid length; with
     #: the benchmark's options where any are given).
     prompt_source: str
@@ -214,12 +236,14 @@ class LatencyJob(ModelJob):
             "kind": "latency",
             "model": dataclasses.asdict(c.model),
             "method": {"name": self.method.name, **self.method.options()},
+            "also": [{"name": m.name, **m.options()} for m in self.also],
             "reference": {"name": self.reference.name, **self.reference.options()},
             "grid": [list(p) for p in c.grid],
             "warmup": c.warmup,
             "iters": c.iters,
             "seed": c.seed,
             "aa_check": c.aa_check,
+            "engine_ideal": c.engine_ideal,
             "protocol": PROTOCOL,
             "backend": c.backend,
             "prompts": self.prompt_source,
@@ -270,9 +294,18 @@ class LatencyJob(ModelJob):
 
     @property
     def methods(self) -> list[Method]:
-        """The reference first, then the method (once, when it is the reference itself)."""
+        """The reference first, then the method (once, when it is the reference itself), then
+        those of ``also``."""
         same = self.method.name == self.reference.name and self.method.options() == self.reference.options()
-        return [self.reference] if same else [self.reference, self.method]
+        return ([self.reference] if same else [self.reference, self.method]) + list(self.also)
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether each point measures the speculator's FLOP rate (config ``engine_ideal``):
+        by default where a method runs a speculator on another engine than the base."""
+        if self.cfg.engine_ideal != "auto":
+            return self.cfg.engine_ideal == "true"
+        return self.cfg.backend != "transformers" and any(m.needs_speculator for m in self.methods)
 
     @property
     def timed(self) -> list[tuple[str, Method]]:
@@ -281,14 +314,22 @@ class LatencyJob(ModelJob):
         out = [(self.reference.name, self.reference)]
         if self.cfg.aa_check:
             out.append((AA_METHOD, self.reference))
-        return out + [(m.name, m) for m in self.methods[1:]]
+        return out + [(m.name, m) for m in self.methods[1:]]  # the method, then those of ``also``
 
 
 def prepare(cfg: LatencyConfig) -> LatencyJob:
     """Validate everything that can be validated without loading anything."""
     method = build_method(cfg.method_name, cfg.method_options)
     reference = build_method(cfg.reference_name, cfg.reference_options)
-    methods = [reference, method]
+    also = tuple(build_method(n, o) for n, o in cfg.also)
+    names = [(m.name, json.dumps(m.options(), sort_keys=True)) for m in (reference, method, *also)]
+    twice = sorted({n for n, o in names if names.count((n, o)) > 1 and n != reference.name})
+    if twice or any(m.name in (reference.name, AA_METHOD) for m in also):
+        raise ValueError(
+            f"also={[m.name for m in also]} names {twice or [reference.name]} twice (the method, the reference or "
+            f"another entry); allowed: methods other than the reference and the job's method"
+        )
+    methods = [reference, method, *also]
     lookahead = max(int(m.options().get("lookahead", 1)) for m in methods)
     for _, n in cfg.grid:
         if n + lookahead - 1 > cfg.model.max_context:
@@ -316,7 +357,7 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
                               "aa_check": cfg.aa_check}  # fmt: skip
     if cfg.decode_tokens:
         timing["decode_tokens"] = cfg.decode_tokens
-    identity = {
+    identity: dict[str, Any] = {
         "model": model_identity(cfg.model),
         "method": {"name": method.name, **method.options()},
         "reference": {"name": reference.name, **reference.options()},
@@ -324,6 +365,8 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
         "prompts": source,
         "timing": timing,
     }
+    if also:  # only then: the identities of single-method runs stay what they are
+        identity["also"] = [{"name": m.name, **m.options()} for m in also]
     h = config_hash(identity)  # the grid is not part of it: a run extends point by point
     folder = cfg.out / cfg.model.name / f"latency-{cfg.backend}" / f"{method.name}-{h}"
     check_layout(folder, cfg.out)
@@ -331,6 +374,7 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
         cfg=cfg,
         method=method,
         reference=reference,
+        also=also,
         prompt_source=source,
         config_hash=h,
         folder=folder,
@@ -421,17 +465,6 @@ class LatencySession:
         return measure_point(self.job, self.backend, *point)
 
 
-def iteration_order(iteration: int, k: int) -> list[int]:
-    """The order in which ``k`` methods are timed in ``iteration`` (indices into the job's
-    :attr:`LatencyJob.timed`): a rotation of ``0..k-1`` that moves on every second
-    iteration, reversed in every odd one. Each two consecutive iterations time every pair of
-    methods once in each order (ABBA: a position effect cancels in each pair's median), and
-    every ``2k`` iterations put each method in each place equally often."""
-    rot = (iteration // 2) % k
-    order = [(j + rot) % k for j in range(k)]
-    return order[::-1] if iteration % 2 else order
-
-
 def point_row(
     job: LatencyJob, m: Method, unit: str, batch: int, length: int, it: int, name: str | None = None
 ) -> dict[str, Any]:
@@ -470,15 +503,43 @@ def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int) ->
         ]
     rows = []
     warmup, timed = job.cfg.warmup, job.timed
+    rate: dict[str, Any] = {}
+    if job.calibrates:
+        try:
+            rate["speculator_flop_rate"] = speculator_rate(backend, source.prompts(0))
+        except Exception as e:  # the point is still timed; its ideal per engine is missing, and says why
+            print(f"[latency] b{batch}-n{length}: no speculator rate ({type(e).__name__}: {e})", file=sys.stderr)
     bar = tqdm(range(warmup + job.cfg.iters), desc=f"batch {batch} x {length}", unit="pair", leave=False)
     for it in bar:
         prompts = source.prompts(it)
         # timed iterations count from 0, so the balanced design covers exactly the timed pairs
         for slot, j in enumerate(iteration_order(it - warmup if it >= warmup else it, len(timed))):
             name, m = timed[j]
-            row = {**point_row(job, m, unit, batch, length, it, name), "order": slot}
+            row = {**point_row(job, m, unit, batch, length, it, name), "order": slot, **rate}
             rows.append(measured(row, functools.partial(measure, m, prompts, backend, job.cfg.decode_tokens)))
     return rows
+
+
+def speculator_rate(backend: Backend, prompts: list[Prompt], repeats: int = CALIBRATION_REPEATS) -> float:
+    """The speculator's FLOP rate (FLOP/s) on its own engine, on one grid point's prompts: its
+    batched prefill as SpecPrefill runs it (``speculate_batch``, one look-ahead step: the
+    last query), once untimed, then the median of ``repeats`` timed runs, over the FLOPs the
+    backend counts for it. With the base's rate from the reference's own TTFTs it gives the
+    ideal per engine (:mod:`harness.analysis.latency`)."""
+    if len({p.n for p in prompts}) != 1:
+        raise ValueError("speculator_rate: the prompts of a point must have one length (random ids do)")
+    ids = torch.stack([p.input_ids for p in prompts])
+    times, flop = [], 0
+    for i in range(repeats + 1):
+        backend.method_flops = 0
+        t0 = time.perf_counter()
+        backend.speculate_batch(ids, 1)
+        if i:
+            times.append(time.perf_counter() - t0)
+        flop = backend.method_flops
+    if flop <= 0:
+        raise ValueError("speculator_rate: the backend counted no speculator FLOPs")
+    return float(flop / sorted(times)[len(times) // 2])
 
 
 def execute(job: LatencyJob) -> Path:

@@ -143,12 +143,13 @@ def by_task_markdown(summary: pd.DataFrame) -> str:
 #: interval as ``v [lo, hi]``; ``check`` says in a word what :func:`latency_notes` says in full.
 LATENCY_SHOWN = [
     "model", "backend", "dtype", "prompt_source", "batch", "length", "method", "keep_rate", "pairs", "ttft_median_s",
-    "method_median_s", "speedup", "ideal_speedup", "efficiency", "aa_speedup", "foreign_cpu", "kv_mib",
+    "method_median_s", "speedup", "ideal_speedup", "efficiency", "ideal_engine_speedup", "aa_speedup", "foreign_cpu",
+    "kv_mib",
     "decode_s_per_token", "e2e_speedup", "check",
 ]  # fmt: skip
 LATENCY_CI = {"speedup": "{:.2f}x", "aa_speedup": "{:.3f}x", "e2e_speedup": "{:.2f}x"}
 LATENCY_PLAIN = {"keep_rate": "{:g}", "pairs": "{:.0f}", "ttft_median_s": "{:.3f}", "method_median_s": "{:.3f}",
-                 "ideal_speedup": "{:.2f}x", "efficiency": "{:.2f}", "foreign_cpu": "{:.0%}", "kv_mib": "{:.1f}",
+                 "ideal_speedup": "{:.2f}x", "efficiency": "{:.2f}", "ideal_engine_speedup": "{:.2f}x", "foreign_cpu": "{:.0%}", "kv_mib": "{:.1f}",
                  "decode_s_per_token": "{:.4f}"}  # fmt: skip
 #: The protocol under every latency table (what its numbers are).
 LATENCY_NOTE = (
@@ -156,7 +157,8 @@ LATENCY_NOTE = (
     "order of the methods turned over every iteration; value = median over the timed pairs, [95 % bootstrap "
     "interval over pairs]; no interval under 5 pairs. aa_speedup: the reference timed against itself the same way "
     "(the A/A check; it must hold 1.0). Ideal: the FLOP model's full prefill over the method's work (its "
-    "speculator included); efficiency = speedup / ideal. foreign_cpu: the most of the cores other processes used "
+    "speculator included); efficiency = speedup / ideal. ideal_engine_speedup (where the speculator runs on "
+    "another engine than the base): the same work at each engine's measured FLOP rate at the point. foreign_cpu: the most of the cores other processes used "
     "while a row of the point was timed. check: ok, or what makes the speed claim unsafe (notes below)."
 )  # fmt: skip
 CHECK_WORDS = (("anomaly", "ANOMALY"), ("A/A check failed", "A/A FAILED"), ("too few pairs", "few pairs"),
@@ -175,8 +177,9 @@ def format_latency(lat: pd.DataFrame) -> pd.DataFrame:
     cols = [c for c in LATENCY_SHOWN if c == "check" or c in lat]
     if not (lat.get("decode_s_per_token", pd.Series(dtype=float)).notna().any()):
         cols = [c for c in cols if c not in ("decode_s_per_token", "e2e_speedup")]
-    if not lat.get("aa_speedup", pd.Series(dtype=float)).notna().any():
-        cols = [c for c in cols if c != "aa_speedup"]
+    for c in ("aa_speedup", "ideal_engine_speedup"):  # only where some row has one
+        if not lat.get(c, pd.Series(dtype=float)).notna().any():
+            cols = [x for x in cols if x != c]
     s = pd.DataFrame(index=lat.index)
     for c in cols:
         if c == "check":

@@ -16,10 +16,12 @@ import pandas as pd
 import torch
 
 from harness.analysis.latency import summarize_latency
+from harness.analysis.rows import AA_METHOD
 from harness.prompts import random_prompts
 from harness.rendering.tables import md_table
-from harness.timing import measure
+from harness.timing import iteration_order, measure
 from specprefill import FullPrefill, SpecPrefill
+from specprefill.plan import Method
 
 
 class IdTokenizer:
@@ -84,22 +86,28 @@ class Parts:
 def latency_grid(
     backend: Any, points: Sequence[tuple[int, int]], keeps: Sequence[float], warmup: int, iters: int, model: str
 ) -> tuple[str, pd.DataFrame]:
-    """Full prefill and SpecPrefill at each keep (chunks of 32, pool 13, L=1), interleaved
-    iteration by iteration on the same fresh random prompts at every ``(batch, length)``
-    point, timed through :func:`harness.timing.measure` (the path ``make latency`` times);
+    """Full prefill, its A/A copy and SpecPrefill at each keep (chunks of 32, pool 13, L=1)
+    on the same fresh random prompts at every ``(batch, length)`` point, in the order
+    :func:`harness.timing.iteration_order` turns over every iteration, timed through
+    :func:`harness.timing.measure` (the protocol and path ``make latency`` times);
     the speedups are :func:`harness.analysis.latency.summarize_latency`'s. Returns the markdown table
     and the rows; a point that fails (out of memory) is recorded and the grid goes on."""
 
-    methods = [FullPrefill(), *(SpecPrefill(keep_rate=k, lookahead=1, chunk_size=32, pool_kernel=13) for k in keeps)]
+    full = FullPrefill()
+    methods: list[tuple[str, Method]] = [(full.name, full), (AA_METHOD, full)]
+    methods += [
+        (m.name, m) for m in (SpecPrefill(keep_rate=k, lookahead=1, chunk_size=32, pool_kernel=13) for k in keeps)
+    ]
     rows = []
     for batch, length in points:
         gen = torch.Generator().manual_seed(batch * 7919 + length)
         for it in range(warmup + iters):
             prompts = random_prompts(batch, length, ids_below(backend), gen)
-            for m in methods:
+            for slot, j in enumerate(iteration_order(it - warmup if it >= warmup else it, len(methods))):
+                name, m = methods[j]
                 t0 = time.perf_counter()
-                row: dict[str, Any] = {"method": m.name, "keep_rate": m.options().get("keep_rate"), "batch": batch,
-                                       "length": length, "iteration": it, "warmup": it < warmup}  # fmt: skip
+                row: dict[str, Any] = {"method": name, "keep_rate": m.options().get("keep_rate"), "batch": batch,
+                                       "length": length, "iteration": it, "warmup": it < warmup, "order": slot}  # fmt: skip
                 try:
                     row.update(measure(m, prompts, backend), status="ok")
                 except Exception as e:  # out of memory at one point: recorded, the grid goes on
@@ -116,7 +124,7 @@ def latency_grid(
     df = df.assign(**common)
     s = summarize_latency(df)
     cols = ["batch", "length", "method", "keep_rate", "n", "failed", "ttft_median_s", "method_median_s",
-            "base_prefill_median_s", "kept_fraction", "speedup", "ideal_speedup", "efficiency"]  # fmt: skip
+            "base_prefill_median_s", "kept_fraction", "speedup", "ideal_speedup", "efficiency", "flags"]  # fmt: skip
     table = s[cols].astype(object).map(lambda v: f"{v:.3f}" if isinstance(v, float) else v)
     failed = df[df["status"] != "ok"]
     notes = "".join(f"- {r['batch']}x{r['length']} {r['method']}: {r['error']}\n" for _, r in failed.iterrows())

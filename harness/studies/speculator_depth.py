@@ -14,7 +14,7 @@ interleaved speedup, one series per depth). ``self_layers:30`` is the oracle: th
 base scores the prompt (a quality ceiling, no speedup possible).
 
     python -m harness.studies.speculator_depth [--limit 5] [--depths 4 8 12 16 20 24 30]
-        [--keeps 0.1 0.3] [--iters 8] [--out results/speculator-depth] [--no-latency] [--no-run]
+        [--keeps 0.1 0.3] [--iters 10] [--out results/speculator-depth] [--no-latency] [--no-run]
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def main() -> None:
     ap.add_argument("--depths", type=int, nargs="+", default=[4, 8, 12, 16, 20, 24, 30])
     ap.add_argument("--keeps", type=float, nargs="+", default=[0.1, 0.3])
     ap.add_argument("--out", type=Path, default=Path("results/speculator-depth"))
-    ap.add_argument("--iters", type=int, default=8, help="timed iterations per latency point")
+    ap.add_argument("--iters", type=int, default=10, help="timed pairs per latency point (the protocol's default)")
     ap.add_argument("--no-latency", action="store_true", help="speedups from the eval run only")
     ap.add_argument("--no-run", action="store_true", help="only read the rows already under --out")
     a = ap.parse_args()

@@ -21,7 +21,7 @@ seconds, the interleaved TTFT speedup with its interval, the ideal speedup from 
 efficiency; the Pareto plot (retention against the interleaved speedup).
 
     python -m harness.studies.speculator_family [--limit 6] [--length 2048] [--keeps 0.1 0.3]
-        [--iters 3] [--out results/speculator-family] [--no-latency] [--no-run]
+        [--iters 10] [--out results/speculator-family] [--no-latency] [--no-run]
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--speculators", nargs="+", default=SPECULATORS)
     ap.add_argument("--keeps", type=float, nargs="+", default=[0.1, 0.3])
     ap.add_argument("--out", type=Path, default=Path("results/speculator-family"))
-    ap.add_argument("--iters", type=int, default=3, help="timed iterations per latency point")
+    ap.add_argument("--iters", type=int, default=10, help="timed pairs per latency point (the protocol's default)")
     ap.add_argument("--no-latency", action="store_true", help="speedups from the eval run only")
     ap.add_argument("--no-run", action="store_true", help="only read the rows already under --out")
     a = ap.parse_args(argv)
