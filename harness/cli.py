@@ -40,7 +40,9 @@ from omegaconf.errors import OmegaConfBaseException
 from harness.config import CONF, ConfigError, check_explicit
 
 #: Keys whose value is a list of names or numbers: the comma form is that list.
-LIST_KEYS = ("tasks", "benchmark.tasks", "benchmark.default_tasks", "rates", "qps.rates", "method.force_tokens")
+LIST_KEYS = (
+    "tasks", "benchmark.tasks", "benchmark.default_tasks", "rates", "qps.rates", "method.force_tokens", "also",
+)  # fmt: skip
 #: Keys whose value is a list of lists: the comma form is refused.
 POINT_LIST_KEYS = ("grid",)
 #: What is allowed, said as the other one-line errors say it (else the type Hydra wanted).

@@ -63,6 +63,7 @@ class EvalSchema(CommonSchema):
     max_new: int | None = None
     tasks: Any = None
     data_dir: str | None = None
+    also: Any = None
 
 
 @dataclass

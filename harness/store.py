@@ -184,6 +184,9 @@ class EvalRecord(RunRecord):
     turn_policy: str | None = None
     prefilled_tokens: int | None = None
     revived_tokens: int | None = None
+    #: The method's place among the methods run in this turn (several methods in one job,
+    #: config ``also``: harness.timing.iteration_order); None where a job runs one method.
+    order: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,13 +29,20 @@ def flops(base: Shape, prompts: Sequence[Prompt], plans: Sequence[Plan], overhea
     return full, float(overhead + sum(prefill_flops(base, p.k, causal_pairs(p.k)) for p in plans))
 
 
-def iteration_order(iteration: int, k: int) -> list[int]:
-    """The order in which ``k`` methods are timed in ``iteration`` (indices into the methods
-    timed at a point, e.g. :attr:`harness.jobs.latency.LatencyJob.timed`): a rotation of
-    ``0..k-1`` that moves on every second iteration, reversed in every odd one. Each two consecutive iterations time every pair of
-    methods once in each order (ABBA: a position effect cancels in each pair's median), and
-    every ``2k`` iterations put each method in each place equally often."""
-    rot = (iteration // 2) % k
+def iteration_order(iteration: int, k: int, iterations: int | None = None) -> list[int]:
+    """The order in which ``k`` methods are timed in ``iteration`` of ``iterations`` (indices
+    into the methods timed at a point, e.g. :attr:`harness.jobs.latency.LatencyJob.timed`).
+
+    Iterations come in twos: a rotation of ``0..k-1``, then the same rotation reversed, so
+    each two consecutive iterations time every pair of methods once in each order (ABBA: an
+    order effect cancels in each pair's median) and every method's mean place is the middle.
+    The rotation moves by ``k / (iterations / 2)`` places from one two to the next, so over
+    the run every method visits the whole range of places, the ends as often as the middle:
+    with a rotation that moved one place at a time, 10 iterations of 12 methods (a
+    ``also=[...]`` job) left the reference at the ends and the presses in the middle, and a
+    slot effect read as a speedup. ``iterations`` None: ``2k`` (every place twice)."""
+    twos = max(1, -(-(iterations or 2 * k) // 2))
+    rot = ((iteration // 2) * k // twos) % k
     order = [(j + rot) % k for j in range(k)]
     return order[::-1] if iteration % 2 else order
 

@@ -329,3 +329,25 @@ def test_the_default_reference_pareto_has_the_flop_ideal_and_a_panel_per_task(tm
     tasks = sorted(set(s["task"]) - {"ALL"})
     assert len(titles) == 1 + len(tasks) == 7 and "ALL" in titles[0]
     assert all(any(t in title for title in titles) for t in tasks)
+
+
+def test_an_eval_speedup_above_its_ideal_is_marked_between_runs():
+    """An eval run's TTFT ratio is between runs: where it beats its FLOP ideal by more than
+    the tolerance (a cold reference run, a busy minute) the summary says so in
+    ``speed_anomaly`` and the table's cell reads "(above ideal)"; the table's note says the
+    speedups are between runs."""
+    from harness.rendering.tables import BETWEEN_RUNS, format_summary, to_markdown
+
+    rows = synthetic_rows()
+    rows["flops_full"] = 100.0
+    rows["flops_method"] = np.where(rows["keep_rate"].isna(), 100.0, 50.0)  # ideal 2x at both keeps
+    s = summarize(rows)
+    at = s[(s["task"] == "ALL") & (s["keep_rate"] == 0.1)].iloc[0]  # TTFT 1.5 s against 4 s: about 2.7x
+    assert at["ideal_speedup"] == pytest.approx(2.0) and at["speedup"] > 2.0 * 1.15
+    assert at["speed_anomaly"].startswith("anomaly:") and "FLOP ideal 2.00x" in at["speed_anomaly"]
+    ok = s[(s["task"] == "ALL") & (s["keep_rate"] == 0.3)].iloc[0]  # 4 / 2.5 = 1.6x: under its ideal
+    assert ok["speed_anomaly"] == ""
+    cells = format_summary(s)
+    assert cells.loc[at.name, "speedup"].endswith("(above ideal)")
+    assert not cells.loc[ok.name, "speedup"].endswith("(above ideal)")
+    assert BETWEEN_RUNS in to_markdown(s)

@@ -233,11 +233,15 @@ def test_latency_grid_on_vllm(tmp_path, monkeypatch):
         ])  # fmt: skip
     folder = lat.execute(lat.prepare(lat.LatencyConfig.from_hydra(cfg)))
     rows = RunStore(folder).read()
-    assert len(rows) == 2 * 2 and set(rows["backend"]) == {"vllm"} and (rows["ttft_s"] > 0).all()
+    # 2 iterations x (reference, its A/A copy, the method)
+    assert len(rows) == 2 * 3 and set(rows["backend"]) == {"vllm"} and (rows["ttft_s"] > 0).all()
+    # the speculator runs on transformers beside the vLLM base: its FLOP rate is calibrated at the point
+    assert rows["speculator_flop_rate"].notna().all() and (rows["speculator_flop_rate"] > 0).all()
     s = summarize_latency(rows)
     spec = s[s["method"] == "specprefill"].iloc[0]
     # a speculator as large as the base, then half the tokens: 1 / (1 + ~0.5), no ideal speedup at all
     assert 0.6 < spec["ideal_speedup"] < 0.7 and spec["speedup"] > 0
+    assert spec["ideal_engine_speedup"] > 0 and spec["efficiency_engine"] > 0  # the ideal at each engine's rate
 
 
 # --------------------------------------------------------------------------- which runner, checked

@@ -298,11 +298,11 @@ def test_the_ideal_per_engine_from_a_calibrated_speculator_rate(tmp_path, monkey
         _lat(tmp_path, "engine_ideal=maybe")
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 12])
 def test_iteration_order_balances_places_and_pairs(k):
     from harness.timing import iteration_order
 
-    orders = [iteration_order(i, k) for i in range(2 * k)]
+    orders = [iteration_order(i, k, 2 * k) for i in range(2 * k)]
     assert all(sorted(o) == list(range(k)) for o in orders)
     for m in range(k):  # every method in every place equally often over 2k iterations
         assert sorted(o.index(m) for o in orders) == sorted(list(range(k)) * 2)
@@ -311,6 +311,20 @@ def test_iteration_order_balances_places_and_pairs(k):
         for x in range(k):
             for y in range(x + 1, k):
                 assert (a.index(x) < a.index(y)) != (b.index(x) < b.index(y))
+
+
+@pytest.mark.parametrize("k,n", [(12, 10), (11, 10), (3, 10), (5, 10)])
+def test_iteration_order_spreads_every_method_over_the_places_in_a_short_run(k, n):
+    """Fewer iterations than places (an ``also=[...]`` job: 12 methods, 10 pairs): every
+    method still spends as much time at the ends of an iteration as the others (mean distance
+    from the nearest end within one place), so a slow first or last slot cannot read as a
+    speedup. A rotation moving one place per two iterations left the reference at the ends
+    (mean distance 1.2) and the middle methods in the middle (4.2), and fails this."""
+    from harness.timing import iteration_order
+
+    orders = [iteration_order(i, k, n) for i in range(n)]
+    ends = [sum(min(o.index(j), k - 1 - o.index(j)) for o in orders) / n for j in range(k)]
+    assert max(ends) - min(ends) <= 1.0, ends
 
 
 def test_machine_load_sees_another_process_on_the_cores():

@@ -252,3 +252,43 @@ def test_eval_writes_one_row_per_turn_and_resumes(tmp_path, monkeypatch):
     md = study.markdown(df)
     assert "| 2 | KV revival | 0.1 | 2 |" in md and "| 1 | prefix cache (full prefill) | - | 2 |" in md
     assert plots.by_turn(s, tmp_path / "by_turn.png").stat().st_size > 10_000
+
+
+def test_policies_run_turn_by_turn_in_one_job_side_by_side(tmp_path, monkeypatch):
+    """``also=[...]`` on a multi-turn benchmark: one job runs every policy turn by turn on the
+    same conversations, in an order turned over from turn to turn (recorded), each policy
+    following its own answers exactly as it does alone; the summary pairs each policy with
+    that job's own full prefill and calls its speedup side by side. A single-turn benchmark
+    refuses ``also`` (make latency times single-turn methods side by side)."""
+    from harness.analysis.quality import summarize
+    from harness.jobs.eval import RunConfig, execute, prepare
+
+    monkeypatch.chdir(tmp_path)
+    common = ["model=tiny-random", "benchmark=multiturn", "length=1024", "limit=2", "max_new=4"]
+    policies = ["specprefill_frozen", "specprefill_revival"]
+    job = prepare(RunConfig.from_hydra(_cfg("method=full", f"also=[{','.join(policies)}]", "keep=0.25", *common,
+                                            f"out={tmp_path / 'together'}")))  # fmt: skip
+    assert "specprefill_revival" in job.plan_text()
+    df = pd.read_parquet(execute(job) / "rows.parquet")
+    assert len(df) == 2 * 4 * 3 and set(df["status"]) == {"ok"} and set(df["method"]) == {"full", *policies}
+    for _, turn in df.groupby(["unit", "turn"]):
+        assert sorted(turn["order"]) == [0, 1, 2]
+    assert set(df.loc[df["order"] == 0, "method"]) == {"full", *policies}  # each runs first on some turn
+    alone = execute(prepare(RunConfig.from_hydra(_cfg("method=specprefill_revival", "keep=0.25", *common,
+                                                      f"out={tmp_path / 'alone'}"))))  # fmt: skip
+    one = pd.read_parquet(alone / "rows.parquet").sort_values(["unit", "turn"])
+    rev = df[df["method"] == "specprefill_revival"].sort_values(["unit", "turn"])
+    assert rev["prediction"].tolist() == one["prediction"].tolist()  # interleaving changes no policy's work
+    assert rev["kept_tokens"].tolist() == one["kept_tokens"].tolist()
+    s = summarize(df)
+    later = s[(s["method"] == "specprefill_revival") & s["task"].str.contains("/turn")]
+    assert set(later["speedup_timing"]) == {"side by side"} and later["speedup"].notna().all()
+    assert set(s.loc[s["method"] == "full", "speedup_timing"]) == {""}
+    between = summarize(pd.concat([pd.read_parquet(p) for p in (tmp_path / "alone").rglob("rows.parquet")]
+                                  + [df[df["method"] == "full"]]))  # fmt: skip
+    assert set(between.loc[between["method"] == "specprefill_revival", "speedup_timing"]) == {"between runs"}
+    with pytest.raises(ValueError, match="one eval job runs several methods only on a multi-turn benchmark"):
+        prepare(RunConfig.from_hydra(_cfg("method=full", "also=[specprefill]", "benchmark=ruler", "limit=1",
+                                          "model=tiny-random", f"out={tmp_path}")))  # fmt: skip
+    with pytest.raises(ValueError, match="names a method twice"):
+        prepare(RunConfig.from_hydra(_cfg("method=full", "also=[full]", *common, f"out={tmp_path}")))

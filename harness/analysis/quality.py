@@ -29,6 +29,10 @@ speedup        the reference's TTFT over the point's, paired by sample (1 / ttft
                the samples only, not the drift between runs (20 % or more on a shared
                machine); side-by-side speedups come from the latency job
                (:mod:`harness.analysis.latency`)
+speedup_timing ``between runs`` as above; ``side by side`` where the point's rows and its
+               reference's come from one job that ran them turn by turn in a turned-over order
+               (a multi-turn job with ``also``: rows with ``order``): then the reference is
+               that job's own rows and the ratio is side by side
 speed_anomaly  the speedup above its ideal by more than the latency measures' tolerance
                (:func:`harness.analysis.latency.anomaly`): the words, else ``""``
 ideal_speedup  the FLOP model's full prefill over the method's work, ratio of means over
@@ -245,7 +249,7 @@ COLUMNS = [
     "ideal_speedup", "efficiency", "method_name", "reference", "hardware",
     "speculator", "method_options", "benchmark_options", "dtype", "backend",
     "kv_fraction", "kv_mib", "decode_s_per_token", "e2e_s", "e2e_speedup", "e2e_speedup_lo", "e2e_speedup_hi",
-    "prefilled_tokens", "revived_tokens", "speed_anomaly",
+    "prefilled_tokens", "revived_tokens", "speed_anomaly", "speedup_timing",
 ]  # fmt: skip
 
 
@@ -253,6 +257,23 @@ def references(ok: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
     """The reference's ok rows by :data:`REFERENCE_OF` key."""
     ref = ok[ok["is_reference"]]
     return {k: g for k, g in ref.groupby(REFERENCE_OF, dropna=False)} if not ref.empty else {}
+
+
+def side_by_side(rows: pd.DataFrame) -> str | None:
+    """The run whose job ran ``rows`` side by side with other methods (every row carries an
+    ``order`` and one ``run_id``), or None."""
+    if "order" not in rows or rows.empty or rows["run_id"].nunique() != 1:
+        return None
+    return str(rows["run_id"].iloc[0]) if pd.to_numeric(rows["order"], errors="coerce").notna().all() else None
+
+
+def run_references(ok: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
+    """The reference's ok rows of side-by-side jobs by :data:`REFERENCE_OF` key plus run."""
+    ref = ok[ok["is_reference"]]
+    if ref.empty or "order" not in ref:
+        return {}
+    ref = ref[pd.to_numeric(ref["order"], errors="coerce").notna()]
+    return {k: g for k, g in ref.groupby([*REFERENCE_OF, "run_id"], dropna=False)} if not ref.empty else {}
 
 
 def summarize(rows: pd.DataFrame) -> pd.DataFrame:
@@ -268,12 +289,18 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     ok = df[df["status"] == "ok"]
     refs = references(ok)
     ref_points = {k: (Point(g), Point(bucketed(g))) for k, g in refs.items()}
+    run_points = {k: (Point(g), Point(bucketed(g))) for k, g in run_references(ok).items()}
     out = []
     for key, g in df.groupby([*POINT, "label"], dropna=False, sort=True):
         point = dict(zip([*POINT, "label"], key, strict=True))
         good = g[g["status"] == "ok"]
+        point["is_reference_point"] = bool(g["is_reference"].any())
         p, pb = Point(good), Point(bucketed(good))
-        r = ref_points.get(tuple(point[k] for k in REFERENCE_OF))
+        run = side_by_side(good) if not point["is_reference_point"] else None
+        ref_key = tuple(point[k] for k in REFERENCE_OF)
+        r = run_points.get((*ref_key, run)) if run is not None else None
+        timing = "side by side" if r is not None else "between runs"
+        r = r or ref_points.get(ref_key)
         bad = g[g["status"] != "ok"]
         hardware = p.hardware() if not good.empty else ""
         for label, parts in labels(g).items():
@@ -295,6 +322,7 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
                 **{k: point[k] for k in ("speculator", "method_options", "benchmark_options", "dtype", "backend")},
             }  # fmt: skip
             row.update(measures(this, ref, parts, same_machine))
+            row["speedup_timing"] = timing if not np.isnan(row["speedup"]) and not point["is_reference_point"] else ""
             out.append(row)
     s = pd.DataFrame(out).reindex(columns=COLUMNS)
     return s.sort_values(["model", "benchmark", "length", "task", "method", "keep_rate"]).reset_index(drop=True)

@@ -38,6 +38,7 @@ from harness.config import (
     container,
     longest_prompt,
     longest_sequence,
+    method_conf,
     method_spec,
     model_from,
     model_identity,
@@ -54,11 +55,11 @@ from harness.prompts import sample_prompt
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
 from harness.store import RunStore, check_layout, method_columns
-from harness.timing import flops
+from harness.timing import flops, iteration_order
 from harness.types import Sample
 from specprefill.flops import Shape
 from specprefill.multiturn import ConversationRun, check_multiturn
-from specprefill.plan import Backend, Generation
+from specprefill.plan import Backend, Generation, Method
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,10 @@ class RunConfig:
     backend: str
     out: Path
     reference: str  # the method ratios are taken against (config `reference`)
+    #: More methods run in the same job (config ``also``, multi-turn benchmarks only): each
+    #: conversation's turns are run by every method turn by turn, in an order turned over
+    #: from turn to turn (:func:`harness.timing.iteration_order`), so their TTFTs are side by side.
+    also: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     @classmethod
     def from_hydra(cls, cfg: DictConfig) -> RunConfig:
@@ -80,6 +85,9 @@ class RunConfig:
         check_common(c)
         name, options = method_spec(c["method"])
         check_backend(str(c["backend"]))
+        also = c.get("also") or []
+        if not isinstance(also, list) or not all(isinstance(a, str) for a in also):
+            raise ValueError(f"also={also!r} is invalid; allowed: a list of method names, e.g. [specprefill_revival]")
         return cls(
             model=model_from(c),
             method_name=name,
@@ -88,6 +96,7 @@ class RunConfig:
             backend=str(c["backend"]),
             out=Path(str(c["out"])),
             reference=str(c["reference"]),
+            also=tuple(method_conf(a, float(c["keep"]), int(c["lookahead"])) for a in also),
         )
 
 
@@ -99,6 +108,13 @@ class Job(ModelJob):
     retry_failed: ClassVar[bool] = True
     cfg: RunConfig
     benchmark: Benchmark
+    #: More methods run turn by turn beside the method (config ``also``).
+    also: tuple[Method, ...] = ()
+
+    @property
+    def methods(self) -> list[Method]:
+        """The method, then those of ``also``."""
+        return [self.method, *self.also]
 
     def config(self) -> dict[str, Any]:
         """What ``config.yaml`` records of an eval job."""
@@ -106,6 +122,7 @@ class Job(ModelJob):
             "kind": "eval",
             "model": dataclasses.asdict(self.cfg.model),
             "method": {"name": self.method.name, **self.method.options()},
+            **({"also": [{"name": m.name, **m.options()} for m in self.also]} if self.also else {}),
             "reference": self.cfg.reference,
             "benchmark": {
                 **self.benchmark.options(),
@@ -121,8 +138,9 @@ class Job(ModelJob):
         c = self.cfg
         prompts = c.benchmark.limit * len(self.benchmark.tasks)  # at most: a task may have fewer samples
         work = [(prompts, longest_prompt(c.model, c.benchmark))]
+        also = "".join(f" + {m.name} {json.dumps(m.options())}" for m in self.also)
         return (
-            f"[dry run] {c.model.name} {self.method.name} {json.dumps(self.method.options())} "
+            f"[dry run] {c.model.name} {self.method.name} {json.dumps(self.method.options())}{also} "
             f"{self.benchmark.name}-{c.benchmark.length} tasks={list(self.benchmark.tasks)} "
             f"limit={c.benchmark.limit} backend={c.backend} -> {self.folder}\n"
             f"          {backend_plan(c.model, c.backend, self.method.needs_speculator, self.placement.max_model_len)}\n"
@@ -136,7 +154,7 @@ class Job(ModelJob):
         cfg = self.cfg
         check_runnable(cfg.model)
         tok, samples = benchmark_samples(cfg.model, self.benchmark)
-        backend = make_backend(cfg.model, cfg.backend, self.method.needs_speculator, self.placement)
+        backend = make_backend(cfg.model, cfg.backend, any(m.needs_speculator for m in self.methods), self.placement)
         common = {
             "run_id": self.folder.name,
             "config_hash": self.config_hash,
@@ -189,22 +207,41 @@ def prepare(cfg: RunConfig) -> Job:
         )
     benchmark = build_benchmark(cfg.benchmark)
     benchmark.check_model(cfg.model.max_context)
-    check_model_fits(cfg.model, [method], longest_prompt(cfg.model, cfg.benchmark))
-    check_in_model([method], cfg.backend)
+    also = tuple(build_method(n, o) for n, o in cfg.also)
+    methods = [method, *also]
+    if also and not benchmark.multiturn:
+        raise ValueError(
+            f"also={[m.name for m in also]} on benchmark {benchmark.name!r}: one eval job runs several methods only on "
+            f"a multi-turn benchmark (turn by turn); allowed here: also=[] (make latency times methods side by side, "
+            f"also=[...] there)"
+        )
+    names = [(m.name, json.dumps(m.options(), sort_keys=True)) for m in methods]
+    if len(set(names)) < len(names):
+        raise ValueError(
+            f"also={[m.name for m in also]} names a method twice (or the job's method); allowed: each once"
+        )
+    check_model_fits(cfg.model, methods, longest_prompt(cfg.model, cfg.benchmark))
+    check_in_model(methods, cfg.backend)
     if benchmark.multiturn:
-        check_multiturn(method, cfg.backend)
-    placement = place(cfg.model, cfg.backend, method.needs_speculator, longest_sequence(cfg.model, benchmark))
-    identity = {
+        for m in methods:
+            check_multiturn(m, cfg.backend)
+    needs_speculator = any(m.needs_speculator for m in methods)
+    placement = place(cfg.model, cfg.backend, needs_speculator, longest_sequence(cfg.model, benchmark))
+    identity: dict[str, Any] = {
         "model": model_identity(cfg.model),
         "method": {"name": method.name, **method.options()},
         "benchmark": benchmark.options(),
         "backend": cfg.backend,
         "decoding": "greedy",
     }
+    if also:  # only then: single-method runs keep their identities
+        identity["also"] = [{"name": m.name, **m.options()} for m in also]
     h = config_hash(identity)
     folder = cfg.out / cfg.model.name / f"{cfg.benchmark.name}-{cfg.benchmark.length}" / f"{method.name}-{h}"
     check_layout(folder, cfg.out)
-    return Job(cfg=cfg, method=method, benchmark=benchmark, config_hash=h, folder=folder, placement=placement)
+    return Job(
+        cfg=cfg, method=method, benchmark=benchmark, config_hash=h, folder=folder, placement=placement, also=also
+    )
 
 
 def validate(cfg: DictConfig) -> Path:
@@ -312,51 +349,63 @@ def row_head(sample: Sample, row_key: str, unit: str | None = None) -> dict[str,
 
 
 def run_conversation(job: Job, backend: Backend, tokenizer: Any, sample: Sample, hardware: str) -> list[dict[str, Any]]:
-    """The rows of one conversation (a multi-turn benchmark's sample): one per turn, each
-    turn run by the method's multi-turn policy (:mod:`specprefill.multiturn`). A turn that
-    fails is recorded and ends its conversation (the later turns follow from its answer)."""
+    """The rows of one conversation (a multi-turn benchmark's sample): one per turn and
+    method, each turn run by the method's multi-turn policy (:mod:`specprefill.multiturn`).
+    With several methods (config ``also``) every turn is run by each in an order turned over
+    from turn to turn (recorded, ``order``), so their TTFTs are side by side; each follows its
+    own answers. A turn that fails is recorded and ends that method's conversation (its later
+    turns follow from its answer)."""
     bench: Any = job.benchmark
     prompt, offsets = sample_prompt(sample, tokenizer)
-    run = ConversationRun(job.method, backend)
+    methods = job.methods
+    runs = [ConversationRun(m, backend) for m in methods]
+    alive = [True] * len(methods)
     rows: list[dict[str, Any]] = []
-    new_ids = prompt.input_ids
     key = f"{sample.task}/{sample.sample_id}"
-    for turn in bench.turns(sample):
-        row = {
-            **row_head(sample, f"{key}/turn{turn.index}", unit=key),
-            "turn": turn.index,
-            "turn_policy": run.policy,
-            "references": list(turn.references),
-        }
-        if turn.index > 1:
-            text = tokenizer(turn.text, add_special_tokens=False).input_ids
-            new_ids = torch.cat([run.answer(), torch.tensor(text, dtype=torch.int64)])
-
-        def one(turn: Any = turn, ids: torch.Tensor = new_ids) -> dict[str, Any]:
-            n = int(run.ids.numel()) + int(ids.numel())
-            max_new = decode_budget(
-                sample, n, job.cfg.model, job.cfg.benchmark.max_new_tokens_cap, job.placement.max_model_len
-            )
-            res = run.turn(ids, max_new, sample.stop)
-            gen = res.generation
-            return {
-                "prompt_tokens": res.prompt_tokens,
-                "kept_tokens": int(res.held.numel()),
-                "kept_fraction": int(res.held.numel()) / res.prompt_tokens,
-                "prefilled_tokens": res.prefilled,
-                "revived_tokens": res.revived,
-                "prediction": gen.text,
-                "score": bench.score_turn(sample, turn, gen.text),
-                "needle_kept": needle_kept(res.held, needle_tokens(offsets, turn.spans)),
-                "needle_depth": needle_depth(sample.prompt, sample.context, turn.spans),
-                "sample_hash": sample_hash(sample),
-                **generation_fields(res.timings, gen, max_new),
+    turns = list(bench.turns(sample))
+    for t, turn in enumerate(turns):
+        for slot, j in enumerate(iteration_order(t, len(methods), len(turns))):
+            if not alive[j]:
+                continue
+            m, run = methods[j], runs[j]
+            suffix = "" if j == 0 else f"/{m.name}-{config_hash(m.options())}"
+            row = {
+                **row_head(sample, f"{key}/turn{turn.index}{suffix}", unit=key),
+                "turn": turn.index,
+                "turn_policy": run.policy,
+                "references": list(turn.references),
             }
+            if len(methods) > 1:
+                row.update(method_columns(m, job.cfg.reference), order=slot)
+            new_ids = prompt.input_ids
+            if turn.index > 1:
+                text = tokenizer(turn.text, add_special_tokens=False).input_ids
+                new_ids = torch.cat([run.answer(), torch.tensor(text, dtype=torch.int64)])
 
-        done = measured(row, one, hardware)
-        rows.append(done)
-        if done["status"] != "ok":
-            break
+            def one(turn: Any = turn, ids: torch.Tensor = new_ids, run: ConversationRun = run) -> dict[str, Any]:
+                n = int(run.ids.numel()) + int(ids.numel())
+                max_new = decode_budget(
+                    sample, n, job.cfg.model, job.cfg.benchmark.max_new_tokens_cap, job.placement.max_model_len
+                )
+                res = run.turn(ids, max_new, sample.stop)
+                gen = res.generation
+                return {
+                    "prompt_tokens": res.prompt_tokens,
+                    "kept_tokens": int(res.held.numel()),
+                    "kept_fraction": int(res.held.numel()) / res.prompt_tokens,
+                    "prefilled_tokens": res.prefilled,
+                    "revived_tokens": res.revived,
+                    "prediction": gen.text,
+                    "score": bench.score_turn(sample, turn, gen.text),
+                    "needle_kept": needle_kept(res.held, needle_tokens(offsets, turn.spans)),
+                    "needle_depth": needle_depth(sample.prompt, sample.context, turn.spans),
+                    "sample_hash": sample_hash(sample),
+                    **generation_fields(res.timings, gen, max_new),
+                }
+
+            done = measured(row, one, hardware)
+            rows.append(done)
+            alive[j] = done["status"] == "ok"
     return rows
 
 

@@ -513,7 +513,10 @@ def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int) ->
     for it in bar:
         prompts = source.prompts(it)
         # timed iterations count from 0, so the balanced design covers exactly the timed pairs
-        for slot, j in enumerate(iteration_order(it - warmup if it >= warmup else it, len(timed))):
+        order = (
+            iteration_order(it - warmup, len(timed), job.cfg.iters) if it >= warmup else iteration_order(it, len(timed))
+        )
+        for slot, j in enumerate(order):
             name, m = timed[j]
             row = {**point_row(job, m, unit, batch, length, it, name), "order": slot, **rate}
             rows.append(measured(row, functools.partial(measure, m, prompts, backend, job.cfg.decode_tokens)))

@@ -10,9 +10,10 @@ from harness.analysis.quality import COLUMNS as QUALITY_COLUMNS
 
 #: What an eval run's TTFT ratio and speedup are, wherever one is printed.
 BETWEEN_RUNS = (
-    "TTFT ratio, speedup and e2e speedup here are between runs: each method's eval run timed its samples on its "
-    "own, minutes apart, not side by side; their interval is over samples only and does not cover the drift "
-    "between runs (20 % or more on a shared machine). Side-by-side speedups: make latency."
+    "TTFT ratio, speedup and e2e speedup here are between runs unless marked (side by side): each method's eval run "
+    "timed its samples on its own, minutes apart; their interval is over samples only and does not cover the drift "
+    "between runs (20 % or more on a shared machine). Side-by-side speedups: make latency (and, for conversations, "
+    "one multi-turn job running the policies turn by turn: also=[...])."
 )
 #: The columns of the quality table, in order; (value, lo, hi) cells show ``v [lo, hi]``.
 SHOWN = [
@@ -73,6 +74,9 @@ def format_summary(summary: pd.DataFrame, columns: list[str] | None = None) -> p
         if c in WITH_CI:
             s[c] = [with_ci(v, lo, hi, WITH_CI[c]) for v, lo, hi in
                     zip(summary[c], summary[f"{c}_lo"], summary[f"{c}_hi"], strict=True)]  # fmt: skip
+            if c == "speedup" and "speedup_timing" in summary:
+                paired = summary["speedup_timing"].fillna("").astype(str) == "side by side"
+                s.loc[paired, c] = s.loc[paired, c] + " (side by side)"
             if c == "speedup" and "speed_anomaly" in summary:
                 above = summary["speed_anomaly"].fillna("").astype(str) != ""
                 s.loc[above, c] = s.loc[above, c] + " (above ideal)"

@@ -103,7 +103,9 @@ def latency_grid(
         gen = torch.Generator().manual_seed(batch * 7919 + length)
         for it in range(warmup + iters):
             prompts = random_prompts(batch, length, ids_below(backend), gen)
-            for slot, j in enumerate(iteration_order(it - warmup if it >= warmup else it, len(methods))):
+            timed = it >= warmup
+            order = iteration_order(it - warmup, len(methods), iters) if timed else iteration_order(it, len(methods))
+            for slot, j in enumerate(order):
                 name, m = methods[j]
                 t0 = time.perf_counter()
                 row: dict[str, Any] = {"method": name, "keep_rate": m.options().get("keep_rate"), "batch": batch,

@@ -3,7 +3,8 @@ policy keep on turns 2-4, at what TTFT?
 
 The multi-turn benchmark (:mod:`harness.benchmarks.multiturn`: RULER's niah_multikey_1 at
 ``--length``, four needles with different keys, one key asked per turn), ``--limit``
-conversations, one ``make eval`` sweep over the policies (:mod:`specprefill.multiturn`):
+conversations, one ``make eval`` job per keep running every policy (:mod:`specprefill.multiturn`)
+turn by turn (``method=full also=[...]``):
 
 * ``full``: full prefill with a prefix cache (turn k prefills only its new tokens), the reference;
 * ``specprefill``: re-selected from scratch every turn (the speculator reads the whole
@@ -16,9 +17,9 @@ conversations, one ``make eval`` sweep over the policies (:mod:`specprefill.mult
 Per policy and turn: score and retention (paired with full prefill's same turn of the same
 conversation) with 95 % intervals, the needle kept (the turn's own needle among the tokens
 the base holds), TTFT of the turn, tokens prefilled and revived, the KV held; a figure of
-score, TTFT and KV by turn. The TTFTs come from one eval run, the policies one after another
-on the same conversations, not interleaved: a ratio of them can drift by 20 % or more on a
-shared machine (said beside the table).
+score, TTFT and KV by turn. The policies run turn by turn in one job, in an order turned over
+from turn to turn, so each turn's TTFT ratio to full prefill is side by side (the summary's
+``speedup_timing``; rows from an older sweep, one run per policy, read "between runs").
 
     python -m harness.studies.multiturn [--model qwen2.5-coder-1.5b] [--length 2048] [--limit 30]
         [--keeps 0.1] [--out results/multiturn] [--no-run]
@@ -47,10 +48,11 @@ POLICY = {
 
 
 def run_sweep(out: Path, model: str, length: int, limit: int, keeps: list[float]) -> None:
+    """One job per keep: full prefill and every policy turn by turn on the same conversations."""
     keep = ",".join(f"{k:g}" for k in keeps)
     subprocess.run([sys.executable, "-m", "harness.jobs.eval", f"model={model}", "benchmark=multiturn",
-                    f"length={length}", f"limit={limit}", f"method={','.join(METHODS)}", f"keep={keep}",
-                    f"out={out}"], check=True)  # fmt: skip
+                    f"length={length}", f"limit={limit}", f"method={METHODS[0]}", f"also=[{','.join(METHODS[1:])}]",
+                    f"keep={keep}", f"out={out}"], check=True)  # fmt: skip
 
 
 def table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -60,7 +62,7 @@ def table(rows: pd.DataFrame) -> pd.DataFrame:
         "method": s["method_name"], "keep": s["keep_rate"].astype(float), "turn": s["turn"], "n": s["n"].astype(int),
         **{c: s[c] for c in ("score", "score_lo", "score_hi", "retention", "retention_lo", "retention_hi",
                              "needle_kept", "ttft_s", "speculator_s", "prefilled_tokens", "revived_tokens",
-                             "kv_fraction", "speedup", "speedup_lo", "speedup_hi")},
+                             "kv_fraction", "speedup", "speedup_lo", "speedup_hi", "speedup_timing")},
     })  # fmt: skip
     order = {m: i for i, m in enumerate(METHODS)}
     df["_m"] = df["method"].map(order)
@@ -86,6 +88,9 @@ def markdown(df: pd.DataFrame) -> str:
             f"{'1.00x' if full else ci(r.speedup, r.speedup_lo, r.speedup_hi, '.2f')} | {num(r.prefilled_tokens, '.0f')} | "
             f"{num(r.revived_tokens, '.0f')} | {num(r.kv_fraction, '.2f')} |"
         )  # fmt: skip
+    timing = sorted({str(t) for t in df.get("speedup_timing", pd.Series(dtype=str)).dropna()} - {""})
+    lines += ["", f"Speedups: {' and '.join(timing) if timing else 'none'} (side by side: the policies ran turn by turn "
+              "in one job, in an order turned over every turn; between runs: one run per policy, minutes apart)."]  # fmt: skip
     return "\n".join(lines)
 
 
