@@ -47,6 +47,15 @@ def iteration_order(iteration: int, k: int, iterations: int | None = None) -> li
     return order[::-1] if iteration % 2 else order
 
 
+def point_order(iteration: int, k: int, warmup: int, iterations: int) -> list[int]:
+    """:func:`iteration_order` for one iteration of a grid point that starts with ``warmup``
+    warm-ups: the timed iterations count from 0, so the balanced design covers exactly the
+    ``iterations`` timed ones (warm-ups take their own index)."""
+    if iteration < warmup:
+        return iteration_order(iteration, k)
+    return iteration_order(iteration - warmup, k, iterations)
+
+
 #: A timed call shorter than this gets no ``foreign_cpu``: /proc/stat counts in clock ticks
 #: (10 ms), so one tick of another process would read as a large share of a short call.
 MIN_LOAD_WINDOW_S = 0.25

@@ -77,7 +77,7 @@ def ratio_of_medians_ci(
     a, b = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
     a, b = a[~np.isnan(a)], b[~np.isnan(b)]
     if a.size == 0 or b.size == 0:
-        return Estimate(float("nan"), float("nan"), float("nan"), 0)
+        return NAN
     da = np.median(a[_indices(a.size, resamples, seed)], axis=1)
     db = np.median(b[_indices(b.size, resamples, seed + 1)], axis=1)
     return Estimate(float(np.median(a) / np.median(b)), *_interval(da / db, level), int(min(a.size, b.size)))
@@ -108,7 +108,7 @@ def paired_ratio_ci(
     keep = ~(np.isnan(a) | np.isnan(b))
     ratios = a[keep] / b[keep]
     if ratios.size == 0:
-        return Estimate(float("nan"), float("nan"), float("nan"), 0)
+        return NAN
     value = float(np.median(ratios))
     if ratios.size < MIN_PAIRS:
         return Estimate(value, float("nan"), float("nan"), int(ratios.size))

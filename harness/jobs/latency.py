@@ -8,9 +8,10 @@ plans (:meth:`Backend.prefill`) up to the first token.
 
 The timing protocol (:mod:`harness.analysis.latency` reads it): each iteration is a *pair*
 (the reference and the method on one prompt set); the order of the methods within an
-iteration turns over from one iteration to the next (:func:`iteration_order`: every
-ordering and its reverse in consecutive iterations, so each method runs first as often as
-the others and a slow first slot cannot land on one side), recorded per row (``order``);
+iteration turns over from one iteration to the next (:func:`harness.timing.iteration_order`:
+a rotation and its reverse in consecutive iterations, the rotation spread so that every
+method visits the ends of an iteration as often as its middle, so neither an order effect
+nor a slow first or last slot can land on one side), recorded per row (``order``);
 the speedup's interval resamples the pairs. An **A/A check** (config ``aa_check``, on by
 default) times the reference a second time in every iteration as if it were a method
 (rows ``method=aa_check``): its speedup must read 1.0, or the run's speed claims are
@@ -96,7 +97,7 @@ from harness.prompts import random_prompts, sample_prompt
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
 from harness.store import RunStore, check_layout, method_columns
-from harness.timing import iteration_order, measure
+from harness.timing import measure, point_order
 from specprefill.flops import Shape
 from specprefill.plan import Backend, Method, Prompt, check_choice
 
@@ -512,11 +513,7 @@ def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int) ->
     bar = tqdm(range(warmup + job.cfg.iters), desc=f"batch {batch} x {length}", unit="pair", leave=False)
     for it in bar:
         prompts = source.prompts(it)
-        # timed iterations count from 0, so the balanced design covers exactly the timed pairs
-        order = (
-            iteration_order(it - warmup, len(timed), job.cfg.iters) if it >= warmup else iteration_order(it, len(timed))
-        )
-        for slot, j in enumerate(order):
+        for slot, j in enumerate(point_order(it, len(timed), warmup, job.cfg.iters)):
             name, m = timed[j]
             row = {**point_row(job, m, unit, batch, length, it, name), "order": slot, **rate}
             rows.append(measured(row, functools.partial(measure, m, prompts, backend, job.cfg.decode_tokens)))

@@ -19,7 +19,7 @@ from harness.analysis.latency import summarize_latency
 from harness.analysis.rows import AA_METHOD
 from harness.prompts import random_prompts
 from harness.rendering.tables import md_table
-from harness.timing import iteration_order, measure
+from harness.timing import measure, point_order
 from specprefill import FullPrefill, SpecPrefill
 from specprefill.plan import Method
 
@@ -103,9 +103,7 @@ def latency_grid(
         gen = torch.Generator().manual_seed(batch * 7919 + length)
         for it in range(warmup + iters):
             prompts = random_prompts(batch, length, ids_below(backend), gen)
-            timed = it >= warmup
-            order = iteration_order(it - warmup, len(methods), iters) if timed else iteration_order(it, len(methods))
-            for slot, j in enumerate(order):
+            for slot, j in enumerate(point_order(it, len(methods), warmup, iters)):
                 name, m = methods[j]
                 t0 = time.perf_counter()
                 row: dict[str, Any] = {"method": name, "keep_rate": m.options().get("keep_rate"), "batch": batch,
