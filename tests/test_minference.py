@@ -212,3 +212,42 @@ def test_eval_decodes_each_sample_inside_the_hook(tmp_path, monkeypatch, fake_mi
     assert len(rows) == 2 and set(rows["status"]) == {"ok"} and (rows["kept_fraction"] == 1.0).all()
     assert ran_patched == [True, True] and len(fake_minference.made) == 2  # one scope per sample
     assert not _patched(bases[-1])
+
+
+def test_minference_imports_through_the_package_probe_shim(tmp_path, monkeypatch):
+    """MInference 0.1.6.0 guards its CUDA extensions with ``if _is_package_available(x):
+    import x`` (from transformers.utils.import_utils); transformers 5 returns an always-truthy
+    ``(exists, version)`` there, so the import of an absent extension runs and fails. A
+    stand-in package written the same way fails to import bare and imports through
+    :func:`package_probe_as_bool`, whose probe still indexes and unpacks as transformers'
+    own callers do; the original function is back after the block, also after an error."""
+    from transformers.utils import import_utils as iu
+
+    pkg = tmp_path / "standin_minference"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "from transformers.utils.import_utils import _is_package_available\n"
+        "if _is_package_available('specprefill_absent_extension'):\n"
+        "    import specprefill_absent_extension\n"
+        "PRESENT = bool(_is_package_available('packaging'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    original = iu._is_package_available
+    assert original("specprefill_absent_extension")  # the truthy tuple this shim exists for
+    with pytest.raises(ModuleNotFoundError, match="specprefill_absent_extension"):
+        importlib.import_module("standin_minference")
+    sys.modules.pop("standin_minference", None)
+    with mi.package_probe_as_bool():
+        mod = importlib.import_module("standin_minference")
+        assert iu._is_package_available("specprefill_absent_extension")[0] is False  # transformers' [0] style
+        ok, version = iu._is_package_available("packaging", return_version=True)  # and its unpacking style
+        assert ok and version
+    assert mod.PRESENT and iu._is_package_available is original
+    sys.modules.pop("standin_minference", None)
+    with pytest.raises(RuntimeError, match="inside"), mi.package_probe_as_bool():
+        raise RuntimeError("inside")
+    assert iu._is_package_available is original
+    monkeypatch.setattr(iu, "_is_package_available", lambda name, *a, **k: False)  # transformers 4: a bool
+    with mi.package_probe_as_bool():
+        assert iu._is_package_available("x") is False

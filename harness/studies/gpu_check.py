@@ -20,10 +20,15 @@ even if another fails:
    prefill, vLLM's first-token log-probabilities against transformers' at the same kept
    positions, one interleaved TTFT point. Skipped, with the reason, where vLLM is absent.
 
-The report begins with what ran and what was skipped, and why.
+The report begins with what ran and what was skipped, and why, and the library versions.
 It writes ``results/reference/gpu_<device>.md`` (or ``$OUT/gpu_check.md`` when ``OUT``
-is set, as on the device tool). ``GPU_CHECK_CPU=1`` runs the same script at small sizes
-on the CPU (CI runs it), so the script is tested before any GPU is lent.
+is set, as on the device tool), rewritten after every part, so a run cut off by the
+machine's time limit keeps every part that finished. ``GPU_CHECK_CPU=1`` runs the same
+script at small sizes on the CPU (CI runs it), so the script is tested before any GPU is
+lent. ``GPU_CHECK_QUICK=1`` (or ``--quick``) is the check that fits one short call on a
+machine lent for minutes: 8K and 32K only (no 128K point, no batch of four), five timed
+pairs, scoring memory at 32K, about 4 minutes on one H100/H200 by the FLOP model
+(docs/backends.md gives the command for a machine without ``make``).
 """
 
 from __future__ import annotations
@@ -88,7 +93,48 @@ CPU = Sizes(
     parity_length=128,
     memory_lengths=(1024, 4096),
 )
+#: ``GPU_CHECK_QUICK=1``: one short call (see the module doc).
+GPU_QUICK = Sizes(
+    base=BASE_8B,
+    speculator=SPEC_1B,
+    dtype=torch.bfloat16,
+    grid=((1, 8192), (1, 32768)),
+    warmup=1,
+    iters=5,
+    parity_length=4096,
+    memory_lengths=(32768,),
+)
+CPU_QUICK = Sizes(
+    base=TINY,
+    speculator={**TINY, "num_hidden_layers": 1},
+    dtype=torch.float32,
+    grid=((1, 256),),
+    warmup=0,
+    iters=5,
+    parity_length=128,
+    memory_lengths=(1024,),
+)
 KEEPS = (0.1, 0.3)
+
+
+def versions() -> str:
+    """The libraries this machine ran with, one line."""
+    import platform
+
+    import numpy
+    import transformers
+
+    libs = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "numpy": numpy.__version__, "pandas": pd.__version__}  # fmt: skip
+    if torch.version.cuda:
+        libs["CUDA"] = str(torch.version.cuda)
+    try:
+        import vllm
+
+        libs["vllm"] = vllm.__version__
+    except ImportError:
+        libs["vllm"] = "absent"
+    return ", ".join(f"{k} {v}" for k, v in libs.items())
 
 
 def parity(backend: TransformersBackend, n: int) -> str:
@@ -158,25 +204,37 @@ def transformers_parts(parts: Parts, cfg: Sizes, device: torch.device, cpu_mode:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    unknown = [a for a in args if a != "--quick"]
+    if unknown:
+        raise SystemExit(f"gpu-check: unknown argument(s) {unknown}; allowed: --quick (or GPU_CHECK_QUICK=1)")
+    quick = "--quick" in args or os.environ.get("GPU_CHECK_QUICK") == "1"
     cpu_mode = os.environ.get("GPU_CHECK_CPU") == "1"
     if not cpu_mode and not torch.cuda.is_available():
         raise SystemExit("gpu-check: no CUDA device here; GPU_CHECK_CPU=1 runs it at small sizes on the CPU")
-    cfg = CPU if cpu_mode else GPU
+    cfg = (CPU_QUICK if quick else CPU) if cpu_mode else (GPU_QUICK if quick else GPU)
     device = torch.device("cpu" if cpu_mode else "cuda")
     name = "cpu" if cpu_mode else torch.cuda.get_device_name(0).replace(" ", "_").lower()
-    import platform
-
-    import transformers
-
+    target = (
+        Path(os.environ["OUT"]) / "gpu_check.md"
+        if os.environ.get("OUT")
+        else (ROOT / "results" / "reference" / f"gpu_{name}{'_quick' if quick else ''}.md")
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    mode = ("quick, " if quick else "") + ("CPU mode (GPU_CHECK_CPU=1): small sizes, for CI" if cpu_mode else "")
     out = [
         f"# gpu-check on {name}\n\n",
-        f"{'CPU mode (GPU_CHECK_CPU=1): small sizes, for CI' if cpu_mode else torch.cuda.get_device_name(0)}; "
-        f"torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}; "
+        f"{mode if cpu_mode else ('quick mode; ' if quick else '') + torch.cuda.get_device_name(0)}; {versions()}; "
         f"random weights, {str(cfg.dtype).split('.')[-1]}; written by `make gpu-check` "
-        f"(harness/studies/gpu_check.py).\n\n",
+        f"(harness/studies/gpu_check.py{' --quick' if quick else ''}).\n\n",
     ]
-    parts = Parts(out, [], [])
+
+    def flush() -> None:
+        target.write_text("".join(out))
+
+    parts = Parts(out, [], [], flush=flush)
+    print(out[1], flush=True)
     transformers_parts(parts, cfg, device, cpu_mode)
     if device.type == "cuda":  # its models are gone: hand their memory back before vLLM measures what is free
         import gc
@@ -189,12 +247,6 @@ def main() -> None:
     summary += [f"- skipped: {t}\n" for t in skipped]
     out.insert(2, "".join(summary) + "\n")
     print("".join(summary), flush=True)
-    target = (
-        Path(os.environ["OUT"]) / "gpu_check.md"
-        if os.environ.get("OUT")
-        else (ROOT / "results" / "reference" / f"gpu_{name}.md")
-    )
-    target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("".join(out))
     print(f"wrote {target}")
 

@@ -69,6 +69,9 @@ class Parts:
     ran: list[str]
     skipped: list[str]
     prefix: str = ""
+    #: Called after every section (the report so far written to its file, so a run cut off
+    #: by a machine's time limit keeps every part that finished).
+    flush: Callable[[], None] | None = None
 
     def section(self, title: str, fn: Callable[[], str]) -> None:
         print(f"== {self.prefix}{title}", flush=True)
@@ -81,6 +84,8 @@ class Parts:
             self.ran.append(f"{self.prefix}{title} (FAILED: {type(e).__name__})")
         self.out.append(f"## {self.prefix}{title} ({time.perf_counter() - t0:.0f} s)\n\n{body}\n")
         print(self.out[-1], flush=True)
+        if self.flush is not None:
+            self.flush()
 
 
 def latency_grid(

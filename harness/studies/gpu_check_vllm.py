@@ -191,6 +191,7 @@ def run(cpu_mode: bool, device: torch.device) -> tuple[str, list[str], list[str]
         "keep 1.0 equals full prefill",
         "vLLM against transformers",
         "one TTFT point",
+        "FP8 engine: position canary and keep 1.0 equals full prefill",
     ]
     reason = skip_reason()
     if reason is not None:
