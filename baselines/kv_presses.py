@@ -12,16 +12,24 @@ kvpress's ``compression_ratio`` is the fraction *removed*; our ``keep_rate`` is 
 kept, so ``keep_rate=0.1`` is ``compression_ratio=0.9`` (both recorded in every row: the
 options and ``compression_ratio``).
 
-Two settings, distinct rows (option ``query_aware``):
+Two settings, distinct rows (option ``query_aware``), both as kvpress's pipeline
+(``KVPressTextGenerationPipeline.preprocess``) lays out a prompt: what the press compresses
+is prefilled first under it, then the rest uncompressed at its original positions
+(:attr:`specprefill.plan.Plan.prefix`), the question's suffix (the chat template's tail)
+and the answer prefix always among the rest:
 
-* ``true`` (default; SpecPrefill's setting): the press sees the whole prompt, question
-  included, in one prefill (kvpress's leaderboard "query-aware" runs, where the question
-  is put inside the context); the question's own entries may be evicted too.
-* ``false``: kvpress's pipeline (``KVPressTextGenerationPipeline`` with ``question=``):
-  the context (everything before the question) is prefilled under the press, then the
-  question, the chat template's tail and the answer prefix are prefilled uncompressed at
-  their original positions (:attr:`specprefill.plan.Plan.prefix`). On prompts with no
-  text parts (a latency grid's random ids) there is no question, and the two coincide.
+* ``true`` (default; SpecPrefill's setting, kvpress's "query-aware" evaluation, where the
+  question is put inside the context): the press sees the context *and the question* and
+  may evict the question's own entries; the chat template's tail and the answer prefix are
+  prefilled uncompressed after it. ``compress_tail: true`` compresses those too (the whole
+  prompt in one prefill under the press: this harness's first form of the setting, kept
+  as a named option; rows before the option existed ran it).
+* ``false``: kvpress's pipeline with ``question=``: the context (everything before the
+  question) is prefilled under the press, then the question, the chat template's tail and
+  the answer prefix uncompressed.
+
+On prompts with no text parts (a latency grid's random ids) there is no question and no
+tail: the whole prompt goes through the press in every setting.
 
 kvpress is written against transformers < 5.3; on 5.19 its hooks need the
 ``cache_position`` argument 5.3 stopped passing to attention layers, which
@@ -106,21 +114,33 @@ def attention_patched() -> Iterator[None]:
                 local.pop(name, None)
 
 
-def question_start(prompt: Prompt, tokenizer: Any) -> int | None:
-    """The index of the prompt's first token after its context (the question's first), from
-    the tokenizer's character offsets of the prompt's text; None where the prompt has no
-    text parts (random ids). Refuses a prompt whose text does not tokenize to its ids."""
+def _first_token_from(prompt: Prompt, tokenizer: Any, boundary: int, what: str) -> int | None:
+    """The index of the prompt's first token starting at or after character ``boundary`` of
+    its text, from the tokenizer's offsets; None where the prompt has no text parts (random
+    ids) or no token starts there. Refuses a prompt whose text does not tokenize to its ids."""
     if not (prompt.context or prompt.question):
         return None
     text = prompt.text()
     enc = tokenizer(text, add_special_tokens=prompt.add_special_tokens, return_offsets_mapping=True)
     if list(enc["input_ids"]) != prompt.input_ids.tolist():
-        raise ValueError("the prompt's text does not tokenize to its ids; the question's first token is unknown")
-    boundary = len(prompt.head) + len(prompt.instruction) + len(prompt.context)
+        raise ValueError(f"the prompt's text does not tokenize to its ids; {what} is unknown")
     for i, (start, end) in enumerate(enc["offset_mapping"]):
         if end > start and start >= boundary:
             return i
     return None
+
+
+def question_start(prompt: Prompt, tokenizer: Any) -> int | None:
+    """The index of the prompt's first token after its context (the question's first)."""
+    boundary = len(prompt.head) + len(prompt.instruction) + len(prompt.context)
+    return _first_token_from(prompt, tokenizer, boundary, "the question's first token")
+
+
+def question_end(prompt: Prompt, tokenizer: Any) -> int | None:
+    """The index of the prompt's first token after its question (the chat template's tail,
+    else the answer prefix); None without text parts or when nothing follows the question."""
+    boundary = len(prompt.head) + len(prompt.instruction) + len(prompt.context) + len(prompt.question)
+    return _first_token_from(prompt, tokenizer, boundary, "the question's end")
 
 
 @dataclass(frozen=True)
@@ -134,11 +154,18 @@ class KVPress(Method):
     press_class: ClassVar[str]
     keep_rate: float = 0.3
     query_aware: bool = True
+    compress_tail: bool = False
 
     def __post_init__(self) -> None:
         check_keep(self.keep_rate)
-        if not isinstance(self.query_aware, bool):
-            raise ValueError(f"query_aware={self.query_aware!r}; allowed: true or false")
+        for name in ("query_aware", "compress_tail"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}; allowed: true or false")
+        if self.compress_tail and not self.query_aware:
+            raise ValueError(
+                "compress_tail=true with query_aware=false: the question and the tail are prefilled uncompressed when "
+                "the press does not see the question; allowed: compress_tail=true only with query_aware=true"
+            )
 
     @property
     def compression_ratio(self) -> float:
@@ -151,8 +178,8 @@ class KVPress(Method):
         kvpress = kvpress_module()
 
         extra = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        extra.pop("keep_rate")
-        extra.pop("query_aware")
+        for name in ("keep_rate", "query_aware", "compress_tail"):
+            extra.pop(name)
         return getattr(kvpress, self.press_class)(compression_ratio=self.compression_ratio, **extra)
 
     @contextlib.contextmanager
@@ -182,9 +209,10 @@ class KVPress(Method):
                 f"{self.name}; runners enter method.applied(backend) around the method's turn"
             )
         plan = full_plan(prompt)
-        if self.query_aware:
+        if self.query_aware and self.compress_tail:
             return plan
-        return dataclasses.replace(plan, prefix=question_start(prompt, backend.tokenizer))
+        split = question_end if self.query_aware else question_start
+        return dataclasses.replace(plan, prefix=split(prompt, backend.tokenizer))
 
 
 @register_method("snapkv")

@@ -166,11 +166,55 @@ def check_model_fits(model: Any, methods: list[Any], longest_prompt: int) -> Non
             f"speculator={model.speculator!r}: model {model.name!r} has {layers} layers; "
             f"allowed: self_layers:1 .. self_layers:{layers}"
         )
+    if spec is not None and spec[0] == "model":
+        check_speculator_window(model, str(spec[1]), longest_prompt)
     for m in methods:  # each method checks its own options against the shape (Method.check_model)
         try:
             m.check_model(model.name, layers, model.max_context, longest_prompt)
         except ValueError as e:
             raise ConfigError(f"method {m.name!r}: {e}") from e
+
+
+#: A speculator from another family reads the prompt in its own tokens: up to this many per
+#: base token, assumed before anything loads (English text runs within ~10 % across the
+#: Llama, Qwen and SmolLM2 tokenizers; code and other scripts further apart).
+OTHER_TOKENIZER_MARGIN = 1.25
+#: Tokens the speculator reads past the prompt (look-ahead), at most, in the check.
+LOOKAHEAD_MARGIN = 16
+
+
+def family(name: str) -> str:
+    """A model config's family as its name says it (``qwen2.5-coder-1.5b`` -> ``qwen2.5``):
+    models of one family share a tokenizer."""
+    return name.split("-", 1)[0].lower()
+
+
+def check_speculator_window(model: Any, speculator: str, longest_prompt: int) -> None:
+    """A ``model:<name>`` speculator reads the whole prompt: its own context window must hold
+    the run's longest prompt in its tokens: the base's count for a speculator of the base's
+    family (its tokenizer), else that count times :data:`OTHER_TOKENIZER_MARGIN` plus the
+    look-ahead (a conservative estimate: the prompt is not tokenized before loading).
+    Refused in one line before anything loads; past its window a speculator's positions are
+    untrained (or its position table overflows), and its scores would be silent noise."""
+    from harness.models.catalog import model_config
+
+    try:
+        other = model_config(speculator)
+    except ValueError as e:
+        raise ConfigError(f"speculator='model:{speculator}': {e}") from e
+    same = family(other.name) == family(model.name)
+    factor, margin = (1.0, 0) if same else (OTHER_TOKENIZER_MARGIN, LOOKAHEAD_MARGIN)
+    need = int(longest_prompt * factor + 0.999999) + margin
+    if need > other.max_context:
+        allowed = int((other.max_context - margin) / factor)
+        how = f"{longest_prompt} of {model.name!r}'s tokens" + (
+            "" if same else f", estimated at {factor:g}x for its own tokenizer, plus {margin} of look-ahead: {need}"
+        )
+        raise ConfigError(
+            f"speculator='model:{speculator}' has a context window of {other.max_context} tokens, but the run's longest "
+            f"prompt ({how}) would pass it; allowed: prompts up to {allowed} tokens (length=), or a speculator with "
+            f"a longer window"
+        )
 
 
 def check_in_model(methods: list[Any], backend: str) -> None:

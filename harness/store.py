@@ -153,7 +153,7 @@ class EvalRecord(RunRecord):
     prediction: str | None
     references: list[str]
     score: float | None
-    needle_kept: float | None
+    needle_kept: float | None  # the asked evidence's tokens kept (harness.diagnostics)
     needle_depth: float | None  # mean position of the evidence in the context, 0..1 (harness.diagnostics)
     sample_hash: str | None  # SHA-256 (16 hex) of the prompt and references the sample had
     ttft_s: float | None
@@ -187,6 +187,16 @@ class EvalRecord(RunRecord):
     #: The method's place among the methods run in this turn (several methods in one job,
     #: config ``also``: harness.timing.iteration_order); None where a job runs one method.
     order: int | None = None
+    #: Memory a method keeps beside the base's cache (KV revival: the speculator's cache of
+    #: the whole conversation), bytes; 0 where it keeps none, None in older rows.
+    speculator_kv_bytes: int | None = None
+    #: A conversation turn's needle: its place among the context's needles in document
+    #: order (1 = the first), recording the turn order the benchmark drew.
+    turn_needle: int | None = None
+    #: The share of look-alike needles the question does not ask that was kept (RULER
+    #: niah_multikey_1's other keys; Sample.distractor_spans); None without any, or in older
+    #: rows, whose ``needle_kept`` on niah_multikey_1 counted them with the asked one.
+    distractor_kept: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

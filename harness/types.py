@@ -14,7 +14,7 @@ class Sample:
     ``prompt`` is the full text the model sees (chat template applied), as
     :meth:`PromptFormat.wrap` assembles it from the parts.
     ``spans``: character spans in ``prompt`` of the evidence a diagnostic tracks
-    (RULER needles, variable-tracking chain statements, QA gold documents).
+    (RULER's asked needles, variable-tracking chain statements, QA gold documents).
     ``length``: RULER's target length, or the dataset's own length field (LongBench).
     """
 
@@ -31,6 +31,9 @@ class Sample:
     max_new_tokens: int
     metric: str
     spans: tuple[tuple[int, int], ...] = field(default=())
+    #: Spans of look-alike evidence the question does not ask (RULER niah_multikey_1's
+    #: other keys' needles): tracked apart from ``spans`` (``distractor_kept``).
+    distractor_spans: tuple[tuple[int, int], ...] = field(default=())
     #: Whether tokenizing ``prompt`` adds the tokenizer's special tokens (BOS): False when
     #: a chat template already wrote them.
     add_special_tokens: bool = False

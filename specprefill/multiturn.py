@@ -76,7 +76,10 @@ class TurnResult:
     """One turn: the base model's generation and what it took. ``held``: the conversation
     positions the base's cache holds after this turn's prefill (sorted); ``prefilled``: the
     tokens the base prefilled this turn; ``revived``: those of them from earlier turns
-    (``revival`` only: 0 elsewhere); ``timings``: the method's own seconds this turn."""
+    (``revival`` only: 0 elsewhere); ``timings``: the method's own seconds this turn;
+    ``speculator_kv_bytes``: the speculator's cache the conversation keeps after the turn
+    (``revival``: its cache of the whole conversation; 0 where the speculator's cache is
+    dropped after its pass), memory held beside the base's cache."""
 
     generation: Generation
     prompt_tokens: int
@@ -84,6 +87,7 @@ class TurnResult:
     revived: int
     held: torch.Tensor
     timings: dict[str, float] = field(default_factory=dict)
+    speculator_kv_bytes: int = 0
 
 
 class ConversationRun:
@@ -150,7 +154,8 @@ class ConversationRun:
             timings["selection_s"] = time.perf_counter() - t0
         gen = b.conversation_turn(self.conv, ids, pos, n, max_new_tokens, stop)
         held = torch.sort(self.conv.positions).values
-        self.last = TurnResult(gen, n, int(ids.numel()), revived, held, timings)
+        kept = self.conv.speculator_bytes() if self.policy == "revival" else 0
+        self.last = TurnResult(gen, n, int(ids.numel()), revived, held, timings, kept)
         return self.last
 
     def _select(self, importance: torch.Tensor, n: int) -> torch.Tensor:

@@ -81,6 +81,13 @@ BAD_EVAL = [
     (["model.tensor_parallel=0"], r"tensor_parallel=0 must be >= 1"),
     (["model.speculator=nope"], r"speculator='nope'; allowed"),
     (["model.speculator=self_layers:0"], r"self_layers needs a layer count >= 1"),
+    # a speculator's own window: SmolLM2's 8192 under a 32K base at 16K (another tokenizer: 1.25x)
+    (
+        ["model=qwen2.5-coder-1.5b", "model.speculator=model:smollm2-135m", "length=16384"],
+        r"^speculator='model:smollm2-135m' has a context window of 8192 tokens, but the run's longest prompt "
+        r"\(16384 of 'qwen2\.5-coder-1\.5b'.s tokens, estimated at 1\.25x for its own tokenizer, plus 16 of "
+        r"look-ahead: 20496\) would pass it; allowed: prompts up to 6540 tokens",
+    ),
 ]
 
 # Hydra refuses these itself while composing (wrong type, unknown group or option).
@@ -112,6 +119,7 @@ def test_bad_eval_inputs_are_refused_before_any_work(overrides, match, a_file):
 
 GOOD_EVAL = [
     ["model=smollm2-135m", "model.speculator=self_layers:30"],  # the base scoring itself: an oracle, allowed
+    ["model=qwen2.5-coder-1.5b", "model.speculator=model:smollm2-135m", "length=4096"],  # within its window
     ["method=gemfilter", "method.filter_layer=2", "model=tiny-random"],
     ["lookahead=8"],
     ["method=full", "keep=1"],

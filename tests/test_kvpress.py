@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from baselines.kv_presses import Knorm, SnapKV, question_start
+from baselines.kv_presses import Knorm, SnapKV, kvpress_module, question_end, question_start
 from harness.registry import build_method
 from specprefill.backends.transformers import TransformersBackend, cache_size
 from specprefill.plan import Prompt, full_plan
@@ -96,9 +96,12 @@ def test_every_press_leaves_keep_of_the_cache_and_generates(backend):
     assert full.kv_tokens == 120  # no press: the whole prompt
 
 
-def test_query_agnostic_compresses_the_context_only(backend):
-    """query_aware=false: the context goes through the press, the question after it is
-    prefilled whole at its own positions (kvpress's pipeline with question=)."""
+def test_query_aware_settings_split_the_prompt_as_kvpress_pipeline_does(backend):
+    """As kvpress's pipeline lays out a prompt: query_aware=false compresses the context and
+    prefills the question, the chat tail and the answer prefix whole at their own positions
+    (question=); query_aware=true compresses the context and the question and prefills the
+    tail and answer prefix whole (the question inside the context, kvpress's query-aware
+    evaluation); compress_tail=true puts the whole prompt through the press."""
     head, instruction, context, question, tail = "ab", "cd", "efghijklmnopqrstuvwxyz" * 4, "whatq", "zz"
     text = head + instruction + context + question + tail
     ids = torch.tensor(CharTokenizer()(text)["input_ids"])
@@ -112,10 +115,19 @@ def test_query_agnostic_compresses_the_context_only(backend):
     assert plan.prefix == before
     assert gen.kv_tokens == int(before * 0.5) + len(question + tail)
     aware = Knorm(keep_rate=0.5)
+    upto = len(head + instruction + context + question)
+    assert question_end(prompt, CharTokenizer()) == upto
     with aware.applied(backend):
-        assert aware.plan(prompt, backend).prefix is None
-        assert backend.generate(aware.plan(prompt, backend), max_new_tokens=2).kv_tokens == int(len(text) * 0.5)
+        assert aware.plan(prompt, backend).prefix == upto
+        assert backend.generate(aware.plan(prompt, backend), max_new_tokens=2).kv_tokens == int(upto * 0.5) + len(tail)
+    whole = Knorm(keep_rate=0.5, compress_tail=True)
+    with whole.applied(backend):
+        assert whole.plan(prompt, backend).prefix is None
+        assert backend.generate(whole.plan(prompt, backend), max_new_tokens=2).kv_tokens == int(len(text) * 0.5)
     assert question_start(Prompt(ids), CharTokenizer()) is None  # no text parts: nothing to split
+    assert question_end(Prompt(ids), CharTokenizer()) is None
+    with pytest.raises(ValueError, match=r"compress_tail=true with query_aware=false.*allowed"):
+        Knorm(keep_rate=0.5, query_aware=False, compress_tail=True)
 
 
 def test_a_press_plans_only_inside_its_hook(backend):
@@ -135,17 +147,24 @@ def test_make_eval_with_a_press_writes_kv_and_decode_columns(tmp_path, monkeypat
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=conf, version_base="1.3"):
-        cfg = compose(
-            config_name="config",
-            overrides=["model=tiny-random", "method=snapkv", "keep=0.1", "limit=1", "tasks=[niah_single_1]",
-                       "length=1024", f"out={tmp_path}"],
-        )  # fmt: skip
-    run.execute(run.prepare(run.RunConfig.from_hydra(cfg)))
-    row = read_results(tmp_path).iloc[0]
+    def one(*extra: str):
+        with initialize_config_dir(config_dir=conf, version_base="1.3"):
+            cfg = compose(
+                config_name="config",
+                overrides=["model=tiny-random", "method=snapkv", "keep=0.1", "limit=1", "tasks=[niah_single_1]",
+                           "length=1024", f"out={tmp_path / str(len(extra))}", *extra],
+            )  # fmt: skip
+        run.execute(run.prepare(run.RunConfig.from_hydra(cfg)))
+        return read_results(tmp_path / str(len(extra))).iloc[0]
+
+    row = one()
     assert row["status"] == "ok" and row["method"] == "snapkv"
-    assert row["kv_tokens"] == int(row["prompt_tokens"] * 0.1)
+    # query-aware as kvpress: context and question compressed, the chat tail and answer prefix (a few
+    # dozen tokens) kept whole
+    assert int(row["prompt_tokens"] * 0.1) < row["kv_tokens"] < int(row["prompt_tokens"] * 0.1) + 64
     assert row["kv_bytes"] > 0 and row["decode_s"] > 0 and row["output_tokens"] > 0
+    whole = one("method.compress_tail=true")
+    assert whole["kv_tokens"] == int(whole["prompt_tokens"] * 0.1)
 
 
 def _cost_rows():
@@ -282,3 +301,174 @@ def test_a_reference_timed_beside_a_press_runs_transformers_own_attention(backen
         assert (seen[name] is own) == (name == "full"), name
     assert getattr(seen["knorm"], "__module__", "") == "kvpress.attention_patch"
     assert ALL_ATTENTION_FUNCTIONS[impl] is own  # and nothing left behind
+
+
+# --------------------------------------------------------------------------- kept indices at the source
+
+
+def _eager(tiny_llama):
+    """A copy of the tiny model in eager attention (its attention weights are what SnapKV and
+    TOVA read in the press's hook)."""
+    import copy
+
+    m = copy.deepcopy(tiny_llama)
+    m.config._attn_implementation = "eager"
+    return m
+
+
+def _uncompressed(model, prompt: Prompt):
+    """One eager forward without a press: per layer the attention weights [H, N, N], the
+    cache's keys and values [kv heads, N, d] (after RoPE, as a press sees them) and the
+    attention layer's input hidden states [N, hidden]. A press evicts only after its layer has
+    attended, so every layer's inputs are these under a press too."""
+    inputs: dict[int, torch.Tensor] = {}
+
+    def grab(module, args, kwargs):
+        inputs[module.layer_idx] = kwargs["hidden_states"][0].detach().clone()
+
+    hooks = [layer.self_attn.register_forward_pre_hook(grab, with_kwargs=True) for layer in model.model.layers]
+    try:
+        with torch.inference_mode():
+            out = model(prompt.input_ids.unsqueeze(0), output_attentions=True, use_cache=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    cache = out.past_key_values
+    return [
+        (out.attentions[i][0], cache.layers[i].keys[0], cache.layers[i].values[0], inputs[i])
+        for i in range(len(model.model.layers))
+    ]
+
+
+def _top(scores: torch.Tensor, kept: int, forced: list[int]) -> list[list[int]]:
+    """Per head: the ``forced`` positions, then the highest ``scores`` among the others up to
+    ``kept`` in all, sorted. ``scores``: [kv heads, N]."""
+    out = []
+    for s in scores:
+        s = s.clone().double()
+        s[forced] = float("-inf")
+        rest = s.topk(kept - len(forced)).indices.tolist()
+        out.append(sorted(forced + rest))
+    return out
+
+
+def _expected_snapkv(layer, attn, keys, values, hidden, model, n, kept, window=16, kernel=5):
+    heads, kv = attn.shape[0], keys.shape[0]
+    obs = attn[:, -window:, : n - window].double().mean(dim=1)  # [H, N - w]: the window's attention
+    padded = torch.nn.functional.pad(obs, (kernel // 2, kernel // 2))  # zeros, counted in the mean
+    pooled = torch.stack([padded[:, i : i + kernel].mean(dim=1) for i in range(n - window)], dim=1)
+    per_kv = pooled.view(kv, heads // kv, n - window).mean(dim=1)
+    full = torch.cat([per_kv, torch.zeros(kv, window, dtype=per_kv.dtype)], dim=1)
+    return _top(full, kept, list(range(n - window, n)))
+
+
+def _expected_tova(layer, attn, keys, values, hidden, model, n, kept):
+    last = attn[:, -1, : n - 1].double().mean(dim=0)  # the last query's attention, mean over heads
+    full = torch.cat([last, torch.zeros(1, dtype=last.dtype)]).expand(keys.shape[0], n)
+    return _top(full, kept, [n - 1])
+
+
+def _expected_keydiff(layer, attn, keys, values, hidden, model, n, kept):
+    k = keys.double()
+    unit = k / k.norm(dim=-1, keepdim=True)
+    anchor = unit.mean(dim=1, keepdim=True)  # [kv, 1, d]
+    cos = (k * anchor).sum(-1) / (k.norm(dim=-1) * anchor.norm(dim=-1))
+    return _top(-cos, kept, [])
+
+
+def _expected_streaming_llm(layer, attn, keys, values, hidden, model, n, kept, sink=4):
+    return [list(range(sink)) + list(range(n - (kept - sink), n)) for _ in range(keys.shape[0])]
+
+
+def _expected_expected_attention(layer, attn, keys, values, hidden, model, n, kept, sink=4, future=512):
+    """ExpectedAttention (kvpress's definition): the pre-RoPE queries of the layer's input
+    after the sinks, their mean and covariance, each carried by the RoPE rotation averaged
+    over the next ``future`` positions (R = mean of the per-position rotations, built here by
+    rotating the identity with the model's own rotary embedding), the expected logit
+    k.mu/sqrt(d) + k'Ck/(2d) softmaxed over positions, averaged over a kv head's query heads,
+    times the value's norm; the sinks kept."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    attention = model.model.layers[layer].self_attn
+    heads, kv, d = attn.shape[0], keys.shape[0], keys.shape[-1]
+    h = hidden[sink:].double()
+    q = (h @ attention.q_proj.weight.double().T).view(h.shape[0], heads, d).transpose(0, 1)  # [H, s, d]
+    mu = q.mean(dim=1)  # [H, d]
+    c = q - mu[:, None]
+    cov = c.transpose(1, 2) @ c / h.shape[0]  # [H, d, d]
+    pos = torch.arange(n, n + future).unsqueeze(0)
+    cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=torch.float32), pos)
+    eye = (
+        torch.eye(d).expand(1, future, d, d).transpose(1, 2)
+    )  # [1, d(vector), future, d]: basis vectors at each position
+    rotated, _ = apply_rotary_pos_emb(eye, eye, cos, sin)  # row i, position t: R_t e_i
+    r = rotated[0].double().mean(dim=1).T  # [d, d]: column i = mean_t R_t e_i
+    mu, cov = mu @ r.T, r @ cov @ r.T
+    k = keys[:, sink:].double().repeat_interleave(heads // kv, dim=0)  # [H, N - sink, d]
+    logits = (k @ mu[:, :, None]).squeeze(-1) / d**0.5 + torch.einsum("hnd,hde,hne->hn", k, cov, k) / d / 2
+    probs = logits.softmax(dim=-1).view(kv, heads // kv, -1).mean(dim=1)
+    scores = probs * values[:, sink:].double().norm(dim=-1)
+    full = torch.cat([torch.zeros(kv, sink, dtype=scores.dtype), scores], dim=1)
+    return _top(full, kept, list(range(sink)))
+
+
+EXPECTED = {
+    "snapkv": (_expected_snapkv, {"window_size": 16, "kernel_size": 5}),
+    "tova": (_expected_tova, {}),
+    "keydiff": (_expected_keydiff, {}),
+    "streaming_llm": (_expected_streaming_llm, {"n_sink": 4}),
+    "expected_attention": (_expected_expected_attention, {}),
+}
+
+
+def _kept_positions(cache, full_keys: list[torch.Tensor]) -> list[list[list[int]]]:
+    """Per layer and kv head, the positions of the full cache whose keys the compressed cache
+    holds (keys after RoPE are unique per position)."""
+    out = []
+    for layer, ref in zip(cache.layers, full_keys, strict=True):
+        heads = []
+        for h in range(ref.shape[0]):
+            rows = {tuple(r.tolist()): i for i, r in enumerate(ref[h])}
+            heads.append(sorted(rows[tuple(r.tolist())] for r in layer.keys[0, h]))
+        out.append(heads)
+    return out
+
+
+def _press_cache(model, name: str, options: dict, prompt: Prompt) -> DynamicCache:
+    backend = TransformersBackend(model, CharTokenizer())
+    m = build_method(name, {"keep_rate": 0.5, **options})
+    cache = DynamicCache(config=model.config)
+    with m.applied(backend), torch.inference_mode():
+        backend.prefill_into(m.plan(prompt, backend), cache)
+    return cache
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_press_keeps_what_its_score_computed_from_the_models_own_attention_chooses(tiny_llama, name):
+    """SnapKV, TOVA, KeyDiff, StreamingLLM and ExpectedAttention at keep 0.5 on a tiny model in
+    eager attention: every layer's and kv head's kept positions equal the ones chosen by the
+    press's score computed here from an uncompressed forward (the model's own attention
+    weights, keys, values and layer inputs), in float64, not through kvpress. The same check
+    on a press whose score is reversed fails (the test can fail)."""
+    kvpress = kvpress_module()
+    model = _eager(tiny_llama)
+    n = 101
+    prompt = _prompt(n, seed=4)
+    kept = int(n * 0.5)
+    source = _uncompressed(model, prompt)
+    expect, options = EXPECTED[name]
+    want = []
+    for i, (attn, keys, values, hidden) in enumerate(source):
+        want.append(expect(i, attn, keys, values, hidden, model, n, kept))
+    got = _kept_positions(_press_cache(model, name, options, prompt), [k for _, k, _, _ in source])
+    assert got == want
+    if name == "streaming_llm":
+        return  # its score is positions only; reversing it is not a different press
+    press_class = getattr(kvpress, build_method(name, {"keep_rate": 0.5, **options}).press_class)
+    original = press_class.score
+    try:
+        press_class.score = lambda self, *a, **k: -original(self, *a, **k)
+        broken = _kept_positions(_press_cache(model, name, options, prompt), [k for _, k, _, _ in source])
+    finally:
+        press_class.score = original
+    assert broken != want

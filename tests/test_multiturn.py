@@ -181,9 +181,9 @@ def _sample(fmt):
     prefix = " The special magic number for green-hat mentioned in the provided text is"
     prompt = fmt.wrap(instruction, context, question, prefix)
     at = prompt.index(context)
-    spans = tuple((at + context.index(n), at + context.index(n) + len(n)) for n in needles)
+    spans = [(at + context.index(n), at + context.index(n) + len(n)) for n in needles]
     return Sample("multiturn", "niah_keys", 0, 1024, instruction, context, question, prefix, prompt, ("3333333",),
-                  128, "string_match_all", spans)  # fmt: skip
+                  128, "string_match_all", (spans[2],), distractor_spans=(spans[0], spans[1], spans[3]))  # fmt: skip
 
 
 def test_turns_ask_each_key_once_after_the_chat_template(smollm2_info):
@@ -193,13 +193,14 @@ def test_turns_ask_each_key_once_after_the_chat_template(smollm2_info):
     between, after = chat_pieces(smollm2_info.tokenizer, True)
     assert between.startswith("<|im_end|>") and "<|im_start|>user" in between
     assert after == smollm2_info.fmt.tail
-    bench = MultiTurn(BenchmarkConfig(name="multiturn", length=1024, options={"turns": 4}))
+    bench = MultiTurn(BenchmarkConfig(name="multiturn", length=1024, options={"turns": 4, "key_order": "document"}))
     bench._pieces = (between, after)
     sample = _sample(smollm2_info.fmt)
     turns = bench.turns(sample)
     assert [t.key for t in turns] == ["green-hat", "sour-mouse", "tall-river", "odd-cloud"]
+    assert [t.needle for t in turns] == [3, 1, 2, 4]
     assert [t.references for t in turns] == [("3333333",), ("1111111",), ("2222222",), ("4444444",)]
-    assert turns[0].text == "" and turns[0].spans == (sample.spans[2],)
+    assert turns[0].text == "" and turns[0].spans == sample.spans
     assert turns[1].text == (
         between + "What is the special magic number for sour-mouse mentioned in the provided text?" + after
         + " The special magic number for sour-mouse mentioned in the provided text is"
@@ -208,6 +209,70 @@ def test_turns_ask_each_key_once_after_the_chat_template(smollm2_info):
     assert bench.score_turn(sample, turns[1], " 1111111.") == 100.0 and bench.score_turn(sample, turns[1], "3") == 0
     with pytest.raises(ValueError, match=r"turns=5; allowed: 2..4"):
         MultiTurn(BenchmarkConfig(name="multiturn", length=1024, options={"turns": 5}))
+
+
+def test_later_keys_are_shuffled_per_conversation_and_recorded(smollm2_info):
+    """The default key order draws the later turns' keys per conversation (a stable seed of
+    task and sample id): turn 1 stays RULER's question, the later turns are a permutation of
+    the other keys, the same in every call, different across conversations, and over
+    conversations each needle is asked at every later turn (turn and depth not confounded);
+    a bad key order is refused naming the allowed ones."""
+    from dataclasses import replace
+
+    from harness.benchmarks.base import BenchmarkConfig
+    from harness.benchmarks.multiturn import MultiTurn
+
+    bench = MultiTurn(BenchmarkConfig(name="multiturn", length=1024, options={}))
+    assert bench.options()["key_order"] == "shuffled"
+    sample = _sample(smollm2_info.fmt)
+    orders = []
+    for i in range(24):
+        turns = bench.turns(replace(sample, sample_id=i))
+        assert turns[0].key == "green-hat" and turns[0].needle == 3
+        assert sorted(t.key for t in turns[1:]) == ["odd-cloud", "sour-mouse", "tall-river"]
+        assert [t.needle for t in turns] == [{"sour-mouse": 1, "tall-river": 2, "green-hat": 3, "odd-cloud": 4}[t.key]
+                                             for t in turns]  # fmt: skip
+        assert [t.key for t in bench.turns(replace(sample, sample_id=i))] == [t.key for t in turns]
+        orders.append(tuple(t.needle for t in turns[1:]))
+    assert len(set(orders)) >= 4  # not one fixed order
+    for turn in range(3):  # every later needle is asked at every later turn in some conversation
+        assert {o[turn] for o in orders} == {1, 2, 4}
+    with pytest.raises(ValueError, match=r"key_order='random'; allowed: shuffled, document"):
+        MultiTurn(BenchmarkConfig(name="multiturn", length=1024, options={"key_order": "random"}))
+
+
+def test_pooled_turns_resample_whole_conversations():
+    """A conversation's four turns are one sample: with every turn scoring what turn 1 scores,
+    ALL (the mean over turns) has exactly turn 1's interval and n counts conversations; turns
+    resampled as independent samples would give a narrower one. The estimator is the Poisson
+    bootstrap keyed by conversation id, computed here by hand."""
+    import numpy as np
+
+    from harness.analysis.quality import summarize
+    from harness.analysis.stats import RESAMPLES, cluster_mean_draws
+
+    rng = np.random.default_rng(5)
+    scores = rng.choice([0.0, 100.0], size=30)
+    rows = pd.DataFrame([
+        {"kind": "eval", "status": "ok", "model": "m", "benchmark": "multiturn", "length": 1024, "task": "niah_keys",
+         "sample_id": i, "turn": t, "method": "full", "reference_method": "full", "keep_rate": None, "score": sc,
+         "ttft_s": 1.0, "hardware": "h", "dtype": "float32", "backend": "transformers", "speculator": "",
+         "method_options": "{}", "benchmark_options": "{}", "category": None, "bucket": None, "run_id": "r"}
+        for i, sc in enumerate(scores) for t in (1, 2, 3, 4)
+    ])  # fmt: skip
+    s = summarize(rows).set_index("task")
+    assert s.loc["ALL", "n"] == 30 and s.loc["niah_keys/turn1", "n"] == 30
+    assert (
+        s.loc["ALL", ["score_lo", "score_hi"]].tolist() == s.loc["niah_keys/turn1", ["score_lo", "score_hi"]].tolist()
+    )
+    assert s.loc["niah_keys/turn1", "score_hi"] - s.loc["niah_keys/turn1", "score_lo"] > 25  # n = 30, not 120
+    ids = list(range(30))
+    w = np.stack([np.random.default_rng([7, i]).poisson(1.0, RESAMPLES) for i in ids], axis=1)
+    assert np.allclose(cluster_mean_draws(scores, ids, 7), (w @ scores) / w.sum(axis=1))
+    with_gap = scores.copy()
+    with_gap[3] = np.nan  # a conversation without this turn weighs nothing in it
+    w[:, 3] = 0
+    assert np.allclose(cluster_mean_draws(with_gap, ids, 7), (w @ np.nan_to_num(with_gap)) / w.sum(axis=1))
 
 
 def _cfg(*overrides: str):
@@ -236,6 +301,12 @@ def test_eval_writes_one_row_per_turn_and_resumes(tmp_path, monkeypatch):
         assert conv["prompt_tokens"].is_monotonic_increasing and conv["kept_tokens"].is_monotonic_increasing
     later = df[df["turn"] > 1]
     assert (later["prefilled_tokens"] >= later["revived_tokens"]).all() and (later["revived_tokens"] > 0).any()
+    # revival keeps the speculator's cache of the whole conversation: recorded, growing, counted in memory
+    assert (df["speculator_kv_bytes"] > 0).all()
+    for _, conv in df.groupby("unit"):
+        assert conv.sort_values("turn")["speculator_kv_bytes"].is_monotonic_increasing
+    for _, conv in df.groupby("unit"):
+        assert sorted(conv["turn_needle"]) == [1, 2, 3, 4]  # every needle asked once, its place recorded
     assert execute(job) == folder and len(pd.read_parquet(folder / "rows.parquet")) == 8  # resumed: nothing added
     rows = pd.concat([pd.read_parquet(p) for p in tmp_path.rglob("rows.parquet")])
     s = summarize(rows)
@@ -243,6 +314,14 @@ def test_eval_writes_one_row_per_turn_and_resumes(tmp_path, monkeypatch):
     assert {f"niah_keys/turn{k}" for k in range(1, 5)} <= tasks
     per_turn = s[(s["method"] == "specprefill_revival") & s["task"].str.contains("/turn")]
     assert per_turn["n"].tolist() == [2, 2, 2, 2]  # each turn its own task, both conversations
+    t4 = df[df["turn"] == 4]
+    held = ((t4["kv_bytes"] + t4["speculator_kv_bytes"]).mean()) / 2**20
+    assert per_turn.set_index("task").loc["niah_keys/turn4", "kv_mib"] == pytest.approx(held)
+    assert s.loc[(s["method"] == "full") & (s["task"] == "niah_keys/turn4"), "speculator_kv_mib"].iloc[0] == 0
+    full4 = pd.concat([pd.read_parquet(p) for p in tmp_path.rglob("rows.parquet")])
+    full4 = full4[(full4["method"] == "full") & (full4["turn"] == 4)]
+    ratio = per_turn.set_index("task").loc["niah_keys/turn4", "kv_memory_ratio"]
+    assert ratio == pytest.approx((t4["kv_bytes"] + t4["speculator_kv_bytes"]).sum() / full4["kv_bytes"].sum())
     from harness.rendering import plots
     from harness.studies import multiturn as study
 
@@ -283,6 +362,21 @@ def test_policies_run_turn_by_turn_in_one_job_side_by_side(tmp_path, monkeypatch
     s = summarize(df)
     later = s[(s["method"] == "specprefill_revival") & s["task"].str.contains("/turn")]
     assert set(later["speedup_timing"]) == {"side by side"} and later["speedup"].notna().all()
+    from harness.studies import multiturn as study
+
+    diff = study.differences(df).set_index(["candidate", "baseline", "turn"])
+    one = diff.loc[("specprefill_revival", "specprefill_frozen", "turn3")]
+    by_conv = rev.set_index(["unit", "turn"])["score"] - df[df["method"] == "specprefill_frozen"].set_index(
+        ["unit", "turn"])["score"]  # fmt: skip
+    t3 = by_conv.xs(3, level="turn")
+    assert one["difference"] == pytest.approx(t3.mean()) and one["n"] == 2
+    assert (one["wins"], one["losses"]) == (int((t3 > 0).sum()), int((t3 < 0).sum()))
+    pooled = diff.loc[("specprefill_revival", "specprefill_frozen", "turns 2+")]
+    assert pooled["difference"] == pytest.approx(by_conv[by_conv.index.get_level_values("turn") > 1].mean())
+    depth = study.by_depth(df)
+    assert set(depth["method"]) == {"full", *policies} and (depth.groupby("method")["turns"].sum() == 2 * 3).all()
+    assert "| KV revival | 0.25 |" in study.depth_markdown(depth) and "turns 2+" in study.differences_markdown(
+        study.differences(df))  # fmt: skip
     assert set(s.loc[s["method"] == "full", "speedup_timing"]) == {""}
     between = summarize(pd.concat([pd.read_parquet(p) for p in (tmp_path / "alone").rglob("rows.parquet")]
                                   + [df[df["method"] == "full"]]))  # fmt: skip

@@ -78,7 +78,7 @@ def test_sample_shape_and_budget(task, generated, tok_info):
 
 def _digest(samples) -> str:
     return hashlib.sha256(
-        json.dumps([[s.prompt, list(s.references), list(s.spans)] for s in samples]).encode()
+        json.dumps([[s.prompt, list(s.references), list(s.spans), list(s.distractor_spans)] for s in samples]).encode()
     ).hexdigest()
 
 
@@ -130,8 +130,11 @@ def test_niah_needles_are_in_the_context_and_spans_point_at_them(task, generated
     n_needles, n_refs, haystack, key_re, value_re = NIAH_TASKS[task]
     kind = "uuids" if value_re == UUID else "numbers"
     for s in generated[task]:
-        needles = [s.prompt[a:b] for a, b in s.spans]
+        needles = [s.prompt[a:b] for a, b in sorted(s.spans + s.distractor_spans)]
         assert len(needles) == n_needles and len(s.references) == n_refs
+        # the evidence is the asked needles, one per answer; the others are distractors
+        assert len(s.spans) == n_refs and len(s.distractor_spans) == n_needles - n_refs
+        assert sorted(re.search(rf"is: ({value_re})\.", s.prompt[a:b])[1] for a, b in s.spans) == sorted(s.references)
         needle = rf"One of the special magic {kind} for ({key_re}) is: ({value_re})\."
         parsed = [re.fullmatch(needle, x) for x in needles]
         assert all(parsed), needles

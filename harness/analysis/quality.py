@@ -9,14 +9,21 @@ task's samples are resampled within the task (2000 resamples, seeded per task by
 :func:`~harness.analysis.stats.task_seed`, so the same task gets the same resampled indices
 in every point and in both members of a pair) and combined exactly as the value is. The
 value is the statistic on the samples; the interval the percentiles of the statistic on
-the resamples: one estimator, so the point lies inside its interval.
+the resamples: one estimator, so the point lies inside its interval. A conversation's
+turns (tasks ``<task>/turn<k>``) are one sample each, not four: their conversations are
+resampled by id (:func:`resample_mean`), the same weights in every turn, so ``ALL`` (the
+mean over turns) and every paired measure resample whole conversations, and ``n`` counts
+conversations.
 
 ============== ============================================================================
 measure        estimator
 ============== ============================================================================
 score          macro mean of per-sample scores (:func:`macro_mean`)
 kept_fraction  macro mean of per-sample kept fractions
-needle_kept    macro mean over the tasks that have evidence tokens (others have no value)
+needle_kept    macro mean over the tasks that have evidence tokens (others have no value): the
+               tokens of the evidence the question asks (a RULER needle of the asked key)
+distractor_kept  likewise for look-alike evidence the question does not ask (niah_multikey_1's
+               other keys' needles; a conversation turn's other turns' needles)
 retention      ratio of macro means, paired: the point's score over the reference's on the
                samples both ran (:func:`paired_ratio`)
 ttft_ratio     ratio of macro means, paired: the point's TTFT over the reference's on the
@@ -41,7 +48,13 @@ efficiency     speedup / ideal_speedup
 kv_fraction    the base's KV cache after the prefill over the prompt, in tokens: ratio of
                macro means of ``kv_tokens`` and ``prompt_tokens`` over the point's samples
                (a KV press keeps ``keep`` of the cache; a prompt compressor what it kept)
-kv_mib         macro mean of ``kv_bytes`` (all layers, keys and values), in MiB
+kv_mib         macro mean of the KV memory the method holds after the prefill, in MiB: the
+               base's cache (``kv_bytes``, all layers, keys and values) plus any cache the
+               method keeps beside it (``speculator_kv_bytes``: KV revival's speculator cache
+               of the whole conversation), the normalized column ``kv_held_bytes``
+speculator_kv_mib  macro mean of ``speculator_kv_bytes`` alone, in MiB (rows that record it)
+kv_memory_ratio  ``kv_held_bytes`` over the reference's, paired by sample (ratio of macro
+               means, interval over samples): the memory held against full prefill's
 decode_s_per_token  ratio of macro means of ``decode_s`` and ``output_tokens``
 e2e_s          macro mean of ``ttft_s + max_new_tokens * decode_s / output_tokens``: the
                end-to-end latency at the benchmark's output length, each sample's decode
@@ -63,6 +76,7 @@ total prefill time over the same prompts.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -71,12 +85,46 @@ import pandas as pd
 
 from harness.analysis.latency import anomaly
 from harness.analysis.rows import POINT, REFERENCE_OF, normalize
-from harness.analysis.stats import NAN, Estimate, estimate, mean_draws, task_seed
+from harness.analysis.stats import NAN, Estimate, cluster_mean_draws, estimate, mean_draws, task_seed
 
 #: Groups of task names: a measure is the mean over groups of the mean over a group's tasks.
 Parts = list[list[str]]
 #: What one machine is called when a point's rows ran on several (no ratio is formed).
 MIXED = "<more than one machine>"
+
+
+#: A conversation's turn as a task of its own (:func:`harness.analysis.rows.normalize`).
+TURN_TASK = re.compile(r"^(?P<task>.+)/turn\d+$")
+
+
+def conversation(task: str) -> str | None:
+    """The conversation task a turn task (``<task>/turn<k>``) belongs to, else None."""
+    m = TURN_TASK.match(task)
+    return m["task"] if m else None
+
+
+def resample_mean(task: str, values: np.ndarray, ids: Iterable[Any]) -> np.ndarray:
+    """The bootstrap means of one task's per-sample ``values`` (NaN left out): resampled by
+    position within the task (:func:`~harness.analysis.stats.mean_draws`), except a
+    conversation's turns, whose conversations are resampled by id with the conversation
+    task's seed (:func:`~harness.analysis.stats.cluster_mean_draws`), so a mean over turns
+    resamples whole conversations, not turns as if they were independent samples."""
+    base = conversation(task)
+    if base is None:
+        return mean_draws(values[~np.isnan(values)], task_seed(task))
+    return cluster_mean_draws(values, [int(i) for i in ids], task_seed(base))
+
+
+def unit_mean(values: np.ndarray, units: Iterable[int], seed_task: str) -> Estimate:
+    """The mean of ``values`` (NaN left out) whose rows belong to ``units`` (a conversation's
+    several turns, the same unit), with its 95 % interval resampling whole units (the
+    conversation bootstrap of :func:`resample_mean`, seeded by ``seed_task``): e.g. turns
+    pooled by the asked needle's depth, where a conversation may have several turns in one
+    bin."""
+    v = np.asarray(values, dtype=float)
+    have = ~np.isnan(v)
+    value = float(v[have].mean()) if have.any() else float("nan")
+    return estimate(value, cluster_mean_draws(v, [int(u) for u in units], task_seed(seed_task)), int(have.sum()))
 
 
 class Point:
@@ -100,9 +148,14 @@ class Point:
     def draws(self, task: str, column: str, ids: pd.Index | None = None) -> np.ndarray:
         key = (task, column, None if ids is None else tuple(ids))
         if key not in self._draws:
-            v = self.values(task, column, ids)
-            self._draws[key] = mean_draws(v[~np.isnan(v)], task_seed(task))
+            g = self.tasks.get(task)
+            index = ids if ids is not None else (g.index if g is not None else pd.Index([]))
+            self._draws[key] = resample_mean(task, self.values(task, column, ids), index)
         return self._draws[key]
+
+    def units(self, tasks: Iterable[str]) -> int:
+        """The samples of ``tasks``, a conversation counted once over its turns."""
+        return len({(conversation(t) or t, i) for t in tasks if t in self.tasks for i in self.tasks[t].index})
 
     def hardware(self, tasks: Iterable[str] | None = None) -> str:
         """The one machine the rows of ``tasks`` (all) ran on, or :data:`MIXED`."""
@@ -188,7 +241,7 @@ def paired_difference(cand: Point, base: Point, column: str, parts: Parts) -> tu
         if not len(ids):
             continue
         c, b = cand.values(t, column, ids), base.values(t, column, ids)
-        dv[t], dd[t] = float((c - b).mean()), mean_draws(c - b, task_seed(t))
+        dv[t], dd[t] = float((c - b).mean()), resample_mean(t, c - b, ids)
         bv[t], cv[t] = float(b.mean()), float(c.mean())
         n += len(ids)
     groups = _groups(parts, dv, True)
@@ -250,6 +303,7 @@ COLUMNS = [
     "speculator", "method_options", "benchmark_options", "dtype", "backend",
     "kv_fraction", "kv_mib", "decode_s_per_token", "e2e_s", "e2e_speedup", "e2e_speedup_lo", "e2e_speedup_hi",
     "prefilled_tokens", "revived_tokens", "speed_anomaly", "speedup_timing",
+    "distractor_kept", "speculator_kv_mib", "kv_memory_ratio", "kv_memory_ratio_lo", "kv_memory_ratio_hi",
 ]  # fmt: skip
 
 
@@ -315,7 +369,7 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
             row = {
                 "model": point["model"], "benchmark": point["benchmark"], "length": point["length"], "task": label,
                 "method": point["label"], "keep_rate": point["keep_rate"],
-                "n": sum(len(this.tasks[t]) for t in names if t in this.tasks),
+                "n": this.units(names),
                 "failed": int((bad[in_label]["status"] == "failed").sum()),
                 "unsupported": int((bad[in_label]["status"] == "unsupported").sum()),
                 "method_name": point["method"], "reference": point["reference_method"], "hardware": hardware,
@@ -340,6 +394,7 @@ def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> d
     put("score", macro_mean(p, "score", parts))
     put("kept_fraction", macro_mean(p, "kept_fraction", parts))
     put("needle_kept", macro_mean(p, "needle_kept", parts, complete=False))
+    out["distractor_kept"] = macro_mean(p, "distractor_kept", parts, complete=False).value
     put("ttft_s", macro_mean(p, "ttft_s", parts), interval=False)
     put("speculator_s", macro_mean(p, "speculator_s", parts), interval=False)
     put("ideal_speedup", paired_ratio(p, "flops_full", p, "flops_method", parts), interval=False)
@@ -351,7 +406,9 @@ def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> d
     out["efficiency"] = out["speedup"] / out["ideal_speedup"] if out["ideal_speedup"] else float("nan")
     out["speed_anomaly"] = anomaly(out["speedup"], out["ideal_speedup"])  # type: ignore[assignment]
     put("kv_fraction", paired_ratio(p, "kv_tokens", p, "prompt_tokens", parts), interval=False)
-    out["kv_mib"] = macro_mean(p, "kv_bytes", parts).value / 2**20
+    out["kv_mib"] = macro_mean(p, "kv_held_bytes", parts).value / 2**20
+    out["speculator_kv_mib"] = macro_mean(p, "speculator_kv_bytes", parts).value / 2**20
+    put("kv_memory_ratio", paired_ratio(p, "kv_held_bytes", ref, "kv_held_bytes", parts) if ref is not None else nan)
     put("decode_s_per_token", paired_ratio(p, "decode_s", p, "output_tokens", parts), interval=False)
     put("e2e_s", macro_mean(p, "e2e_s", parts), interval=False)
     put("e2e_speedup", paired_ratio(ref, "e2e_s", p, "e2e_s", parts) if timed else nan)  # type: ignore[arg-type]

@@ -7,6 +7,8 @@
 * blanks the reference's speculator (it runs none, so its point is the same whatever the
   model's speculator is);
 * fills the optional columns (``""`` where a row kind or an older row has none);
+* adds ``kv_held_bytes``: the base's KV cache plus any cache the method keeps beside it
+  (``speculator_kv_bytes``, KV revival's speculator cache; 0 where a row has none);
 * makes each turn of a conversation (a multi-turn benchmark's rows carry ``turn``) a task
   of its own, ``<task>/turn<k>``: every measure is then taken per turn, paired with the
   reference's same turn of the same conversation, and ``ALL`` is the mean over turns;
@@ -119,6 +121,13 @@ def normalize(rows: pd.DataFrame) -> pd.DataFrame:
         }
         per_token = num["decode_s"] / num["output_tokens"].where(num["output_tokens"] > 0)
         df["e2e_s"] = num["ttft_s"] + num["max_new_tokens"] * per_token
+    if "kv_bytes" in df:
+        # the KV memory a method holds: the base's cache and any it keeps beside it (KV revival's
+        # speculator cache); rows without the second column hold the base's only
+        extra = pd.to_numeric(df["speculator_kv_bytes"], errors="coerce") if "speculator_kv_bytes" in df else 0.0
+        df["kv_held_bytes"] = pd.to_numeric(df["kv_bytes"], errors="coerce") + (
+            extra.fillna(0.0) if isinstance(extra, pd.Series) else extra
+        )
     df["label"] = df["method"].astype(str)
     kinds = df["kind"] if "kind" in df else pd.Series("eval", index=df.index)
     for kind, point in (("eval", POINT), ("latency", LATENCY_POINT), ("qps", POINT)):

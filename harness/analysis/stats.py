@@ -57,6 +57,29 @@ def mean_draws(values: np.ndarray, seed: int, resamples: int = RESAMPLES) -> np.
     return np.asarray(values[_indices(values.size, resamples, seed)].mean(axis=1))
 
 
+def cluster_mean_draws(values: np.ndarray, ids: Sequence[int], seed: int, resamples: int = RESAMPLES) -> np.ndarray:
+    """``resamples`` bootstrap means of ``values`` (one per unit ``ids``) whose resampling
+    is keyed by the unit, not its position: the Poisson bootstrap (each unit weighs a
+    Poisson(1) count in a resample, drawn from ``seed`` and the unit's id), so a unit gets
+    the same weight wherever it appears: in every turn of a conversation, in both members
+    of a pair, in any subset of the units. A mean over several columns of the same units
+    (a conversation's turns) then resamples whole units. NaN values (a turn a unit lacks)
+    are left out of that resample's mean; all NaN when there are none."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return np.full(resamples, np.nan)
+    if len(ids) != v.size:
+        raise ValueError(f"cluster_mean_draws: {v.size} values against {len(ids)} ids; one id per value")
+    w = np.stack([np.random.default_rng([seed, int(i)]).poisson(1.0, resamples) for i in ids], axis=1).astype(float)
+    have = ~np.isnan(v)
+    w[:, ~have] = 0.0
+    total = w.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = (w[:, have] @ v[have]) / total
+    out[total == 0] = np.nan
+    return np.asarray(out)
+
+
 def estimate(value: float, draws: np.ndarray, n: int, level: float = LEVEL) -> Estimate:
     """``value`` with the percentile interval of its bootstrap ``draws`` (NaN draws left
     out; no interval when every draw is NaN)."""

@@ -2,8 +2,8 @@
 
 Task ``niah_keys``: RULER's ``niah_multikey_1`` sample (an essay haystack holding four
 needles with different keys, one of them asked) is turn 1, exactly as RULER builds it at
-the run's length; turns 2..``turns`` ask the other keys one by one (in the order their
-needles appear), each a follow-up user message after the model's previous answer, worded
+the run's length; turns 2..``turns`` ask the other keys one by one, each a follow-up user
+message after the model's previous answer, worded
 as RULER words the single-key question, with RULER's answer prefix and scored by RULER's
 ``string_match_all`` against that key's value. Each turn's evidence is its own needle, so
 every question needs different tokens of the shared context: what a prefill that kept only
@@ -14,11 +14,21 @@ the assistant's answer, the next user message, ...): :meth:`MultiTurn.turns` giv
 follow-up's text, the piece the template puts between the previous answer and the next
 answer (end of the assistant message, the user message, the generation prompt, the answer
 prefix). Without a chat template the turns are separated by a blank line.
+
+The order of the later keys (option ``key_order``): ``shuffled`` (default) draws it per
+conversation from a seed of the task and sample id (:func:`key_rng`), so a turn's needle is
+as likely to sit early as late in the context and a trend over turns is not a trend over
+needle depth; ``document`` asks them in the order their needles appear (this benchmark's
+first version, where turn 2's needle lies before turn 4's and turn and depth move
+together). Every row records its needle's depth (``needle_depth``) and its place among the
+needles (``turn_needle``, 1 = the first in the context).
 """
 
 from __future__ import annotations
 
+import random
 import re
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,19 +47,29 @@ NEEDLE = re.compile(r"One of the special magic numbers for (?P<key>[\w-]+) is: (
 #: Tokens a follow-up turn adds beyond its answer, at most (the question, the template's
 #: turn markers, the answer prefix): the context window must hold the last turn.
 TURN_TOKENS = 96
+#: How the later turns' keys are ordered (see the module's doc).
+KEY_ORDERS = ("shuffled", "document")
+
+
+def key_rng(task: str, sample_id: int) -> random.Random:
+    """The generator of one conversation's key order: seeded by a stable hash of the task
+    and the sample id (the same order in every run, method and Python process)."""
+    return random.Random(zlib.crc32(f"{task}/{sample_id}".encode()))
 
 
 @dataclass(frozen=True)
 class Turn:
     """One turn of a conversation sample. ``text``: what the turn appends after the
     previous answer (empty for turn 1, whose text is the sample's prompt); ``spans``: the
-    turn's evidence in turn 1's prompt (character spans of ``Sample.prompt``)."""
+    turn's evidence in turn 1's prompt (character spans of ``Sample.prompt``); ``needle``:
+    the asked needle's place among the context's needles in document order (1 = first)."""
 
     index: int
     key: str
     text: str
     references: tuple[str, ...]
     spans: tuple[tuple[int, int], ...]
+    needle: int = 0
 
 
 def chat_pieces(tokenizer: Any, chat: bool) -> tuple[str, str]:
@@ -73,10 +93,10 @@ class MultiTurn(Benchmark):
     """Conversations over one shared context (``turns`` questions, 2..4, default 4)."""
 
     name = "multiturn"
-    version = f"1+ruler{RULER_VERSION}"
+    version = f"2+ruler{RULER_VERSION}"
     metrics_version = RULER_METRICS_VERSION
     all_tasks = tuple(SOURCES)
-    allowed_options = ("turns",)
+    allowed_options = ("turns", "key_order")
     multiturn = True
 
     def __init__(self, cfg: Any) -> None:
@@ -85,10 +105,14 @@ class MultiTurn(Benchmark):
         if isinstance(turns, bool) or not isinstance(turns, int) or not 2 <= turns <= 4:
             raise ValueError(f"multiturn: turns={turns!r}; allowed: 2..4 (one per needle key)")
         self.n_turns = turns
+        order = cfg.options.get("key_order", "shuffled")
+        if order not in KEY_ORDERS:
+            raise ValueError(f"multiturn: key_order={order!r}; allowed: {', '.join(KEY_ORDERS)}")
+        self.key_order = str(order)
         self._pieces = ("\n\n", "")
 
     def options(self) -> dict[str, Any]:
-        return {**super().options(), "turns": self.n_turns}
+        return {**super().options(), "turns": self.n_turns, "key_order": self.key_order}
 
     def check_model(self, max_context: int) -> None:
         n = self.cfg.length
@@ -114,10 +138,10 @@ class MultiTurn(Benchmark):
         return out
 
     def turns(self, sample: Sample) -> list[Turn]:
-        """The sample's turns: turn 1 (its own question), then the other keys in the order
-        their needles appear in the context."""
+        """The sample's turns: turn 1 (its own question), then the other keys in the
+        benchmark's ``key_order`` (shuffled per conversation, or as their needles appear)."""
         needles = []
-        for a, b in sample.spans:
+        for a, b in sorted(sample.spans + sample.distractor_spans):
             m = NEEDLE.fullmatch(sample.prompt[a:b])
             if m is None:
                 raise ValueError(f"sample {sample.task}/{sample.sample_id}: span {a}:{b} is not a RULER needle")
@@ -125,15 +149,18 @@ class MultiTurn(Benchmark):
         first = [k for k, v, _ in needles if v in sample.references and sample.question.count(k) == 1]
         if len(first) != 1:
             raise ValueError(f"sample {sample.task}/{sample.sample_id}: cannot tell which needle turn 1 asks")
-        order = [first[0]] + [k for k, _, _ in needles if k != first[0]]
+        later = [k for k, _, _ in needles if k != first[0]]
+        if self.key_order == "shuffled":
+            key_rng(sample.task, sample.sample_id).shuffle(later)
+        order = [first[0], *later]
         between, after = self._pieces
         out = []
         for i, key in enumerate(order[: self.n_turns]):
-            value, span = next((v, s) for k, v, s in needles if k == key)
+            rank, value, span = next((r, v, s) for r, (k, v, s) in enumerate(needles, 1) if k == key)
             question = sample.question.replace(first[0], key).lstrip("\n")
             prefix = sample.answer_prefix.replace(first[0], key)
             text = "" if i == 0 else between + question + after + prefix
-            out.append(Turn(i + 1, key, text, (value,), (span,)))
+            out.append(Turn(i + 1, key, text, (value,), (span,), rank))
         return out
 
     def score(self, sample: Sample, prediction: str) -> float:

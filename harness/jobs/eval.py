@@ -306,6 +306,9 @@ def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> di
         "needle_kept": None
         if job.method.compresses_cache
         else needle_kept(plan.kept_indices, needle_tokens(offsets, sample.spans)),
+        "distractor_kept": None
+        if job.method.compresses_cache
+        else needle_kept(plan.kept_indices, needle_tokens(offsets, sample.distractor_spans)),
         "needle_depth": needle_depth(sample.prompt, sample.context, sample.spans),
         "sample_hash": sample_hash(sample),
         "flops_full": float(f_full),
@@ -382,7 +385,12 @@ def run_conversation(job: Job, backend: Backend, tokenizer: Any, sample: Sample,
                 text = tokenizer(turn.text, add_special_tokens=False).input_ids
                 new_ids = torch.cat([run.answer(), torch.tensor(text, dtype=torch.int64)])
 
-            def one(turn: Any = turn, ids: torch.Tensor = new_ids, run: ConversationRun = run) -> dict[str, Any]:
+            # the other turns' needles: look-alikes this turn's question does not ask
+            others = tuple(s for s in sorted(sample.spans + sample.distractor_spans) if s not in turn.spans)
+
+            def one(
+                turn: Any = turn, ids: torch.Tensor = new_ids, run: ConversationRun = run, others: Any = others
+            ) -> dict[str, Any]:
                 n = int(run.ids.numel()) + int(ids.numel())
                 max_new = decode_budget(
                     sample, n, job.cfg.model, job.cfg.benchmark.max_new_tokens_cap, job.placement.max_model_len
@@ -398,7 +406,10 @@ def run_conversation(job: Job, backend: Backend, tokenizer: Any, sample: Sample,
                     "prediction": gen.text,
                     "score": bench.score_turn(sample, turn, gen.text),
                     "needle_kept": needle_kept(res.held, needle_tokens(offsets, turn.spans)),
+                    "distractor_kept": needle_kept(res.held, needle_tokens(offsets, others)),
                     "needle_depth": needle_depth(sample.prompt, sample.context, turn.spans),
+                    "turn_needle": turn.needle,
+                    "speculator_kv_bytes": res.speculator_kv_bytes,
                     "sample_hash": sample_hash(sample),
                     **generation_fields(res.timings, gen, max_new),
                 }

@@ -493,12 +493,19 @@ def turn_points(summary: pd.DataFrame) -> pd.DataFrame:
 def by_turn(summary: pd.DataFrame, path: Path) -> Path | None:
     """A conversation, turn by turn, one line per method (its multi-turn policy): the score
     (95 % intervals), the TTFT of the turn (the method's own work and the base's prefill of
-    that turn) and the base's KV cache after the turn's prefill; one line per method and keep
-    rate (the lowest keep solid, others dashed). None without multi-turn rows."""
+    that turn) and the KV memory held after the turn's prefill against full prefill's same
+    turn (``kv_memory_ratio``: the base's cache plus any the method keeps beside it, KV
+    revival's speculator cache; the token share ``kv_fraction`` where rows lack the bytes);
+    one line per method and keep rate (the lowest keep solid, others dashed). None without
+    multi-turn rows."""
     s = turn_points(summary)
     if s.empty:
         return None
     fig, axes = _panels(3, width=4.8, height=4.0)
+    has_bytes = "kv_memory_ratio" in s and s["kv_memory_ratio"].notna().any()
+    memory = "kv_memory_ratio" if has_bytes else "kv_fraction"
+    if has_bytes:  # the reference holds what it holds: 1.0 by definition
+        s = s.assign(kv_memory_ratio=s["kv_memory_ratio"].where(s["method_name"] != s["reference"], 1.0))
     lowest = s.loc[s["method_name"] != s["reference"], "keep_rate"].min()
     lines = s.groupby(["method", "keep_rate"])
     for (method, keep), g in sorted(lines, key=lambda m: (natural_key(m[0][0]), m[0][1])):
@@ -510,10 +517,13 @@ def by_turn(summary: pd.DataFrame, path: Path) -> Path | None:
                                 fmt=style, capsize=3, label=name)  # fmt: skip
         color = line[0].get_color()
         axes[1].plot(g["turn"], g["ttft_s"], style, color=color, label=name)
-        axes[2].plot(g["turn"], g["kv_fraction"], style, color=color, label=name)
-    for ax, label in zip(
-        axes, ("score (0-100)", "TTFT of the turn (s)", "KV held / conversation (tokens)"), strict=True
-    ):
+        axes[2].plot(g["turn"], g[memory], style, color=color, label=name)
+    kv_label = (
+        "KV memory held / full prefill's (both caches)"
+        if memory == "kv_memory_ratio"
+        else "KV held / conversation (tokens)"
+    )
+    for ax, label in zip(axes, ("score (0-100)", "TTFT of the turn (s)", kv_label), strict=True):
         ax.set_xlabel("turn")
         ax.set_ylabel(label)
         ax.set_xticks(sorted(s["turn"].unique()))

@@ -36,8 +36,9 @@ INTERVAL_NOTE = ("Score, retention (score / the reference's, same samples), need
                  "Ideal speedup: the FLOP model's full prefill over the method's work (its speculator "
                  "included); \"above ideal\": a speedup beyond it by more than the tolerance (10 % where the ideal "
                  "is 1.0, else 15 %), an anomaly to explain, not a finding.")  # fmt: skip
-COSTS_NOTE = ("kv_fraction: the base's KV cache after the prefill over the prompt (tokens); kv_mib: its size, "
-              "all layers; decode_s_per_token: decode time over output tokens; e2e_speedup: the reference's "
+COSTS_NOTE = ("kv_fraction: the base's KV cache after the prefill over the prompt (tokens); kv_mib: the KV "
+              "memory held, all layers: the base's cache plus any the method keeps beside it (KV revival's "
+              "speculator cache); decode_s_per_token: decode time over output tokens; e2e_speedup: the reference's "
               "TTFT + decode of the benchmark's output length over the method's, same samples, same machine "
               "[95 % interval].")  # fmt: skip
 UNPAIRED_NOTE = (

@@ -14,10 +14,16 @@ turn by turn (``method=full also=[...]``):
   its own cache; the base prefills the newly selected earlier tokens at their original
   positions, then the new turn).
 
+The later turns ask their keys in an order drawn per conversation (the benchmark's
+``key_order: shuffled``), so a turn's needle is as likely early as late in the context.
+
 Per policy and turn: score and retention (paired with full prefill's same turn of the same
 conversation) with 95 % intervals, the needle kept (the turn's own needle among the tokens
-the base holds), TTFT of the turn, tokens prefilled and revived, the KV held; a figure of
-score, TTFT and KV by turn. The policies run turn by turn in one job, in an order turned over
+the base holds), TTFT of the turn, tokens prefilled and revived, the KV held in tokens and
+the KV memory against full prefill's (both caches: KV revival keeps the speculator's cache of
+the whole conversation); turns 2.. by the asked needle's depth (:func:`by_depth`); policy
+against policy by paired score differences per turn and over turns 2.. (:func:`differences`);
+every interval resamples whole conversations; a figure of score, TTFT and KV memory by turn. The policies run turn by turn in one job, in an order turned over
 from turn to turn, so each turn's TTFT ratio to full prefill is side by side (the summary's
 ``speedup_timing``; rows from an older sweep, one run per policy, read "between runs").
 
@@ -32,9 +38,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from harness.analysis.quality import summarize
+from harness.analysis.quality import Point, paired_difference, summarize, unit_mean
+from harness.analysis.rows import normalize
 from harness.rendering import plots
 from harness.store import read_rows
 
@@ -62,7 +70,8 @@ def table(rows: pd.DataFrame) -> pd.DataFrame:
         "method": s["method_name"], "keep": s["keep_rate"].astype(float), "turn": s["turn"], "n": s["n"].astype(int),
         **{c: s[c] for c in ("score", "score_lo", "score_hi", "retention", "retention_lo", "retention_hi",
                              "needle_kept", "ttft_s", "speculator_s", "prefilled_tokens", "revived_tokens",
-                             "kv_fraction", "speedup", "speedup_lo", "speedup_hi", "speedup_timing")},
+                             "kv_fraction", "kv_memory_ratio", "kv_memory_ratio_lo", "kv_memory_ratio_hi",
+                             "speculator_kv_mib", "speedup", "speedup_lo", "speedup_hi", "speedup_timing")},
     })  # fmt: skip
     order = {m: i for i, m in enumerate(METHODS)}
     df["_m"] = df["method"].map(order)
@@ -77,7 +86,7 @@ def markdown(df: pd.DataFrame) -> str:
         return "-" if pd.isna(v) else f"{v:{f}}"
 
     head = ("| turn | policy | keep | n | score | retention vs full, same turn | needle kept | TTFT s | "
-            "speedup vs full, same turn | prefilled | revived | KV held |")  # fmt: skip
+            "speedup vs full, same turn | prefilled | revived | KV held (tokens) | KV memory vs full (both caches) |")  # fmt: skip
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in df.itertuples():
         full = r.method == "full"
@@ -86,11 +95,113 @@ def markdown(df: pd.DataFrame) -> str:
             f"{ci(r.score, r.score_lo, r.score_hi)} | {'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | "
             f"{num(r.needle_kept, '.2f')} | {num(r.ttft_s, '.2f')} | "
             f"{'1.00x' if full else ci(r.speedup, r.speedup_lo, r.speedup_hi, '.2f')} | {num(r.prefilled_tokens, '.0f')} | "
-            f"{num(r.revived_tokens, '.0f')} | {num(r.kv_fraction, '.2f')} |"
+            f"{num(r.revived_tokens, '.0f')} | {num(r.kv_fraction, '.2f')} | "
+            f"{'1' if full else ci(r.kv_memory_ratio, r.kv_memory_ratio_lo, r.kv_memory_ratio_hi, '.2f')} |"
         )  # fmt: skip
     timing = sorted({str(t) for t in df.get("speedup_timing", pd.Series(dtype=str)).dropna()} - {""})
     lines += ["", f"Speedups: {' and '.join(timing) if timing else 'none'} (side by side: the policies ran turn by turn "
-              "in one job, in an order turned over every turn; between runs: one run per policy, minutes apart)."]  # fmt: skip
+              "in one job, in an order turned over every turn; between runs: one run per policy, minutes apart). "
+              "KV held: the base's cache after the turn's prefill over the conversation, in tokens; KV memory vs "
+              "full: the bytes held (the base's cache plus KV revival's speculator cache of the whole conversation) "
+              "over full prefill's on the same turn. Intervals: 95 % bootstrap over conversations."]  # fmt: skip
+    return "\n".join(lines)
+
+
+#: Needle depth bins (the asked needle's position in the context, 0 = its start).
+DEPTHS = ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0001))
+
+
+def by_depth(rows: pd.DataFrame) -> pd.DataFrame:
+    """Turns 2.. pooled, by the asked needle's depth in the context: per policy, keep and
+    depth bin, the score and the needle kept with 95 % intervals over conversations (a
+    conversation's turns in one bin resampled together,
+    :func:`harness.analysis.quality.unit_mean`)."""
+    d = normalize(rows)
+    d = d[(d["status"] == "ok") & (pd.to_numeric(d.get("turn"), errors="coerce") > 1)]
+    d = d.assign(depth=pd.to_numeric(d["needle_depth"], errors="coerce")).dropna(subset=["depth"])
+    out = []
+    for (method, keep), g in d.groupby(["method", "keep_rate"]):
+        for lo, hi in DEPTHS:
+            b = g[(g["depth"] >= lo) & (g["depth"] < hi)]
+            if b.empty:
+                continue
+            row: dict[str, object] = {"method": method, "keep": float(keep), "depth": f"{lo:.2f}-{min(hi, 1.0):.2f}",
+                                      "turns": len(b), "conversations": b["sample_id"].nunique()}  # fmt: skip
+            for col in ("score", "needle_kept"):
+                v = pd.to_numeric(b[col], errors="coerce").to_numpy(dtype=float)
+                e = unit_mean(v, b["sample_id"].astype(int).tolist(), "by-depth")
+                row.update({col: e.value, f"{col}_lo": e.lo, f"{col}_hi": e.hi})
+            out.append(row)
+    df = pd.DataFrame(out)
+    if df.empty:
+        return df
+    order = {m: i for i, m in enumerate(METHODS)}
+    return df.sort_values(["keep", "method", "depth"], key=lambda c: c.map(order) if c.name == "method" else c)
+
+
+#: The policy comparisons the study reports (candidate, baseline).
+PAIRS = [("specprefill_revival", "specprefill"), ("specprefill_frozen", "specprefill"),
+         ("specprefill_revival", "specprefill_frozen")]  # fmt: skip
+
+
+def differences(rows: pd.DataFrame) -> pd.DataFrame:
+    """Policy against policy at the same keep, paired by conversation: the score difference
+    (candidate - baseline; :func:`harness.analysis.quality.paired_difference`) per turn and
+    over turns 2.. (whole conversations resampled), with the conversations the candidate
+    won and lost."""
+    d = normalize(rows)
+    d = d[(d["status"] == "ok") & d["task"].str.contains("/turn", regex=False)]
+    tasks = sorted(set(d["task"]), key=lambda t: int(t.rsplit("/turn", 1)[1]))
+    later = [t for t in tasks if not t.endswith("/turn1")]
+    out = []
+    for keep in sorted(set(d.loc[~d["is_reference"], "keep_rate"])):
+        for cand, base in PAIRS:
+            c = d[(d["method"] == cand) & np.isclose(d["keep_rate"], keep)]
+            b = d[(d["method"] == base) & np.isclose(d["keep_rate"], keep)]
+            if c.empty or b.empty:
+                continue
+            pc, pb = Point(c), Point(b)
+            for name, parts in [*((t.rsplit("/", 1)[1], [[t]]) for t in tasks), ("turns 2+", [later])]:
+                diff, _, _ = paired_difference(pc, pb, "score", parts)
+                names = [t for group in parts for t in group]
+                m = c.set_index(["task", "sample_id"])["score"].astype(float)
+                n = b.set_index(["task", "sample_id"])["score"].astype(float)
+                both = m[m.index.get_level_values(0).isin(names)].to_frame("c").join(n.rename("b"), how="inner")
+                out.append({"keep": float(keep), "candidate": cand, "baseline": base, "turn": name,
+                            "difference": diff.value, "lo": diff.lo, "hi": diff.hi, "n": diff.n,
+                            "wins": int((both["c"] > both["b"]).sum()), "losses": int((both["c"] < both["b"]).sum())})  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def depth_markdown(df: pd.DataFrame) -> str:
+    def ci(v: float, lo: float, hi: float, f: str) -> str:
+        return "-" if pd.isna(v) else f"{v:{f}} [{lo:{f}}, {hi:{f}}]"
+
+    lines = [
+        "| policy | keep | needle depth | turns (conversations) | score | needle kept |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in df.itertuples():
+        keep = "-" if r.method == "full" else f"{r.keep:g}"
+        lines.append(f"| {POLICY.get(str(r.method), r.method)} | {keep} | {r.depth} | {r.turns} ({r.conversations}) | "
+                     f"{ci(r.score, r.score_lo, r.score_hi, '.1f')} | {ci(r.needle_kept, r.needle_kept_lo, r.needle_kept_hi, '.2f')} |")  # fmt: skip
+    lines += ["", "Turns 2 and later, by the asked needle's depth in the context (0 = its start); 95 % bootstrap "
+              "intervals over conversations."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def differences_markdown(df: pd.DataFrame) -> str:
+    lines = [
+        "| keep | policy | against | turn | score difference [95 %] | n | wins / losses |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in df.itertuples():
+        null = "" if pd.isna(r.lo) or r.lo > 0 or r.hi < 0 else " (within noise)"
+        lines.append(f"| {r.keep:g} | {POLICY[r.candidate]} | {POLICY[r.baseline]} | {r.turn} | "
+                     f"{r.difference:+.1f} [{r.lo:+.1f}, {r.hi:+.1f}]{null} | {r.n} | {r.wins} / {r.losses} |")  # fmt: skip
+    lines += ["", "Score difference (0-100 points), the policy minus the one it is compared with, paired by "
+              "conversation; over turns 2+ the mean over turns with whole conversations resampled. Wins / losses: "
+              "conversation-turns where the policy scored higher / lower."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -109,7 +220,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = rows[rows["kind"] == "eval"]
     df = table(rows)
     df.to_csv(a.out / "multiturn.csv", index=False)
-    text = markdown(df)
+    depth, diff = by_depth(rows), differences(rows)
+    depth.to_csv(a.out / "multiturn_by_depth.csv", index=False)
+    diff.to_csv(a.out / "multiturn_differences.csv", index=False)
+    text = "\n\n".join([markdown(df), "## By needle depth", depth_markdown(depth),
+                         "## Policy against policy", differences_markdown(diff)])  # fmt: skip
     (a.out / "multiturn.md").write_text(text + "\n")
     plots.by_turn(summarize(rows), a.out / "multiturn_by_turn.png")
     print(text)

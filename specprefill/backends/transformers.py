@@ -194,6 +194,11 @@ class Conversation:
     positions: torch.Tensor
     speculator_cache: Any | None = None
 
+    def speculator_bytes(self) -> int:
+        """Bytes of the speculator's own cache (keys and values, all layers): memory the
+        conversation holds beside the base's cache (0 when it keeps none)."""
+        return 0 if self.speculator_cache is None else cache_size(self.speculator_cache)[1]
+
 
 class TransformersBackend:
     """Owns a base model, its tokenizer and (optionally) a speculator: with the same

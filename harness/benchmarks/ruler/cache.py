@@ -76,6 +76,7 @@ def _sample_to_row(s: Sample) -> dict[str, Any]:
     d = dataclasses.asdict(s)
     d["references"] = list(s.references)
     d["spans"] = [list(x) for x in s.spans]
+    d["distractor_spans"] = [list(x) for x in s.distractor_spans]
     d["stop"], d["all_classes"] = list(s.stop), list(s.all_classes)
     return d
 
@@ -84,6 +85,7 @@ def _row_to_sample(r: dict[str, Any]) -> Sample:
     r = dict(r)
     r["references"] = tuple(str(x) for x in r["references"])
     r["spans"] = tuple((int(a), int(b)) for a, b in r["spans"])
+    r["distractor_spans"] = tuple((int(a), int(b)) for a, b in r.get("distractor_spans", ()))
     r["stop"] = tuple(str(x) for x in r["stop"])
     r["all_classes"] = tuple(str(x) for x in r["all_classes"])
     r["add_special_tokens"] = bool(r["add_special_tokens"])

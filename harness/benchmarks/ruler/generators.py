@@ -150,8 +150,20 @@ class Niah(TaskGen):
             head, tail, prefix = single(head), single(tail), single(prefix)
             type_v = type_v[:-1]
         fmt = dict(type_needle_v=type_v, query=query)
+        # the evidence is the asked needles; the others (multikey_1's three other keys) are distractors
+        asked = {
+            NEEDLE.format(type_needle_v=a["type_needle_v"], key=keys[i], value=v) for i in indices for v in values[i]
+        }
+        evidence = tuple(s for s in spans if context[s[0] : s[1]] in asked)
+        distractors = tuple(s for s in spans if context[s[0] : s[1]] not in asked)
         return Parts(
-            head.format(**fmt), context, tail.format(**fmt), prefix.format(**fmt), tuple(answers), tuple(spans)
+            head.format(**fmt),
+            context,
+            tail.format(**fmt),
+            prefix.format(**fmt),
+            tuple(answers),
+            evidence,
+            distractors,
         )
 
     def probe_text(self, parts: Parts) -> str:

@@ -106,6 +106,7 @@ def generate(
                 max_new_tokens=gen.tokens_to_generate,
                 metric=gen.metric,
                 spans=tuple((ctx_start + a, ctx_start + b) for a, b in p.context_spans),
+                distractor_spans=tuple((ctx_start + a, ctx_start + b) for a, b in p.distractor_spans),
                 add_special_tokens=fmt.add_special_tokens,
             )
         )

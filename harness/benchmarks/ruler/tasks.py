@@ -155,6 +155,8 @@ class Parts:
     answer_prefix: str
     references: tuple[str, ...]
     context_spans: tuple[tuple[int, int], ...] = ()
+    #: Needles the question does not ask (niah_multikey_1's other keys), spans in the context.
+    distractor_spans: tuple[tuple[int, int], ...] = ()
 
 
 class Rng:
