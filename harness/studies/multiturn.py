@@ -168,7 +168,8 @@ def differences(rows: pd.DataFrame) -> pd.DataFrame:
                 n = b.set_index(["task", "sample_id"])["score"].astype(float)
                 both = m[m.index.get_level_values(0).isin(names)].to_frame("c").join(n.rename("b"), how="inner")
                 out.append({"keep": float(keep), "candidate": cand, "baseline": base, "turn": name,
-                            "difference": diff.value, "lo": diff.lo, "hi": diff.hi, "n": diff.n,
+                            "difference": diff.value, "lo": diff.lo, "hi": diff.hi,
+                            "n": int(both.index.get_level_values(1).nunique()),
                             "wins": int((both["c"] > both["b"]).sum()), "losses": int((both["c"] < both["b"]).sum())})  # fmt: skip
     return pd.DataFrame(out)
 
