@@ -78,10 +78,12 @@ def table(rows: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values(["turn", "_m", "keep"]).drop(columns="_m").reset_index(drop=True)
 
 
-def markdown(df: pd.DataFrame) -> str:
-    def ci(v: float, lo: float, hi: float, f: str = ".1f") -> str:
-        return "-" if pd.isna(v) else f"{v:{f}} [{lo:{f}}, {hi:{f}}]"
+def ci(v: float, lo: float, hi: float, f: str = ".1f") -> str:
+    """``v [lo, hi]`` in format ``f``, ``-`` without a value."""
+    return "-" if pd.isna(v) else f"{v:{f}} [{lo:{f}}, {hi:{f}}]"
 
+
+def markdown(df: pd.DataFrame) -> str:
     def num(v: float, f: str) -> str:
         return "-" if pd.isna(v) else f"{v:{f}}"
 
@@ -161,11 +163,11 @@ def differences(rows: pd.DataFrame) -> pd.DataFrame:
             if c.empty or b.empty:
                 continue
             pc, pb = Point(c), Point(b)
+            m = c.set_index(["task", "sample_id"])["score"].astype(float)
+            n = b.set_index(["task", "sample_id"])["score"].astype(float)
             for name, parts in [*((t.rsplit("/", 1)[1], [[t]]) for t in tasks), ("turns 2+", [later])]:
                 diff, _, _ = paired_difference(pc, pb, "score", parts)
                 names = [t for group in parts for t in group]
-                m = c.set_index(["task", "sample_id"])["score"].astype(float)
-                n = b.set_index(["task", "sample_id"])["score"].astype(float)
                 both = m[m.index.get_level_values(0).isin(names)].to_frame("c").join(n.rename("b"), how="inner")
                 out.append({"keep": float(keep), "candidate": cand, "baseline": base, "turn": name,
                             "difference": diff.value, "lo": diff.lo, "hi": diff.hi,
@@ -175,9 +177,6 @@ def differences(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def depth_markdown(df: pd.DataFrame) -> str:
-    def ci(v: float, lo: float, hi: float, f: str) -> str:
-        return "-" if pd.isna(v) else f"{v:{f}} [{lo:{f}}, {hi:{f}}]"
-
     lines = [
         "| policy | keep | needle depth | turns (conversations) | score | needle kept |",
         "|---|---|---|---|---|---|",
@@ -193,7 +192,7 @@ def depth_markdown(df: pd.DataFrame) -> str:
 
 def differences_markdown(df: pd.DataFrame) -> str:
     lines = [
-        "| keep | policy | against | turn | score difference [95 %] | n | wins / losses |",
+        "| keep | policy | against | turn | score difference [95 %] | conversations | wins / losses |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in df.itertuples():
