@@ -33,6 +33,7 @@ pairs, scoring memory at 32K, about 4 minutes on one H100/H200 by the FLOP model
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -94,26 +95,8 @@ CPU = Sizes(
     memory_lengths=(1024, 4096),
 )
 #: ``GPU_CHECK_QUICK=1``: one short call (see the module doc).
-GPU_QUICK = Sizes(
-    base=BASE_8B,
-    speculator=SPEC_1B,
-    dtype=torch.bfloat16,
-    grid=((1, 8192), (1, 32768)),
-    warmup=1,
-    iters=5,
-    parity_length=4096,
-    memory_lengths=(32768,),
-)
-CPU_QUICK = Sizes(
-    base=TINY,
-    speculator={**TINY, "num_hidden_layers": 1},
-    dtype=torch.float32,
-    grid=((1, 256),),
-    warmup=0,
-    iters=5,
-    parity_length=128,
-    memory_lengths=(1024,),
-)
+GPU_QUICK = dataclasses.replace(GPU, grid=((1, 8192), (1, 32768)), iters=5, memory_lengths=(32768,))
+CPU_QUICK = dataclasses.replace(CPU, grid=((1, 256),), iters=5, memory_lengths=(1024,))
 KEEPS = (0.1, 0.3)
 
 
