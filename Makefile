@@ -149,12 +149,13 @@ speculator-family: setup
 	$(call only_vars,limit length)
 	$(PY) -m harness.studies.speculator_family $(if $(limit),--limit $(limit)) $(if $(length),--length $(length))
 
-# Multi-turn SpecPrefill over a shared context (after make fetch-models): the four policies
+# Multi-turn SpecPrefill over a shared context (needs make fetch-models first; without it the
+# run refuses in one line, and dry_run=true says what is missing): the four policies
 # (prefix cache, re-select, frozen, KV revival) on Qwen2.5-Coder-1.5B with its 0.5B speculator,
 # RULER 2K niah_multikey_1 asked key by key over 4 turns, 30 conversations (results/multiturn/).
 multiturn: setup
-	$(call only_vars,limit length keep model)
-	$(PY) -m harness.studies.multiturn $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(model),--model $(model))
+	$(call only_vars,limit length keep model dry_run)
+	$(PY) -m harness.studies.multiturn $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(model),--model $(model)) $(if $(filter true,$(dry_run)),--dry-run)
 
 # Our RULER 4K against lm-eval's RULER tasks, full prefill, side by side (results/reference/).
 lm-eval-crosscheck: setup

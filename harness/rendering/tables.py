@@ -64,6 +64,14 @@ def with_ci(v: float, lo: float, hi: float, fmt: str) -> str:
     return f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]"
 
 
+def ci(v: float, lo: float, hi: float, f: str = ".1f") -> str:
+    """:func:`with_ci` with a format spec (``".2f"``): ``v [lo, hi]``, ``-`` without a value,
+    ``v (no interval)`` where the analysis gave none (too few pairs, an older protocol)."""
+    if not pd.isna(v) and (pd.isna(lo) or pd.isna(hi)):
+        return f"{v:{f}} (no interval)"
+    return with_ci(v, lo, hi, "{:" + f + "}")
+
+
 def format_summary(summary: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
     """The summary's cells as text, :data:`SHOWN` columns (and each of :data:`COSTS` some row
     has): the measures with an interval as ``value [lo, hi]`` (95 %), the others rounded,

@@ -9,6 +9,16 @@ from pathlib import Path
 from typing import Any
 
 
+def run_job(cmd: list[str]) -> None:
+    """Run one harness job of a study. A job that refuses (its one-line message already on
+    stderr) or fails ends the study with the job's exit status, not a second traceback."""
+    import subprocess
+
+    done = subprocess.run(cmd)
+    if done.returncode:
+        raise SystemExit(done.returncode)
+
+
 def write_reference(path: Path, benchmark: str, rows: list[dict[str, Any]], **meta: Any) -> None:
     """Write one benchmark's rows with the hardware and library versions they were measured on."""
     from harness.provenance import (  # deferred: gpu_check imports this package on the GPU machine (torch, transformers, pandas only)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from harness.models.catalog import model_config
 from harness.models.loading import load
 from harness.registry import build_benchmark, build_method
 from harness.store import read_rows
+from harness.studies import run_job
 from specprefill.backends.transformers import cache_positions_restored
 
 TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "qa_1")
@@ -57,7 +57,7 @@ def run_ours(out: Path, model: str, presses: list[str], keeps: list[float], limi
         cmd = [sys.executable, "-m", "harness.jobs.eval", f"model={model}", f"method={name}", f"keep={keep}",
                f"method.query_aware={str(SETTINGS[setting]).lower()}", f"limit={limit}", "length=4096",
                f"tasks=[{','.join(TASKS)}]", f"out={out}"]  # fmt: skip
-        subprocess.run(cmd, check=True)
+        run_job(cmd)
 
 
 def run_theirs(model: str, presses: list[str], keeps: list[float], limit: int, setting: str) -> pd.DataFrame:

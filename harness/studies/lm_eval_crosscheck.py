@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import pandas as pd
 
 from harness.analysis.stats import Estimate, estimate, mean_draws, task_seed
 from harness.store import read_rows
+from harness.studies import run_job
 
 #: our task -> lm-eval's task of the same data
 TASKS = {
@@ -42,7 +42,7 @@ def run_both(out: Path, limit: int, model: str) -> None:
     theirs = [sys.executable, "-m", "harness.jobs.lm_eval", *common, f"tasks=[{','.join(TASKS.values())}]",
               f"out={out / 'lm-eval'}"]  # fmt: skip
     for cmd in (ours, theirs):
-        subprocess.run(cmd, check=True)
+        run_job(cmd)
 
 
 def rows(root: Path) -> pd.DataFrame:

@@ -34,7 +34,6 @@ from turn to turn, so each turn's TTFT ratio to full prefill is side by side (th
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
@@ -44,7 +43,9 @@ import pandas as pd
 from harness.analysis.quality import Point, paired_difference, summarize, unit_mean
 from harness.analysis.rows import normalize
 from harness.rendering import plots
+from harness.rendering.tables import ci
 from harness.store import read_rows
+from harness.studies import run_job
 
 METHODS = ["full", "specprefill", "specprefill_frozen", "specprefill_revival"]
 POLICY = {
@@ -55,12 +56,13 @@ POLICY = {
 }
 
 
-def run_sweep(out: Path, model: str, length: int, limit: int, keeps: list[float]) -> None:
-    """One job per keep: full prefill and every policy turn by turn on the same conversations."""
+def run_sweep(out: Path, model: str, length: int, limit: int, keeps: list[float], dry_run: bool = False) -> None:
+    """One job per keep: full prefill and every policy turn by turn on the same conversations
+    (``dry_run``: the jobs' plans, nothing loaded)."""
     keep = ",".join(f"{k:g}" for k in keeps)
-    subprocess.run([sys.executable, "-m", "harness.jobs.eval", f"model={model}", "benchmark=multiturn",
-                    f"length={length}", f"limit={limit}", f"method={METHODS[0]}", f"also=[{','.join(METHODS[1:])}]",
-                    f"keep={keep}", f"out={out}"], check=True)  # fmt: skip
+    run_job([sys.executable, "-m", "harness.jobs.eval", f"model={model}", "benchmark=multiturn",
+             f"length={length}", f"limit={limit}", f"method={METHODS[0]}", f"also=[{','.join(METHODS[1:])}]",
+             f"keep={keep}", f"out={out}", *(["dry_run=true"] if dry_run else [])])  # fmt: skip
 
 
 def table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -76,11 +78,6 @@ def table(rows: pd.DataFrame) -> pd.DataFrame:
     order = {m: i for i, m in enumerate(METHODS)}
     df["_m"] = df["method"].map(order)
     return df.sort_values(["turn", "_m", "keep"]).drop(columns="_m").reset_index(drop=True)
-
-
-def ci(v: float, lo: float, hi: float, f: str = ".1f") -> str:
-    """``v [lo, hi]`` in format ``f``, ``-`` without a value."""
-    return "-" if pd.isna(v) else f"{v:{f}} [{lo:{f}}, {hi:{f}}]"
 
 
 def markdown(df: pd.DataFrame) -> str:
@@ -213,7 +210,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keeps", type=float, nargs="+", default=[0.1])
     ap.add_argument("--out", type=Path, default=Path("results/multiturn"))
     ap.add_argument("--no-run", action="store_true", help="only read the rows already under --out")
+    ap.add_argument(
+        "--dry-run", action="store_true", help="print the jobs' plans (what loads, whether it can run here)"
+    )
     a = ap.parse_args(argv)
+    if a.dry_run:
+        run_sweep(a.out, a.model, a.length, a.limit, a.keeps, dry_run=True)
+        return
     if not a.no_run:
         run_sweep(a.out, a.model, a.length, a.limit, a.keeps)
     rows = read_rows(sorted({p.parent for p in a.out.rglob("rows.parquet")}))

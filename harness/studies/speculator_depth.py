@@ -20,7 +20,6 @@ base scores the prompt (a quality ceiling, no speedup possible).
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +31,9 @@ from harness.analysis.latency import summarize_latency
 from harness.analysis.quality import summarize
 from harness.models.catalog import early_exit_layers
 from harness.rendering import plots
+from harness.rendering.tables import ci
 from harness.store import read_rows
+from harness.studies import run_job
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_multikey_1"]
 
@@ -40,10 +41,10 @@ TASKS = ["niah_single_1", "niah_single_2", "niah_multikey_1"]
 def run_sweep(out: Path, limit: int, depths: list[int], keeps: list[float]) -> None:
     common = [sys.executable, "-m", "harness.jobs.eval", "model=smollm2-135m", "length=4096", f"limit={limit}",
               f"tasks=[{','.join(TASKS)}]", f"out={out}"]  # fmt: skip
-    subprocess.run([*common, "method=full", "keep=1"], check=True)
+    run_job([*common, "method=full", "keep=1"])
     speculators = ",".join(f"self_layers:{m}" for m in depths)
     keep = ",".join(f"{k:g}" for k in keeps)
-    subprocess.run([*common, "method=specprefill", f"model.speculator={speculators}", f"keep={keep}"], check=True)
+    run_job([*common, "method=specprefill", f"model.speculator={speculators}", f"keep={keep}"])
 
 
 def run_latency(out: Path, depths: list[int], keeps: list[float], iters: int) -> None:
@@ -54,9 +55,9 @@ def run_latency(out: Path, depths: list[int], keeps: list[float], iters: int) ->
     speed drifts by 20 % over minutes, its ratios drift with it.)"""
     speculators = ",".join(f"self_layers:{m}" for m in depths)
     keep = ",".join(f"{k:g}" for k in keeps)
-    subprocess.run([sys.executable, "-m", "harness.jobs.latency", "model=smollm2-135m", "grid=[[1,4096]]", "warmup=1",
+    run_job([sys.executable, "-m", "harness.jobs.latency", "model=smollm2-135m", "grid=[[1,4096]]", "warmup=1",
                     f"iters={iters}", "method=specprefill", f"keep={keep}", f"model.speculator={speculators}",
-                    f"out={out}"], check=True)  # fmt: skip
+                    f"out={out}"])  # fmt: skip
 
 
 def latency_speedups(
@@ -113,8 +114,6 @@ def choose(df: pd.DataFrame, keep: float = 0.1, min_speedup: float = 1.3) -> pd.
 
 
 def markdown(df: pd.DataFrame) -> str:
-    def ci(v: float, lo: float, hi: float, f: str = ".1f") -> str:
-        return "-" if pd.isna(v) else f"{v:{f}} [{lo:{f}}, {hi:{f}}]"
 
     lat = "lat_speedup" in df
     head = "| speculator | keep | n | score | retention | needle kept | speculator s | TTFT s | speedup (eval run) |"

@@ -27,7 +27,6 @@ efficiency; the Pareto plot (retention against the interleaved speedup).
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,9 @@ import pandas as pd
 
 from harness.analysis.quality import summarize
 from harness.rendering import plots
+from harness.rendering.tables import ci
 from harness.store import read_rows
+from harness.studies import run_job
 from harness.studies import speculator_depth as depth
 
 BASE = "qwen2.5-coder-1.5b"
@@ -52,11 +53,9 @@ KIND = {
 def run_sweep(out: Path, limit: int, length: int, speculators: list[str], keeps: list[float]) -> None:
     common = [sys.executable, "-m", "harness.jobs.eval", f"model={BASE}", f"length={length}", f"limit={limit}",
               f"tasks=[{','.join(TASKS)}]", f"out={out}"]  # fmt: skip
-    subprocess.run([*common, "method=full", "keep=1"], check=True)
+    run_job([*common, "method=full", "keep=1"])
     keep = ",".join(f"{k:g}" for k in keeps)
-    subprocess.run(
-        [*common, "method=specprefill", f"model.speculator={','.join(speculators)}", f"keep={keep}"], check=True
-    )
+    run_job([*common, "method=specprefill", f"model.speculator={','.join(speculators)}", f"keep={keep}"])
 
 
 def run_latency(out: Path, length: int, speculators: list[str], keeps: list[float], iters: int) -> None:
@@ -66,10 +65,10 @@ def run_latency(out: Path, length: int, speculators: list[str], keeps: list[floa
     family reads the prompt's text in its own tokens, and random ids decode to text it
     splits into several times as many tokens as a real prompt's."""
     keep = ",".join(f"{k:g}" for k in keeps)
-    subprocess.run([sys.executable, "-m", "harness.jobs.latency", f"model={BASE}", f"grid=[[1,{length}]]",
+    run_job([sys.executable, "-m", "harness.jobs.latency", f"model={BASE}", f"grid=[[1,{length}]]",
                     "warmup=1", f"iters={iters}", "prompts=benchmark", "prompt_task=niah_single_1",
                     "method=specprefill", f"keep={keep}", f"model.speculator={','.join(speculators)}",
-                    f"out={out}"], check=True)  # fmt: skip
+                    f"out={out}"])  # fmt: skip
 
 
 def _same(speculator: Any) -> Any:
@@ -103,8 +102,6 @@ def table(rows: pd.DataFrame, latency: pd.DataFrame | None = None) -> pd.DataFra
 
 
 def markdown(df: pd.DataFrame) -> str:
-    def ci(v: float, lo: float, hi: float, f: str = ".1f") -> str:
-        return "-" if pd.isna(v) else f"{v:{f}} [{lo:{f}}, {hi:{f}}]"
 
     def num(v: float, f: str) -> str:
         return "-" if pd.isna(v) else f"{v:{f}}"

@@ -36,6 +36,26 @@ from omegaconf.errors import OmegaConfBaseException
 SHORTHANDS = ("method", "keep", "lookahead")
 
 
+def sweep_values(batch: Sequence[Sequence[str]], points: Sequence[Sequence[str]]) -> str:
+    """The swept keys' values at ``points`` (some of ``batch``), in the command's own form:
+    ``method=specprefill`` for the SpecPrefill half of a method x keep sweep. Only keys
+    whose failing values are some of the batch's: one value over the whole batch (the
+    command says it), or every value failing, tells nothing."""
+
+    def values(pts: Sequence[Sequence[str]]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for overrides in pts:
+            for o in overrides:
+                key, _, value = o.partition("=")
+                if value not in out.setdefault(key, []):
+                    out[key].append(value)
+        return out
+
+    every, bad = values(batch), values(points)
+    told = {k for k, v in bad.items() if len(every[k]) > 1 and len(v) < len(every[k])}  # the values that fail
+    return " ".join(f"{k}={','.join(v)}" for k, v in bad.items() if k in told)
+
+
 class ValidatingSweeper(BasicSweeper):
     def __init__(self, max_batch_size: int | None = None, params: Any = None, validate: str | None = None) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
@@ -104,6 +124,7 @@ class ValidatingSweeper(BasicSweeper):
         assert self.hydra_context is not None and self.config is not None
         check = get_method(self.validate)
         errors: list[tuple[str, str]] = []
+        failing: list[Sequence[str]] = []
         seen, keep = set(), []
         for overrides in batch:
             point = f"  {' '.join(overrides) or '(defaults)'}"
@@ -112,6 +133,7 @@ class ValidatingSweeper(BasicSweeper):
             except (HydraException, OmegaConfBaseException) as e:  # a value of the wrong type, an unknown option
                 bad = next((o for o in overrides if f" {o}" in str(e)), "")
                 errors.append((point, describe(e, bad)))
+                failing.append(overrides)
                 continue
             with open_dict(cfg):
                 del cfg["hydra"]  # what the job itself receives
@@ -120,6 +142,7 @@ class ValidatingSweeper(BasicSweeper):
                 folder = str(check(cfg))
             except ValueError as e:
                 errors.append((point, str(e)))
+                failing.append(overrides)
                 continue
             rest = OmegaConf.to_container(cfg, resolve=True)
             assert isinstance(rest, dict)
@@ -136,6 +159,12 @@ class ValidatingSweeper(BasicSweeper):
             if len(errors) == len(batch) and len(reasons) == 1:  # one reason for every point: one line
                 every = f" (all {len(batch)} sweep points; nothing ran)" if len(batch) > 1 else ""
                 raise ConfigError(reasons.pop() + every)
+            if len(reasons) == 1:  # one reason for some points: one line naming them
+                which = sweep_values(batch, failing)
+                raise ConfigError(
+                    f"{reasons.pop()} ({len(errors)} of {len(batch)} sweep points{': ' + which if which else ''}; "
+                    f"nothing ran)"
+                )
             raise ConfigError(
                 f"{len(errors)} of {len(batch)} sweep point(s) are invalid; nothing ran:\n"
                 + "\n".join(f"{p}: {e}" for p, e in errors)
