@@ -351,3 +351,29 @@ def test_an_eval_speedup_above_its_ideal_is_marked_between_runs():
     assert cells.loc[at.name, "speedup"].endswith("(above ideal)")
     assert not cells.loc[ok.name, "speedup"].endswith("(above ideal)")
     assert BETWEEN_RUNS in to_markdown(s)
+
+
+def test_task_seeds_are_a_stable_hash_of_the_name():
+    """CRC-32 of the name (values from zlib, not from the code under test): the same in every
+    process, and two tasks with the same letters get two seeds (the old sum of character
+    codes gave gov_report and multi_news both 1095, so their resamples were one draw)."""
+    from harness.analysis.stats import SEED, task_seed
+
+    assert task_seed("gov_report") - SEED == 2569334372
+    assert task_seed("multi_news") - SEED == 1273716772
+
+
+def test_kv_held_counts_a_second_cache_and_is_unknown_where_a_revival_row_lacks_it():
+    """KV revival keeps the speculator's cache beside the base's: held = both. A revival row
+    written before ``speculator_kv_bytes`` existed holds an unknown amount (NaN), never the
+    base's alone, which would understate it; other policies hold the base's."""
+    from harness.analysis.rows import normalize
+
+    rows = pd.DataFrame({"kind": "eval", "model": "m", "length": 2048, "keep_rate": [None, 0.1, 0.1],
+                         "reference_method": "full", "method": ["full", "specprefill_revival", "specprefill_revival"],
+                         "turn_policy": ["prefix_cache", "revival", "revival"], "kv_bytes": [1000, 100, 100],
+                         "speculator_kv_bytes": [None, 400, None]})  # fmt: skip
+    held = normalize(rows)["kv_held_bytes"].tolist()
+    assert held[:2] == [1000, 500] and np.isnan(held[2])
+    old = normalize(rows.drop(columns="speculator_kv_bytes"))["kv_held_bytes"].tolist()
+    assert old[0] == 1000 and np.isnan(old[1]) and np.isnan(old[2])

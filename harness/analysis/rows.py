@@ -8,7 +8,8 @@
   model's speculator is);
 * fills the optional columns (``""`` where a row kind or an older row has none);
 * adds ``kv_held_bytes``: the base's KV cache plus any cache the method keeps beside it
-  (``speculator_kv_bytes``, KV revival's speculator cache; 0 where a row has none);
+  (``speculator_kv_bytes``, KV revival's speculator cache; 0 where a row has none, unknown
+  (NaN) for a policy of :data:`SECOND_CACHE_POLICIES` whose row predates the column);
 * makes each turn of a conversation (a multi-turn benchmark's rows carry ``turn``) a task
   of its own, ``<task>/turn<k>``: every measure is then taken per turn, paired with the
   reference's same turn of the same conversation, and ``ALL`` is the mean over turns;
@@ -33,6 +34,9 @@ REFERENCE_KEEP = 1.0
 #: the same prompts as a method beside it (its options are the reference's); its speedup
 #: must read 1.0 (:mod:`harness.analysis.latency`).
 AA_METHOD = "aa_check"
+#: Multi-turn policies that keep the speculator's cache of the whole conversation beside the
+#: base's (``specprefill/multiturn.py``: KV revival), recorded as ``speculator_kv_bytes``.
+SECOND_CACHE_POLICIES = ("revival",)
 #: What identifies a point of eval rows: a method with its options at a keep rate, on a
 #: model (and speculator), benchmark (and its options) and length, in a dtype and backend,
 #: compared with one reference method.
@@ -123,10 +127,14 @@ def normalize(rows: pd.DataFrame) -> pd.DataFrame:
         df["e2e_s"] = num["ttft_s"] + num["max_new_tokens"] * per_token
     if "kv_bytes" in df:
         # the KV memory a method holds: the base's cache and any it keeps beside it (KV revival's
-        # speculator cache); rows without the second column hold the base's only
-        extra = pd.to_numeric(df["speculator_kv_bytes"], errors="coerce") if "speculator_kv_bytes" in df else 0.0
-        df["kv_held_bytes"] = pd.to_numeric(df["kv_bytes"], errors="coerce") + (
-            extra.fillna(0.0) if isinstance(extra, pd.Series) else extra
+        # speculator cache). A row without the second column holds the base's only, unless its
+        # policy keeps a second cache (rows written before the column): then it is unknown, not
+        # the base's alone, which would understate it
+        nan = pd.Series(float("nan"), index=df.index)
+        extra = pd.to_numeric(df["speculator_kv_bytes"], errors="coerce") if "speculator_kv_bytes" in df else nan
+        second = df["turn_policy"].isin(SECOND_CACHE_POLICIES) if "turn_policy" in df else nan.notna()
+        df["kv_held_bytes"] = (pd.to_numeric(df["kv_bytes"], errors="coerce") + extra.fillna(0.0)).mask(
+            second & extra.isna()
         )
     df["label"] = df["method"].astype(str)
     kinds = df["kind"] if "kind" in df else pd.Series("eval", index=df.index)
