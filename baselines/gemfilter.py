@@ -16,7 +16,18 @@ from typing import ClassVar
 import torch
 
 from specprefill.core import num_kept
-from specprefill.plan import Backend, Method, Plan, Prompt, check_keep, check_position_mode, kept_plan, register_method
+from specprefill.options import KEEP, Allowed, option
+from specprefill.plan import (
+    POSITION_MODES,
+    Backend,
+    Method,
+    Plan,
+    Prompt,
+    check_keep,
+    check_position_mode,
+    kept_plan,
+    register_method,
+)
 
 
 def gemfilter_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -33,9 +44,9 @@ def gemfilter_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 class GemFilter(Method):
     reads_base: ClassVar[bool] = True  # its filter layer is the base's own: transformers backend only
 
-    keep_rate: float = 0.3
-    filter_layer: int = 13
-    position_mode: str = "contiguous"
+    keep_rate: float = option(0.3, KEEP)
+    filter_layer: int = option(13, Allowed(int, ge=1, note="1-based layer of the base model"))
+    position_mode: str = option("contiguous", Allowed(str, choices=POSITION_MODES))
 
     def __post_init__(self) -> None:
         check_keep(self.keep_rate)

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from specprefill.backends.transformers import cache_positions_restored
+from specprefill.options import FLAG, KEEP, SEED, Allowed, option
 from specprefill.plan import Backend, Method, Plan, Prompt, check_keep, full_plan, register_method
 
 #: The attribute :meth:`KVPress.applied` sets on the base model while its press is on.
@@ -143,6 +144,10 @@ def question_end(prompt: Prompt, tokenizer: Any) -> int | None:
     return _first_token_from(prompt, tokenizer, boundary, "the question's end")
 
 
+#: ``n_sink``: the first tokens a press always keeps.
+SINK = Allowed(int, ge=0, note="first tokens always kept")
+
+
 @dataclass(frozen=True)
 class KVPress(Method):
     """One kvpress press at ``compression_ratio = 1 - keep_rate``; subclasses name the press
@@ -152,9 +157,9 @@ class KVPress(Method):
     compresses_cache: ClassVar[bool] = True
     #: The kvpress class this method applies.
     press_class: ClassVar[str]
-    keep_rate: float = 0.3
-    query_aware: bool = True
-    compress_tail: bool = False
+    keep_rate: float = option(0.3, KEEP)
+    query_aware: bool = option(True, Allowed(bool, note="the press sees the question"))
+    compress_tail: bool = option(False, Allowed(bool, note="also compress the chat tail and answer prefix"))
 
     def __post_init__(self) -> None:
         check_keep(self.keep_rate)
@@ -222,8 +227,9 @@ class SnapKV(KVPress):
     queries, pooled with ``kernel_size``."""
 
     press_class: ClassVar[str] = "SnapKVPress"
-    window_size: int = 64
-    kernel_size: int = 5
+    window_size: int = option(64, Allowed(int, ge=1, note="the last prompt queries that score"))
+    # avg_pool1d(padding=k // 2, stride=1): an even kernel gives one score too many
+    kernel_size: int = option(5, Allowed(int, ge=1, odd=True, note="the scores' pooling"))
 
 
 @register_method("knorm")
@@ -240,7 +246,7 @@ class StreamingLLM(KVPress):
     """StreamingLLM (Xiao et al., 2024): the first ``n_sink`` tokens and the most recent."""
 
     press_class: ClassVar[str] = "StreamingLLMPress"
-    n_sink: int = 4
+    n_sink: int = option(4, SINK)
 
 
 @register_method("tova")
@@ -258,10 +264,10 @@ class ExpectedAttention(KVPress):
     estimated from the query statistics."""
 
     press_class: ClassVar[str] = "ExpectedAttentionPress"
-    n_future_positions: int = 512
-    n_sink: int = 4
-    use_covariance: bool = True
-    use_vnorm: bool = True
+    n_future_positions: int = option(512, Allowed(int, ge=1))
+    n_sink: int = option(4, SINK)
+    use_covariance: bool = option(True, FLAG)
+    use_vnorm: bool = option(True, FLAG)
 
 
 @register_method("keydiff")
@@ -279,7 +285,7 @@ class RandomKV(KVPress):
     None draws a new choice each run): a named deviation, recorded in the options."""
 
     press_class: ClassVar[str] = "RandomPress"
-    seed: int = 0
+    seed: int = option(0, SEED)
 
 
 @register_method("kvzip")
@@ -290,7 +296,7 @@ class KVzip(KVPress):
     ``kv_tokens`` and ``kv_bytes`` stay those of the full prompt."""
 
     press_class: ClassVar[str] = "KVzipPress"
-    n_sink: int = 4
+    n_sink: int = option(4, SINK)
 
     @contextlib.contextmanager
     def applied(self, backend: Backend) -> Iterator[None]:

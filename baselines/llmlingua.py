@@ -34,7 +34,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -43,6 +43,7 @@ import torch
 from baselines.rag import chunk
 from harness.models.catalog import cache_root, resolve_dtype
 from specprefill.core import num_kept
+from specprefill.options import KEEP, Allowed, option
 from specprefill.plan import (
     Backend,
     Method,
@@ -175,15 +176,15 @@ class _Lingua(Method):
 
     scope: ClassVar[str] = "context"
     llmlingua2: ClassVar[bool] = False
-    keep_rate: float = 0.3
-    model_path: str | None = None
-    chunking: str = "none"
-    chunk_words: int = 100
-    fit_rounds: int = 0
+    keep_rate: float = option(0.3, KEEP)
+    model_path: str | None = option(None, Allowed(str, null=True, note="null: the default compressor"))
+    chunking: str = option("none", Allowed(str, choices=CHUNKINGS))
+    chunk_words: int = option(100, Allowed(int, ge=1))
+    fit_rounds: int = option(0, Allowed(int, ge=0, note="extra compressions to fit the budget"))
     #: The compressor model's dtype. The package loads float32 on CPU; ``auto`` (resolved
     #: here, so rows record what ran) is bfloat16 where native — ~2.5x faster on AMX CPUs
     #: and what the harness's models run — and float32 where bf16 is emulated.
-    dtype: str = "auto"
+    dtype: str = option("auto", Allowed(str, choices=("auto", *DTYPES)))
 
     def __post_init__(self) -> None:
 
@@ -235,7 +236,7 @@ class _Lingua(Method):
 class LLMLingua(_Lingua):
     """LLMLingua (v1): question-agnostic token-level compression with a small causal LM."""
 
-    iterative_size: int = 200
+    iterative_size: int = option(200, Allowed(int, ge=1))
 
     def arguments(self, prompt: Prompt) -> dict[str, Any]:
         return {"iterative_size": self.iterative_size}
@@ -247,10 +248,11 @@ class LongLLMLingua(_Lingua):
     """LongLLMLingua: documents ranked by the question, then question-conditioned token filtering."""
 
     scope: ClassVar[str] = "query_aware_context"
-    chunking: str = "words"
-    reorder_context: str = "sort"
-    dynamic_context_compression_ratio: float = 0.3
-    context_budget: str = "+100"
+    chunking: str = option("words", Allowed(str, choices=CHUNKINGS))
+    reorder_context: str = option("sort", Allowed(str, choices=("original", "sort", "two_stage")))
+    dynamic_context_compression_ratio: float = option(0.3, Allowed(float, ge=0, le=1))
+    # LongLLMLingua's own syntax: an operator and a number applied to the budget ("+100", "*1.5")
+    context_budget: str = option("+100", Allowed(str, pattern=r"[+\-*/]\d+(\.\d+)?"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -279,7 +281,7 @@ class LLMLingua2(_Lingua):
 
     llmlingua2: ClassVar[bool] = True
     side_model_hint: ClassVar[str] = f" (its name containing one of {list(LLMLINGUA2_MODEL_NAMES)})"
-    force_tokens: tuple[str, ...] = field(default=LLMLINGUA2_FORCE_TOKENS)
+    force_tokens: tuple[str, ...] = option(LLMLINGUA2_FORCE_TOKENS, Allowed(list, item=str))
 
     def __post_init__(self) -> None:
         super().__post_init__()

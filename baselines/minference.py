@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 import torch
 
 from baselines.inplace import restoring
+from specprefill.options import Allowed, option
 from specprefill.plan import Backend, Method, Plan, Prompt, Unsupported, full_plan, register_method
 
 ATTN_TYPES = ("minference", "a_shape", "tri_shape", "dilated1", "streaming", "inf_llm", "hf")
@@ -109,9 +110,11 @@ class MInference(Method):
 
     scope: ClassVar[str] = "prompt"
     acts_in_model: ClassVar[bool] = True
-    attn_type: str = "minference"
-    pattern_model: str | None = None  # official pattern to use; default: the base model's name
-    keep_rate: float = 1.0  # not a knob: every token is prefilled (recorded for the summary)
+    attn_type: str = option("minference", Allowed(str, choices=ATTN_TYPES))
+    # official pattern to use; default: the base model's name
+    pattern_model: str | None = option(None, Allowed(str, null=True, note="null: the base model's own"))
+    # not a knob: every token is prefilled (recorded for the summary)
+    keep_rate: float = option(1.0, Allowed(float, choices=(1.0,), note="every token is prefilled"))
 
     def __post_init__(self) -> None:
         if self.attn_type not in ATTN_TYPES:

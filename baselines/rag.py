@@ -23,6 +23,7 @@ import torch
 
 from harness.benchmarks.text import sent_tokenize
 from specprefill.core import num_kept
+from specprefill.options import KEEP, Allowed, option
 from specprefill.plan import (
     Backend,
     Method,
@@ -81,10 +82,10 @@ class _Rag(Method):
     """Shared options, budget, selection and rebuild; subclasses score the chunks."""
 
     scope: ClassVar[str] = "query_aware_context"
-    keep_rate: float = 0.3
-    chunking: str = "sentences"
-    chunk_words: int = 100
-    order: str = "document"
+    keep_rate: float = option(0.3, KEEP)
+    chunking: str = option("sentences", Allowed(str, choices=CHUNKINGS))
+    chunk_words: int = option(100, Allowed(int, ge=1))
+    order: str = option("document", Allowed(str, choices=ORDERS))
 
     def __post_init__(self) -> None:
         check_keep(self.keep_rate)
@@ -128,7 +129,8 @@ class RagBM25(_Rag):
 @register_method("rag_dense")
 @dataclass(frozen=True)
 class RagDense(_Rag):
-    model_path: str | None = None  # default: the packaged all-MiniLM-L6-v2, else the hub id
+    # default: the packaged all-MiniLM-L6-v2, else the hub id
+    model_path: str | None = option(None, Allowed(str, null=True, note="null: all-MiniLM-L6-v2"))
 
     def side_model(self) -> str:
         """The encoder, loaded beside the base (checked before anything loads)."""

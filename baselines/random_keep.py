@@ -7,7 +7,18 @@ from dataclasses import dataclass
 import torch
 
 from specprefill.core import num_kept
-from specprefill.plan import Backend, Method, Plan, Prompt, check_keep, check_position_mode, kept_plan, register_method
+from specprefill.options import KEEP, SEED, Allowed, option
+from specprefill.plan import (
+    POSITION_MODES,
+    Backend,
+    Method,
+    Plan,
+    Prompt,
+    check_keep,
+    check_position_mode,
+    kept_plan,
+    register_method,
+)
 
 
 @register_method("random")
@@ -16,9 +27,9 @@ class RandomKeep(Method):
     """``ceil(N * keep)`` tokens drawn uniformly without replacement (seeded, so a sample
     always gets the same set), at their original positions like SpecPrefill's."""
 
-    keep_rate: float = 0.3
-    seed: int = 0
-    position_mode: str = "original"
+    keep_rate: float = option(0.3, KEEP)
+    seed: int = option(0, SEED)
+    position_mode: str = option("original", Allowed(str, choices=POSITION_MODES))
 
     def __post_init__(self) -> None:
         check_keep(self.keep_rate)

@@ -7,7 +7,18 @@ from dataclasses import dataclass
 import torch
 
 from specprefill.core import num_kept
-from specprefill.plan import Backend, Method, Plan, Prompt, check_keep, check_position_mode, kept_plan, register_method
+from specprefill.options import KEEP, Allowed, option
+from specprefill.plan import (
+    POSITION_MODES,
+    Backend,
+    Method,
+    Plan,
+    Prompt,
+    check_keep,
+    check_position_mode,
+    kept_plan,
+    register_method,
+)
 
 
 @register_method("truncate")
@@ -17,8 +28,8 @@ class Truncate(Method):
 
     Positions are re-numbered by default: the result is a shorter, ordinary prompt."""
 
-    keep_rate: float = 0.3
-    position_mode: str = "contiguous"
+    keep_rate: float = option(0.3, KEEP)
+    position_mode: str = option("contiguous", Allowed(str, choices=POSITION_MODES))
 
     def __post_init__(self) -> None:
         check_keep(self.keep_rate)

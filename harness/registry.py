@@ -44,6 +44,16 @@ def build_method(name: str, options: Mapping[str, Any]) -> methods.Method:
     return methods.build_method(name, options)
 
 
+def method_option_names(name: str) -> set[str]:
+    """The options (dataclass fields) of the method registered as ``name``."""
+    import dataclasses
+
+    if name not in methods.registered_methods():
+        _load(METHOD_HOMES)
+    cls = methods.method_class(name)
+    return {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+
+
 def method_names() -> list[str]:
     """Every registered method's name."""
     _load(METHOD_HOMES)

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from specprefill.core import _check_pool_kernel, force_keep, select_tokens, token_importance
+from specprefill.options import KEEP, Allowed, option
 from specprefill.plan import (
+    POSITION_MODES,
     Backend,
     Method,
     Plan,
@@ -46,13 +48,13 @@ class SpecPrefill(Method):
     needs_speculator: ClassVar[bool] = True
     turn_policy: ClassVar[str | None] = "reselect"
 
-    keep_rate: float = 0.3
-    lookahead: int = 8
-    pool_kernel: int | None = None
-    chunk_size: int | None = None
-    position_mode: str = "original"
-    force_keep_first: int = 0
-    force_keep_last: int = 0
+    keep_rate: float = option(0.3, KEEP)
+    lookahead: int = option(8, Allowed(int, ge=1, note="look-ahead steps; 1 = the last prompt token"))
+    pool_kernel: int | None = option(None, Allowed(int, ge=1, odd=True, null=True, note="null: no pooling"))
+    chunk_size: int | None = option(None, Allowed(int, ge=1, null=True, note="null: token mode"))
+    position_mode: str = option("original", Allowed(str, choices=POSITION_MODES))
+    force_keep_first: int = option(0, Allowed(int, ge=0))
+    force_keep_last: int = option(0, Allowed(int, ge=0))
 
     def __post_init__(self) -> None:
         check_keep(self.keep_rate)

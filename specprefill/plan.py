@@ -278,9 +278,19 @@ def registered_methods() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def method_class(name: str) -> type[Method]:
+    """The class registered as ``name`` (unknown: a ``ValueError`` listing them)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown method {name!r}; allowed: {registered_methods()}")
+    return _REGISTRY[name]
+
+
 def build_method(name: str, options: Mapping[str, Any]) -> Method:
-    """Instantiate a registered method; unknown names and options get a clear error."""
+    """Instantiate a registered method; unknown names and options, and values their
+    declarations refuse, get a clear error in one line."""
     import difflib
+
+    from specprefill.options import check_options
 
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
@@ -291,6 +301,10 @@ def build_method(name: str, options: Mapping[str, Any]) -> Method:
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ValueError(f"method {name!r} has no option(s) {unknown}; allowed: {sorted(allowed)}")
+    try:  # each value against its field's declaration (specprefill.options), then the class's own rules
+        check_options(cls, options)
+    except ValueError as e:
+        raise ValueError(f"method {name!r}: {e}") from None
     return cls(**options)
 
 

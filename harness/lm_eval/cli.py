@@ -83,8 +83,30 @@ def main(argv: list[str] | None = None) -> None:
     parser = HarnessCLI()
     args = parser.parse_args()
     ours = getattr(args, "command", None) == "run" and getattr(args, "model", None) == "specprefill"
+    if ours:
+        check_model_args(dict(args.model_args or {}))
     with for_specprefill(args) if ours else contextlib.nullcontext():
         parser.execute(args)
+
+
+def check_model_args(model_args: dict[str, Any]) -> None:
+    """Our model's args checked before lm-eval starts (the same checks as ``make lm-eval``:
+    model, method and its options, keep, speculator, and whether this machine can run the
+    model): a bad one is one line on stderr and exit status 1, not lm-eval's traceback from
+    inside its model constructor."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from harness.lm_eval.model import parts_from_model_args  # deferred: after lm_eval.models
+    from harness.models.loading import check_runnable
+
+    try:
+        model_cfg, _, _ = parts_from_model_args(**model_args)
+        check_runnable(model_cfg)
+    except (ValueError, TypeError, HydraException, OmegaConfBaseException) as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        sys.stderr.write(f"--model_args: {why}\n")
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

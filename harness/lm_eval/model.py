@@ -34,6 +34,7 @@ by (task, doc id), for one parquet row per document.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections import defaultdict
@@ -147,6 +148,50 @@ def compose_run_parts(
     return check_parts(c)
 
 
+def parts_from_model_args(
+    pretrained: str | None = None,
+    method: str = "specprefill",
+    keep: float = 0.3,
+    lookahead: int = 1,
+    backend: str | None = None,
+    speculator: str | None = None,
+    dtype: str | None = None,
+    revision: str | None = None,
+    max_length: int | None = None,
+    model: str | None = None,
+    **options: Any,
+) -> tuple[ModelConfig, Method, str]:
+    """The model config, method and backend name of :class:`SpecPrefillLM`'s model args,
+    checked (a :class:`ConfigError` or ``ValueError`` in one line) and nothing loaded: what
+    ``python -m harness.lm_eval.cli`` checks before lm-eval starts."""
+    for k in (*LM_EVAL_EXTRAS, "batch_size"):
+        options.pop(k, None)
+    methods = sorted(q.stem for q in (CONF / "method").glob("*.yaml"))
+    if method not in methods:  # before Hydra, whose missing-config error is a page
+        close = difflib.get_close_matches(str(method), methods, n=1)
+        raise ValueError(f"method={method!r}; allowed: a conf/method name {methods}"
+                         + (f"; did you mean {close[0]!r}?" if close else ""))  # fmt: skip
+    from harness.registry import method_option_names
+
+    unknown = sorted(set(options) - method_option_names(method))
+    if unknown:  # before Hydra, whose refusal names the key but not what is allowed
+        raise ValueError(
+            f"method {method!r} has no option(s) {unknown}; allowed: {sorted(method_option_names(method))}"
+        )
+    if pretrained is not None and model is not None and str(pretrained) != str(model):
+        raise ValueError(f"pretrained={pretrained!r} and model={model!r}; give one (pretrained=)")
+    name, entry = model_entry(str(pretrained or model or DEFAULT_MODEL), revision)
+    fields = {"speculator": speculator, "dtype": dtype, "max_context": max_length}
+    fields |= {"revision": revision} if revision and entry is None else {}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    try:
+        return compose_run_parts(name, method, keep, lookahead, backend, options, fields, entry)
+    except ConfigError as e:
+        if "needs a speculator" not in str(e):
+            raise
+        raise ConfigError(f"{e}; give one in the model args: speculator=self_layers:M or hub:<id>") from None
+
+
 @register_model("specprefill")
 class SpecPrefillLM(LM):
     """An lm-eval model that runs one of our methods on one of our backends.
@@ -175,24 +220,10 @@ class SpecPrefillLM(LM):
         model: str | None = None,
         **options: Any,
     ) -> None:
-
-        for k in LM_EVAL_EXTRAS:
-            options.pop(k, None)
-        if pretrained is not None and model is not None and str(pretrained) != str(model):
-            raise ValueError(f"pretrained={pretrained!r} and model={model!r}; give one (pretrained=)")
-        name, entry = model_entry(str(pretrained or model or DEFAULT_MODEL), revision)
-        fields = {"speculator": speculator, "dtype": dtype, "max_context": max_length}
-        fields |= {"revision": revision} if revision and entry is None else {}
-        fields = {k: v for k, v in fields.items() if v is not None}
-        try:
-            model_cfg, built, backend_name = compose_run_parts(
-                name, method, keep, lookahead, backend, options, fields, entry
-            )
-        except ConfigError as e:
-            if "needs a speculator" not in str(e):
-                raise
-            raise ConfigError(f"{e}; give one in the model args: speculator=self_layers:M or hub:<id>") from None
-
+        model_cfg, built, backend_name = parts_from_model_args(
+            pretrained=pretrained, method=method, keep=keep, lookahead=lookahead, backend=backend,
+            speculator=speculator, dtype=dtype, revision=revision, max_length=max_length, model=model, **options,
+        )  # fmt: skip
         backend_obj = make_backend(model_cfg, backend_name, built.needs_speculator)
         self._setup(model_cfg, built, backend_name, backend_obj, batch_size)
 
