@@ -40,14 +40,14 @@ def test_multiturn_before_fetch_models_is_one_line_and_the_dry_run_says_so(tmp_p
     assert r.returncode == 0, r.stderr[-3000:]
     assert "fetch first: qwen2.5-coder-1.5b, qwen2.5-coder-0.5b (make fetch-models" in r.stdout
     assert "nothing to download" not in r.stdout
-    assert "this machine: cannot run it now: model 'qwen2.5-coder-1.5b' is not fetched" in r.stdout
+    assert "runnable here: no, not now: model 'qwen2.5-coder-1.5b' is not fetched" in r.stdout
 
 
 def test_a_paper_model_too_big_for_this_machine_is_one_line(tmp_path):
     r = _run("harness.jobs.eval", "model=llama405b", "limit=1", f"out={tmp_path / 'o'}")
     _one_line(r, "model 'llama405b' needs 8 GPUs")
     r = _run("harness.jobs.eval", "model=llama405b", "limit=1", f"out={tmp_path / 'o'}", "dry_run=true")
-    assert r.returncode == 0 and "this machine: cannot run it now: model 'llama405b' needs 8 GPUs" in r.stdout
+    assert r.returncode == 0 and "runnable here: no, not now: model 'llama405b' needs 8 GPUs" in r.stdout
 
 
 @pytest.mark.parametrize(

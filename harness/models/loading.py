@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from harness.config import ConfigError
 from harness.integrity import ensure, fingerprint
 from harness.models.catalog import (
     BYTES_PER_PARAM,
@@ -82,10 +81,12 @@ def resources(cfg: ModelConfig, backend: str = "transformers", needs_speculator:
     return plan(cfg, backend, needs_speculator).describe()
 
 
-class NotRunnable(ConfigError, RuntimeError):
+class NotRunnable(ValueError, RuntimeError):
     """This machine cannot run the model (too few GPUs, too little memory, weights neither
-    fetched nor reachable): one line, no traceback (a :class:`ConfigError`), raised by the
-    jobs' ``validate`` before the first sweep point starts."""
+    fetched nor reachable), raised by the jobs' ``validate`` before the first sweep point
+    starts: a ``ValueError``, so the validating sweeper prints it as one line, like every
+    config error. (Not :class:`harness.config.ConfigError` itself: this module runs on the
+    GPU check's machine, which has no Hydra.)"""
 
 
 def check_ray_cluster(cfg: ModelConfig) -> None:
@@ -169,8 +170,8 @@ def runnable_line(cfg: ModelConfig) -> str:
     try:
         check_runnable(cfg)
     except NotRunnable as e:
-        return f"this machine: cannot run it now: {e}"
-    return "this machine: can run it (GPUs, memory and weights checked; the prompts' memory is the placement's)"
+        return f"runnable here: no, not now: {e}"
+    return "runnable here: yes (GPUs, memory and weights checked; the prompts' memory is the placement's)"
 
 
 def check_before_start(cfg: ModelConfig, dry_run: bool) -> None:
