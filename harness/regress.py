@@ -18,7 +18,9 @@ folders point by point (model, benchmark, length, task, method and its options, 
   above its FLOP ideal, a failed A/A check, too few pairs) is **not comparable**, never
   passed; a baseline timed under the older protocol (the reference always first, no A/A
   check) gives no speed baseline (``not compared``, exit 3, as with no baseline) until it
-  is accepted again. Without latency rows in both folders the verdict says first that
+  is accepted again. ``run`` measures a candidate latency run flagged unsafe once more
+  before comparing (``--remeasure``; the first measurement set aside and named in the
+  verdict). Without latency rows in both folders the verdict says first that
   speed was not compared. The eval runs' TTFT ratios (the reference's mean TTFT over the
   method's on the same samples, timed minutes apart: between runs) drift ~15 % between
   runs on a shared CPU, so they are compared only with ``--eval-speed``.
@@ -151,6 +153,9 @@ class Verdict:
     #: What the gate says of speed before the points: not compared (and why), the flagged
     #: points, the machine's load; empty when every speed point was compared cleanly.
     speed_notes: list[str] = field(default_factory=list)
+    #: Latency runs the suite measured a second time because their first measurement was
+    #: flagged unsafe (:func:`remeasure_unsafe`), each with what flagged it.
+    remeasured: list[str] = field(default_factory=list)
 
 
 def _label(r: dict) -> str:
@@ -571,6 +576,7 @@ def render_text(v: Verdict, all_points: bool = False) -> str:
     one line (``all_points``: every point)."""
     lines = [f"Regression gate: {v.candidate} against {v.baseline}"] if v.candidate and v.baseline else []
     lines += [v.note] if v.note else []
+    lines += v.remeasured
     lines += v.speed_notes
     pairs, common, only = _labelled(v)
     if pairs:
@@ -607,7 +613,7 @@ def render_markdown(v: Verdict) -> str:
     if common:
         where += f" Shared by the points: {', '.join(common)}."
     lines += [x for x in (where.strip(), v.note) if x]
-    lines += [f"- {n}" for n in v.speed_notes[:6]]
+    lines += [f"- {n}" for n in (v.remeasured + v.speed_notes)[:6]]
     changed = [(lab, r) for lab, r in pairs if r.verdict == "regressed"]
     changed += [(lab, r) for lab, r in pairs if r.verdict == "not comparable"]
     changed += [(lab, r) for lab, r in pairs if r.verdict == "improved"]
@@ -670,6 +676,7 @@ def render_json(v: Verdict) -> str:
         "candidate": v.candidate,
         "note": v.note,
         "speed_notes": v.speed_notes,
+        "remeasured": v.remeasured,
         "tolerances": {"quality_points": v.quality_tol, "speed_fraction": v.speed_tol, "speed_from": v.speed_from},
         "common": common,
         "counts": {k: sum(r.verdict == k for r in v.rows) for k in ("regressed", "improved", "same", "not comparable")}
@@ -870,11 +877,14 @@ def run_suite(
     baseline: Path | None = None,
     eval_speed: bool = False,
     log: TextIO | None = None,
+    remeasure: int = 1,
 ) -> Verdict:
     """Run the suite into ``candidate`` and compare it with this machine class's baseline
     (or ``baseline``). Everything that can be refused is refused before the suite runs:
     a missing suite file or baseline folder, a corrupt baseline, a candidate folder the
-    gate did not make. The suite's own output goes to ``log`` (default: this process's stdout)."""
+    gate did not make. A latency run whose measurement is flagged unsafe is measured again
+    up to ``remeasure`` times (:func:`remeasure_unsafe`), the verdict saying so. The
+    suite's own output goes to ``log`` (default: this process's stdout)."""
     commands = suite_commands(candidate, suite_file)
     cls = hardware_class()
     if baseline is not None:
@@ -890,12 +900,19 @@ def run_suite(
             raise Refused(f"baseline folder {base_dir} holds no rows (a broken accept?); restore it from git, or "
                           f"remove it and accept a new baseline")  # fmt: skip
     claim_candidate(candidate)
+    wrote: dict[str, list[str]] = {}  # run folder -> the suite command that wrote it
     for cmd in commands:
-        print("+", " ".join(cmd[1:]), file=log or sys.stdout, flush=True)
-        done = subprocess.run(cmd, cwd=ROOT, stdout=log)
-        if done.returncode:  # a suite that cannot run gives no candidate to compare
-            note = f"cannot compare: the suite command `{' '.join(cmd[1:3])} ...` failed (exit {done.returncode})"
-            return Verdict(INCOMPARABLE, candidate=_shown(candidate), note=note)
+        failed = _run_command(cmd, candidate, wrote, log)
+        if failed:
+            return Verdict(INCOMPARABLE, candidate=_shown(candidate), note=failed)
+    remeasured = []
+    for _ in range(remeasure):
+        again = remeasure_unsafe(candidate, wrote, log)
+        if isinstance(again, str):  # the second measurement's command failed
+            return Verdict(INCOMPARABLE, candidate=_shown(candidate), note=again)
+        remeasured += again
+        if not again:
+            break
     write_suite_record(candidate, suite_file)
     if baseline is None and not base_dir.exists():
         others = sorted(p.parent.name for p in baselines.glob("*/rows"))
@@ -912,11 +929,73 @@ def run_suite(
             v.code = NO_BASELINE
         return v
     v = compare_verdict(base_dir, candidate, quality_tol, speed_tol, eval_speed=eval_speed)
+    v.remeasured = remeasured
     if baseline is None:
         v.note = f"Against the {cls} baseline."
         if v.rows:
             append_history(baselines / cls / "history.csv", v.rows, cls)
     return v
+
+
+def _run_command(cmd: list[str], candidate: Path, wrote: dict[str, list[str]], log: TextIO | None) -> str:
+    """Run one suite command, noting which run folders it wrote; "" or why it failed."""
+    print("+", " ".join(cmd[1:]), file=log or sys.stdout, flush=True)
+    before = set(_run_folders(candidate))
+    done = subprocess.run(cmd, cwd=ROOT, stdout=log)
+    for rel in set(_run_folders(candidate)) - before:
+        wrote[rel] = cmd
+    if done.returncode:  # a suite that cannot run gives no candidate to compare
+        return f"cannot compare: the suite command `{' '.join(cmd[1:3])} ...` failed (exit {done.returncode})"
+    return ""
+
+
+#: Where :func:`remeasure_unsafe` keeps a first measurement it set aside (hidden: not a run
+#: folder of the candidate, so neither compared nor accepted).
+SET_ASIDE = ".remeasured"
+
+
+def unsafe_runs(candidate: Path) -> dict[str, str]:
+    """The candidate's latency run folders whose speed claims are unsafe (a failed A/A
+    check, a point flagged not comparable: harness.analysis.latency), with why."""
+    out = {}
+    for rel in _run_folders(candidate):
+        d = _ok(read_results(candidate / rel), "latency")
+        if d.empty:
+            continue
+        s = summarize_latency(d)
+        bad = s[(s["aa_ok"] == False) | (s["comparable"] == False)]  # noqa: E712  (NaN: not checked)
+        why = sorted({f for f in bad["flags"] if isinstance(f, str) and f})
+        if not bad.empty:
+            out[rel] = "; ".join(why) or "flagged unsafe"
+    return out
+
+
+def remeasure_unsafe(candidate: Path, wrote: dict[str, list[str]], log: TextIO | None) -> list[str] | str:
+    """Measure once more every latency run of the candidate whose first measurement is
+    unsafe: the run folder is set aside under ``candidate/.remeasured/<n>/`` (kept, never
+    compared) and the command that wrote it runs again (it measures only what is missing).
+    A failed A/A check or a speedup above its FLOP ideal says the *measurement* is not to be
+    trusted (a neighbour's burst on a shared machine), not that the code changed; measuring
+    again is the gate's answer, said in the verdict with the first measurement's flags, and
+    a second unsafe measurement stays not comparable. Returns what was measured again, in
+    words, or why its command failed."""
+    unsafe = {rel: why for rel, why in unsafe_runs(candidate).items() if rel in wrote}
+    if not unsafe:
+        return []
+    tries = sorted(int(p.name) for p in (candidate / SET_ASIDE).glob("*") if p.name.isdigit())
+    aside = candidate / SET_ASIDE / str((tries[-1] + 1) if tries else 1)
+    for rel in unsafe:
+        dest = aside / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        (candidate / rel).rename(dest)
+    for cmd in {tuple(wrote[rel]): None for rel in unsafe}:
+        failed = _run_command(list(cmd), candidate, wrote, log)
+        if failed:
+            return failed
+    return [
+        f"Measured again: {rel} (its first measurement, kept in {_shown(aside / rel)}, was flagged: {why})"
+        for rel, why in unsafe.items()
+    ]
 
 
 def _run_folders(folder: Path) -> list[str]:
@@ -1049,6 +1128,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     r.add_argument("--suite", type=Path, default=SUITE, help="the suite file (default conf/regress.yaml)")
     r.add_argument(
+        "--remeasure",
+        type=int,
+        default=1,
+        help="measure a latency run flagged unsafe (failed A/A check, above its ideal) again this many times, "
+        "the first measurement kept aside and named in the verdict (default 1; 0: never)",
+    )
+    r.add_argument(
         "--baseline",
         type=Path,
         default=None,
@@ -1105,7 +1191,7 @@ def main(argv: list[str] | None = None) -> None:
             log = None if args.format == "text" else sys.stderr  # stdout carries only the verdict
             v = run_suite(
                 args.candidate, args.baselines, args.quality_tol, args.speed_tol, args.suite, args.baseline,
-                args.eval_speed, log,
+                args.eval_speed, log, args.remeasure,
             )  # fmt: skip
     except Refused as e:
         print(f"regress: {e}", file=sys.stderr)
