@@ -37,7 +37,10 @@ from hydra.core.override_parser.types import ChoiceSweep, Override
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
-from harness.config import CONF, ConfigError, check_explicit
+from harness.benchmarks.base import BenchmarkConfig
+from harness.config import CONF, ConfigError, EvalSchema, LatencySchema, LMEvalSchema, QPSSchema, check_explicit
+from harness.models.catalog import ModelConfig
+from specprefill.options import Allowed, declarations
 
 #: Keys whose value is a list of names or numbers: the comma form is that list.
 LIST_KEYS = (
@@ -45,22 +48,9 @@ LIST_KEYS = (
 )  # fmt: skip
 #: Keys whose value is a list of lists: the comma form is refused.
 POINT_LIST_KEYS = ("grid",)
-#: What is allowed, said as the other one-line errors say it (else the type Hydra wanted).
-ALLOWED = {
-    "keep": "a fraction in (0, 1]",
-    "lookahead": "int >= 1",
-    "length": "int >= 1 (tokens)",
-    "limit": "int >= 1 (samples per task)",
-    "max_new": "null or int >= 1",
-    "warmup": "int >= 0",
-    "iters": "int >= 1",
-    "seed": "int >= 0",
-    "num_fewshot": "null or int >= 0",
-    "batch_size": "int >= 1",
-    "tasks": "task names: tasks=[a,b], tasks=a,b or tasks=all",
-    "grid": "a list of [batch, length] points, e.g. 'grid=[[1,4096],[2,2048]]'",
-    "rates": "request rates in req/s, e.g. rates=[0.1,0.2], or null to search",
-}
+#: Each entry point's config and its schema: what a key allows is said from the schema's
+#: declaration (:mod:`specprefill.options`), as the job's own checks say it.
+CONFIG_SCHEMAS = {"config": EvalSchema, "latency": LatencySchema, "qps": QPSSchema, "lm_eval": LMEvalSchema}
 #: Hydra flags after which the command prints, or composes another config: not composed here.
 PRINT_OR_ELSEWHERE = ("help", "hydra_help", "cfg", "info", "shell_completion", "config_path", "config_name",
                       "config_dir", "experimental_rerun")  # fmt: skip
@@ -105,9 +95,23 @@ def list_form(o: Override) -> str | None:
     return None
 
 
-def _allowed(key: str, wanted: str | None) -> str:
-    leaf = key.rsplit(".", 1)[-1]
-    return ALLOWED.get(key) or ALLOWED.get(leaf) or TYPE_WORDS.get(wanted or "", "a value of the key's type")
+def declared(key: str, config_name: str | None = None) -> Allowed | None:
+    """The declaration of a dotted key: a top-level key's in its entry point's schema (any
+    entry point's without ``config_name``), ``model.*`` in :class:`ModelConfig`,
+    ``benchmark.*`` in :class:`BenchmarkConfig`; None where none is known here (a method's
+    options depend on the method)."""
+    head, _, leaf = key.partition(".")
+    if not leaf:
+        schemas = [CONFIG_SCHEMAS[config_name]] if config_name in CONFIG_SCHEMAS else list(CONFIG_SCHEMAS.values())
+        found = [declarations(s).get(head) for s in schemas]
+        return next((a for a in found if a is not None), None)
+    cls = {"model": ModelConfig, "benchmark": BenchmarkConfig}.get(head)
+    return declarations(cls).get(leaf) if cls is not None and "." not in leaf else None
+
+
+def _allowed(key: str, wanted: str | None, config_name: str | None = None) -> str:
+    a = declared(key, config_name)
+    return a.describe() if a is not None else TYPE_WORDS.get(wanted or "", "a value of the key's type")
 
 
 def _close(name: str, options: Sequence[str]) -> str:
@@ -115,9 +119,10 @@ def _close(name: str, options: Sequence[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def describe(e: BaseException, text: str = "", keys: Sequence[str] = ()) -> str:
+def describe(e: BaseException, text: str = "", keys: Sequence[str] = (), config_name: str | None = None) -> str:
     """One line for Hydra's refusal ``e`` of the override ``text``: the key, the value, what
-    is allowed. ``keys``: the keys allowed where an unknown one was given (when known)."""
+    is allowed (from the declaration of the key in ``config_name``'s schema). ``keys``: the
+    keys allowed where an unknown one was given (when known)."""
     if isinstance(e, OverrideParseException):
         if text.rstrip().endswith(","):
             what = "ends with a comma"
@@ -128,7 +133,7 @@ def describe(e: BaseException, text: str = "", keys: Sequence[str] = ()) -> str:
         key = text.split("=", 1)[0].lstrip("+~")
         many = "the list" if key in LIST_KEYS else "a sweep"
         return (
-            f"{text} {what}; allowed: {key}=<{_allowed(key, None)}>, or {key}=a,b ({many}, no trailing comma); "
+            f"{text} {what}; allowed: {key}=<{_allowed(key, None, config_name)}>, or {key}=a,b ({many}, no trailing comma); "
             f"quote a value holding , [ ] = or spaces"
         )
     if isinstance(e, MissingConfigException) and e.missing_cfg_file and "/" in e.missing_cfg_file:
@@ -145,13 +150,13 @@ def describe(e: BaseException, text: str = "", keys: Sequence[str] = ()) -> str:
     if m:
         kind, wanted = m.group(2), m.group(3)
         if kind == "list":
-            return f"{key}={value} is a list; allowed: one value, {_allowed(key, wanted)} ({key}={value.strip('[]')} sweeps several)"
+            return f"{key}={value} is a list; allowed: one value, {_allowed(key, wanted, config_name)} ({key}={value.strip('[]')} sweeps several)"
         what = "is a dict" if kind == "dict" else f"is not {TYPE_WORDS.get(wanted, wanted)}"
-        return f"{key}={value} {what}; allowed: {_allowed(key, wanted)}"
+        return f"{key}={value} {what}; allowed: {_allowed(key, wanted, config_name)}"
     if "is not a valid bool" in first:
         return f"{key}={value} is not true or false; allowed: true or false"
     if "is not Optional" in first:
-        return f"{key}={value}: {key} cannot be null; allowed: {_allowed(key, None)}"
+        return f"{key}={value}: {key} cannot be null; allowed: {_allowed(key, None, config_name)}"
     if "Could not override" in str(e) or "not in struct" in first or re.match(r"Key '.*' not in", first):
         known = f"; allowed: {sorted(keys)}{_close(key.rsplit('.', 1)[-1], list(keys))}" if keys else ""
         return f"{text or key}: unknown key {key!r}{known}"
@@ -187,7 +192,7 @@ def _compose(config_name: str, overrides: list[Override], extra: Override | None
         keys: list[str] = []
         if bad is not None and ("Could not override" in str(e)):
             keys = _keys_at(config_name, [_text(o) for o in given if o is not bad], _key(bad))
-        raise ConfigError(describe(e, _text(bad) if bad is not None else "", keys)) from e
+        raise ConfigError(describe(e, _text(bad) if bad is not None else "", keys, config_name)) from e
 
 
 def checked_overrides(config_name: str, texts: Sequence[str], compose_check: bool = True) -> list[str]:
@@ -203,7 +208,7 @@ def checked_overrides(config_name: str, texts: Sequence[str], compose_check: boo
         try:
             o = parser.parse_overrides([text])[0]
         except OverrideParseException as e:
-            raise ConfigError(describe(e, text)) from e
+            raise ConfigError(describe(e, text, config_name=config_name)) from e
         new = list_form(o)
         if new is not None:
             text, o = new, parser.parse_overrides([new])[0]

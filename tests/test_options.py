@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 
 from harness.jobs.eval import validate
@@ -130,3 +131,162 @@ def test_python_m_make_and_the_lm_eval_cli_each_refuse_in_one_line(tmp_path):
              "--output_path", str(tmp_path / "lm"))  # fmt: skip
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1].startswith("--model_args: method 'snapkv': window_size=-1"), r.stderr
+
+
+# --- the rest of the surface: models, benchmarks and their options, every job kind's keys ---
+
+from harness.benchmarks.base import BenchmarkConfig  # noqa: E402
+from harness.config import GROUP, SCHEMAS  # noqa: E402
+from harness.models.catalog import ModelConfig  # noqa: E402
+from harness.registry import benchmark_class, benchmark_names  # noqa: E402
+
+#: Each job kind: its Hydra config, its schema, its module's front door (validate).
+JOBS = {
+    "eval": ("config", SCHEMAS["eval_schema"], "harness.jobs.eval"),
+    "latency": ("latency", SCHEMAS["latency_schema"], "harness.jobs.latency"),
+    "qps": ("qps", SCHEMAS["qps_schema"], "harness.jobs.qps"),
+    "lm_eval": ("lm_eval", SCHEMAS["lm_eval_schema"], "harness.jobs.lm_eval"),
+}
+
+
+def test_every_field_of_every_model_benchmark_and_job_schema_is_declared():
+    records = {
+        "ModelConfig": ModelConfig,
+        "BenchmarkConfig": BenchmarkConfig,
+        **{k: s for k, (_, s, _) in JOBS.items()},
+    }
+    missing = {name: undeclared(cls) for name, cls in records.items()}
+    assert not {k: v for k, v in missing.items() if v}, missing
+    for name in benchmark_names():  # a benchmark's own options, each declared
+        opts = benchmark_class(name).allowed_options
+        assert all(isinstance(a, Allowed) for a in opts.values()), (name, opts)
+
+
+def _front_door(config_name: str, module: str, overrides: list[str]) -> None:
+    """What a command line goes through before anything loads: the override check
+    (:func:`harness.cli.checked_overrides`, Hydra's refusals in one line), Hydra's
+    composition, then the job's ``validate``."""
+    import importlib
+
+    from harness.cli import checked_overrides
+
+    overrides = checked_overrides(config_name, overrides)  # composes in its own Hydra context
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name=config_name, overrides=overrides)
+    importlib.import_module(module).validate(cfg)
+
+
+def _model_cases() -> list[tuple[str, object]]:
+    return [(f, bad) for f, a in declarations(ModelConfig).items() if a is not None for bad in bad_values(a)]
+
+
+MODEL_CASES = _model_cases()
+SMOLLM2 = yaml.safe_load((ROOT / "conf" / "model" / "smollm2-135m.yaml").read_text())
+
+
+def test_each_refused_model_value_is_one_line_at_the_front_door():
+    """Every value a model field's declaration refuses, as ``model.<field>=<value>``: one
+    line naming the model and the field, before anything loads; the same through
+    :func:`model_config` (Python use)."""
+    assert len(MODEL_CASES) > 2 * len(declarations(ModelConfig))
+    for field, bad in MODEL_CASES:
+        with pytest.raises(ValueError) as e:
+            ModelConfig(**{**SMOLLM2, field: bad})
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith("model ") and f"{field}={bad!r}; allowed: " in msg, msg
+        if field == "name":  # model.name also names the run folder: refused by its own path check too
+            continue
+        with pytest.raises(ValueError) as e:
+            _front_door("config", "harness.jobs.eval",
+                        [f"model.{field}={_override(bad)}", "dry_run=true", "out=/tmp/opts"])  # fmt: skip
+        msg = str(e.value)
+        assert "\n" not in msg and f"{field}=" in msg and "allowed: " in msg, (field, bad, msg)
+
+
+def _benchmark_cases() -> list[tuple[str, str, object]]:
+    out = []
+    for name in benchmark_names():
+        for opt, a in benchmark_class(name).allowed_options.items():
+            out += [(name, opt, bad) for bad in bad_values(a)]
+    for field, a in declarations(BenchmarkConfig).items():
+        if a is not None:
+            out += [("", field, bad) for bad in bad_values(a)]
+    return out
+
+
+BENCHMARK_CASES = _benchmark_cases()
+
+
+def test_each_refused_benchmark_value_is_one_line():
+    """A benchmark's own options (``benchmark.options.<name>``) and the benchmark config's
+    fields, each value its declaration refuses: one line naming the option and the value,
+    when the benchmark is built (before any data or model loads)."""
+    from harness.registry import build_benchmark
+
+    assert {n for n, _, _ in BENCHMARK_CASES} >= {"", "longbench", "infinitebench", "multiturn"}
+    for name, opt, bad in BENCHMARK_CASES:
+        with pytest.raises(ValueError) as e:
+            if name:
+                build_benchmark(BenchmarkConfig(name=name, options={opt: bad}))
+            else:
+                build_benchmark(BenchmarkConfig(**{"name": "ruler", opt: bad}))
+        msg = str(e.value)
+        assert "\n" not in msg and f"{opt}={bad!r}; allowed: " in msg, (name, opt, bad, msg)
+
+
+def _job_cases() -> list[tuple[str, str, object]]:
+    out = []
+    for kind, (_, schema, _) in JOBS.items():
+        for f in dataclasses.fields(schema):
+            a = f.metadata.get("option")
+            if a is None or a is GROUP:  # a config group: refused by its own record (above) or group name
+                continue
+            for bad in bad_values(a):
+                typed = str(f.type).replace(" | None", "")
+                # Hydra types the key: OmegaConf reads 7 as the text "7" for a str key, and an
+                # int as a bool for a bool key (0 false, any other true); not a refusal there.
+                if typed in ("str", "bool") and isinstance(bad, int) and not isinstance(bad, bool):
+                    continue
+                out.append((kind, f.name, bad))
+    return out
+
+
+JOB_CASES = _job_cases()
+
+
+def test_each_refused_job_value_is_one_line_at_the_front_door():
+    """Every job kind's keys, each value its schema declaration refuses, through the
+    command line's path (override check, composition, the job's validate) with the dry run
+    on: a one-line refusal naming the key."""
+    assert {k for k, _, _ in JOB_CASES} == set(JOBS) and len(JOB_CASES) > 60
+    wrong = []
+    for kind, key, bad in JOB_CASES:
+        config_name, _, module = JOBS[kind]
+        extra = [o for o in ("dry_run=true", "out=/tmp/opts") if not o.startswith(f"{key}=")]
+        if kind == "lm_eval" and key != "tasks":
+            extra.append("tasks=[niah_single_1]")
+        try:
+            _front_door(config_name, module, [f"{key}={_override(bad)}", *extra])
+            wrong.append((kind, key, bad, "accepted"))
+        except ValueError as e:
+            msg = str(e)
+            if "\n" in msg or f"{key}=" not in msg or "allowed" not in msg:
+                wrong.append((kind, key, bad, msg))
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("kind", sorted(JOBS))
+def test_each_job_kinds_defaults_plan(kind):
+    config_name, _, module = JOBS[kind]
+    extra = ["tasks=[niah_single_1]"] if kind == "lm_eval" else []
+    _front_door(config_name, module, ["dry_run=true", "out=/tmp/opts", *extra])
+
+
+def test_a_removed_schema_declaration_is_caught():
+    """The declaration check above on a schema with one key's declaration taken away."""
+
+    @dataclasses.dataclass
+    class Schema:
+        keep: float = 0.3
+
+    assert undeclared(Schema) == ["keep"]

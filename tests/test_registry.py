@@ -96,6 +96,7 @@ from typing import Any
 
 from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
 from harness.types import Sample
+from specprefill.options import Allowed
 
 
 @register_benchmark
@@ -104,7 +105,7 @@ class Quotes(Benchmark):
     version = "quotes-1"
     metrics_version = "quotes-exact-1"
     all_tasks = ("who_said",)
-    allowed_options = ("data_dir",)
+    allowed_options = {"data_dir": Allowed(str, null=True)}
 
     def samples(self, tok: TokenizerInfo) -> list[Sample]:
         rows = [json.loads(line) for line in (Path(self.cfg.options["data_dir"]) / "quotes.jsonl").open()]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import difflib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import harness.benchmarks as package
 from harness.types import PromptFormat, Sample
+from specprefill.options import Allowed, check_declared, check_options, option
 
 
 @dataclass(frozen=True)
@@ -31,27 +32,18 @@ class TokenizerInfo:
 class BenchmarkConfig:
     """``conf/benchmark/*.yaml``. ``tasks`` empty means all tasks."""
 
-    name: str
-    length: int = 4096
-    tasks: tuple[str, ...] = ()
-    limit: int = 10
-    options: dict[str, Any] = field(default_factory=dict)
+    name: str = option(allowed=Allowed(str))
+    length: int = option(4096, Allowed(int, ge=1, note="tokens"))
+    tasks: tuple[str, ...] = option((), Allowed(list, item=str, note="task names; empty: every task"))
+    limit: int = option(10, Allowed(int, ge=1, note="samples per task"))
+    options: dict[str, Any] = option(allowed=Allowed(dict, note="the benchmark's own options"), factory=dict)
     #: Cap on tokens to generate (None = the benchmark's official lengths). A named
     #: deviation for quick CPU runs (InfiniteBench math_calc asks for 30000 tokens);
     #: recorded in every row and part of the run identity.
-    max_new_tokens_cap: int | None = None
+    max_new_tokens_cap: int | None = option(None, Allowed(int, ge=1, null=True, note="tokens; null: official"))
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens_cap is not None and (
-            isinstance(self.max_new_tokens_cap, bool)
-            or not isinstance(self.max_new_tokens_cap, int)
-            or self.max_new_tokens_cap < 1
-        ):
-            raise ValueError(f"max_new_tokens_cap={self.max_new_tokens_cap!r} is invalid; allowed: null or int >= 1")
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
-            raise ValueError(f"limit={self.limit!r} is invalid; allowed: int >= 1 (samples per task)")
-        if isinstance(self.length, bool) or not isinstance(self.length, int) or self.length < 1:
-            raise ValueError(f"length={self.length!r} is invalid; allowed: int >= 1 (tokens)")
+        check_declared(self)
 
 
 class Benchmark(ABC):
@@ -60,9 +52,9 @@ class Benchmark(ABC):
     #: Version of the metric code this benchmark scores with (stored in every row).
     metrics_version: ClassVar[str]
     all_tasks: ClassVar[tuple[str, ...]]
-    #: The keys ``options`` may hold (anything else is refused, so it cannot silently
-    #: change the run's hash).
-    allowed_options: ClassVar[tuple[str, ...]] = ()
+    #: The keys ``options`` may hold, each with what it takes (anything else is refused,
+    #: so it cannot silently change the run's hash; a bad value is refused in one line).
+    allowed_options: ClassVar[dict[str, Allowed]] = {}
     #: Whether a sample is a conversation of several turns (``turns(sample)``, one row per
     #: turn, methods by their multi-turn policy: :mod:`specprefill.multiturn`).
     multiturn: ClassVar[bool] = False
@@ -72,6 +64,7 @@ class Benchmark(ABC):
         unknown = sorted(set(cfg.options) - set(self.allowed_options))
         if unknown:
             raise ValueError(f"{self.name}: unknown option(s) {unknown}; allowed: {list(self.allowed_options)}")
+        check_options(self.allowed_options, cfg.options, f"{self.name}: ")
         tasks = tuple(cfg.tasks) or self.all_tasks
         for t in tasks:
             if t not in self.all_tasks:

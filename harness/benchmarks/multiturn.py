@@ -30,7 +30,7 @@ import random
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
 from harness.benchmarks.ruler import cached_samples
@@ -39,6 +39,7 @@ from harness.benchmarks.ruler.metrics import score_one
 from harness.benchmarks.ruler.tasks import MAX_LENGTH, MIN_LENGTH
 from harness.benchmarks.ruler.tasks import VERSION as RULER_VERSION
 from harness.types import Sample
+from specprefill.options import Allowed
 
 #: Each task's RULER source task.
 SOURCES = {"niah_keys": "niah_multikey_1"}
@@ -96,19 +97,16 @@ class MultiTurn(Benchmark):
     version = f"2+ruler{RULER_VERSION}"
     metrics_version = RULER_METRICS_VERSION
     all_tasks = tuple(SOURCES)
-    allowed_options = ("turns", "key_order")
+    allowed_options: ClassVar[dict[str, Allowed]] = {
+        "turns": Allowed(int, ge=2, le=4, note="one per needle key"),
+        "key_order": Allowed(str, choices=KEY_ORDERS),
+    }
     multiturn = True
 
     def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
-        turns = cfg.options.get("turns", 4)
-        if isinstance(turns, bool) or not isinstance(turns, int) or not 2 <= turns <= 4:
-            raise ValueError(f"multiturn: turns={turns!r}; allowed: 2..4 (one per needle key)")
-        self.n_turns = turns
-        order = cfg.options.get("key_order", "shuffled")
-        if order not in KEY_ORDERS:
-            raise ValueError(f"multiturn: key_order={order!r}; allowed: {', '.join(KEY_ORDERS)}")
-        self.key_order = str(order)
+        super().__init__(cfg)  # the options against their declarations
+        self.n_turns = int(cfg.options.get("turns", 4))
+        self.key_order = str(cfg.options.get("key_order", "shuffled"))
         self._pieces = ("\n\n", "")
 
     def options(self) -> dict[str, Any]:

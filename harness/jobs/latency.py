@@ -73,6 +73,8 @@ from harness.analysis.rows import AA_METHOD
 from harness.benchmarks.base import BenchmarkConfig
 from harness.benchmarks.samples import benchmark_samples
 from harness.config import (
+    ENGINE_IDEAL,
+    PROMPTS,
     LatencySchema,
     check_common,
     check_in_model,
@@ -101,11 +103,9 @@ from harness.timing import measure, point_order
 from specprefill.flops import Shape
 from specprefill.plan import Backend, Method, Prompt, check_choice
 
-PROMPTS = ("auto", "random", "benchmark")
 #: The timing protocol's version, part of a run's identity: rows timed under another one
 #: (the reference always first, no A/A check) never share a folder with these.
 PROTOCOL = "paired-v2"
-ENGINE_IDEAL = ("auto", "true", "false")
 #: Timed speculator prefills per grid point for its FLOP rate (after one untimed).
 CALIBRATION_REPEATS = 3
 

@@ -60,8 +60,6 @@ from harness.provenance import provenance
 from harness.store import RunStore, check_layout, method_columns
 from specprefill.plan import Method
 
-RULER_DATA = ("packaged", "lm-eval")
-
 
 @dataclass(frozen=True)
 class LMEvalJob:
@@ -169,14 +167,6 @@ def prepare(cfg: DictConfig) -> LMEvalJob:
     tasks = [t for t in tasks.split(",") if t] if isinstance(tasks, str) else [str(t) for t in (tasks or [])]
     if not tasks:
         raise ConfigError("tasks is empty; allowed: lm-eval task or group names, e.g. tasks=[niah_single_1]")
-    for key, low in (("limit", 1), ("num_fewshot", 0), ("length", 1), ("batch_size", 1)):
-        v = c[key]
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low):
-            raise ConfigError(
-                f"{key}={v!r}; allowed: {'null or ' if key in ('limit', 'num_fewshot') else ''}int >= {low}"
-            )
-    if c["ruler_data"] not in RULER_DATA:
-        raise ConfigError(f"ruler_data={c['ruler_data']!r}; allowed: {list(RULER_DATA)}")
     include = c["include_path"]
     if include is not None and not Path(str(include)).expanduser().is_dir():
         raise ConfigError(f"include_path={include!r} is not a folder; allowed: a folder of lm-eval task yamls")

@@ -60,6 +60,7 @@ from harness.analysis.serving import point_stats
 from harness.benchmarks.base import Benchmark, BenchmarkConfig
 from harness.benchmarks.samples import benchmark_samples
 from harness.config import (
+    ARRIVALS,
     QPSSchema,
     RunFailures,
     benchmark_config,
@@ -98,7 +99,6 @@ from specprefill.backends.vllm import (
 )
 from specprefill.plan import check_choice
 
-ARRIVALS = ("poisson", "constant")
 SERVED_NAME = "specprefill-base"
 
 

