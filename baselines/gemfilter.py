@@ -23,8 +23,6 @@ from specprefill.plan import (
     Method,
     Plan,
     Prompt,
-    check_keep,
-    check_position_mode,
     kept_plan,
     register_method,
 )
@@ -47,12 +45,6 @@ class GemFilter(Method):
     keep_rate: float = option(0.3, KEEP)
     filter_layer: int = option(13, Allowed(int, ge=1, note="1-based layer of the base model"))
     position_mode: str = option("contiguous", Allowed(str, choices=POSITION_MODES))
-
-    def __post_init__(self) -> None:
-        check_keep(self.keep_rate)
-        check_position_mode(self.position_mode)
-        if isinstance(self.filter_layer, bool) or not isinstance(self.filter_layer, int) or self.filter_layer < 1:
-            raise ValueError(f"filter_layer={self.filter_layer!r} is invalid; allowed: int >= 1 (1-based layer)")
 
     def check_model(self, model: str, layers: int | None, max_context: int, longest_prompt: int) -> None:
         """The filter layer must be one of the base's."""

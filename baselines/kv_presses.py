@@ -58,7 +58,7 @@ from typing import Any, ClassVar
 
 from specprefill.backends.transformers import cache_positions_restored
 from specprefill.options import FLAG, KEEP, SEED, Allowed, option
-from specprefill.plan import Backend, Method, Plan, Prompt, check_keep, full_plan, register_method
+from specprefill.plan import Backend, Method, Plan, Prompt, full_plan, register_method
 
 #: The attribute :meth:`KVPress.applied` sets on the base model while its press is on.
 APPLIED = "_kvpress_applied"
@@ -162,10 +162,6 @@ class KVPress(Method):
     compress_tail: bool = option(False, Allowed(bool, note="also compress the chat tail and answer prefix"))
 
     def __post_init__(self) -> None:
-        check_keep(self.keep_rate)
-        for name in ("query_aware", "compress_tail"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r}; allowed: true or false")
         if self.compress_tail and not self.query_aware:
             raise ValueError(
                 "compress_tail=true with query_aware=false: the question and the tail are prefilled uncompressed when "

@@ -49,9 +49,6 @@ from specprefill.plan import (
     Method,
     Plan,
     Prompt,
-    check_choice,
-    check_int,
-    check_keep,
     register_method,
     text_plan,
 )
@@ -186,14 +183,8 @@ class _Lingua(Method):
     #: and what the harness's models run — and float32 where bf16 is emulated.
     dtype: str = option("auto", Allowed(str, choices=("auto", *DTYPES)))
 
-    def __post_init__(self) -> None:
-
-        check_keep(self.keep_rate)
-        check_choice("dtype", self.dtype, ("auto", *DTYPES))
+    def __post_init__(self) -> None:  # its options were checked against their declarations first
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
-        check_choice("chunking", self.chunking, CHUNKINGS)
-        check_int("chunk_words", self.chunk_words, 1)
-        check_int("fit_rounds", self.fit_rounds, 0)
 
     def default_model(self) -> str:
         return default_small_lm()
@@ -253,10 +244,6 @@ class LongLLMLingua(_Lingua):
     dynamic_context_compression_ratio: float = option(0.3, Allowed(float, ge=0, le=1))
     # LongLLMLingua's own syntax: an operator and a number applied to the budget ("+100", "*1.5")
     context_budget: str = option("+100", Allowed(str, pattern=r"[+\-*/]\d+(\.\d+)?"))
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_choice("reorder_context", self.reorder_context, ("original", "sort", "two_stage"))
 
     def arguments(self, prompt: Prompt) -> dict[str, Any]:
         question = (prompt.question or prompt.instruction).strip()

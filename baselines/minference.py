@@ -116,12 +116,6 @@ class MInference(Method):
     # not a knob: every token is prefilled (recorded for the summary)
     keep_rate: float = option(1.0, Allowed(float, choices=(1.0,), note="every token is prefilled"))
 
-    def __post_init__(self) -> None:
-        if self.attn_type not in ATTN_TYPES:
-            raise ValueError(f"attn_type={self.attn_type!r}; allowed: {list(ATTN_TYPES)}")
-        if self.keep_rate != 1.0:
-            raise ValueError(f"minference keeps every token; keep_rate={self.keep_rate!r}, allowed: 1.0")
-
     @contextlib.contextmanager
     def applied(self, backend: Backend) -> Iterator[None]:
         """Patch the backend's base model for the body, and restore it exactly on exit.

@@ -29,9 +29,6 @@ from specprefill.plan import (
     Method,
     Plan,
     Prompt,
-    check_choice,
-    check_int,
-    check_keep,
     register_method,
     text_plan,
 )
@@ -86,12 +83,6 @@ class _Rag(Method):
     chunking: str = option("sentences", Allowed(str, choices=CHUNKINGS))
     chunk_words: int = option(100, Allowed(int, ge=1))
     order: str = option("document", Allowed(str, choices=ORDERS))
-
-    def __post_init__(self) -> None:
-        check_keep(self.keep_rate)
-        check_choice("chunking", self.chunking, CHUNKINGS)
-        check_choice("order", self.order, ORDERS)
-        check_int("chunk_words", self.chunk_words, 1)
 
     def score(self, query: str, chunks: list[str]) -> list[float]:
         raise NotImplementedError

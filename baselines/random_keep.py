@@ -14,8 +14,6 @@ from specprefill.plan import (
     Method,
     Plan,
     Prompt,
-    check_keep,
-    check_position_mode,
     kept_plan,
     register_method,
 )
@@ -30,12 +28,6 @@ class RandomKeep(Method):
     keep_rate: float = option(0.3, KEEP)
     seed: int = option(0, SEED)
     position_mode: str = option("original", Allowed(str, choices=POSITION_MODES))
-
-    def __post_init__(self) -> None:
-        check_keep(self.keep_rate)
-        check_position_mode(self.position_mode)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed={self.seed!r}; allowed: an int")
 
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:
         n = prompt.n

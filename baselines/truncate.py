@@ -14,8 +14,6 @@ from specprefill.plan import (
     Method,
     Plan,
     Prompt,
-    check_keep,
-    check_position_mode,
     kept_plan,
     register_method,
 )
@@ -30,10 +28,6 @@ class Truncate(Method):
 
     keep_rate: float = option(0.3, KEEP)
     position_mode: str = option("contiguous", Allowed(str, choices=POSITION_MODES))
-
-    def __post_init__(self) -> None:
-        check_keep(self.keep_rate)
-        check_position_mode(self.position_mode)
 
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:
         n = prompt.n

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from specprefill.core import _check_pool_kernel, force_keep, select_tokens, token_importance
+from specprefill.core import force_keep, select_tokens, token_importance
 from specprefill.options import KEEP, Allowed, option
 from specprefill.plan import (
     POSITION_MODES,
@@ -15,8 +15,6 @@ from specprefill.plan import (
     Method,
     Plan,
     Prompt,
-    check_keep,
-    check_position_mode,
     full_plan,
     kept_plan,
     register_method,
@@ -55,21 +53,6 @@ class SpecPrefill(Method):
     position_mode: str = option("original", Allowed(str, choices=POSITION_MODES))
     force_keep_first: int = option(0, Allowed(int, ge=0))
     force_keep_last: int = option(0, Allowed(int, ge=0))
-
-    def __post_init__(self) -> None:
-        check_keep(self.keep_rate)
-        if isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int) or self.lookahead < 1:
-            raise ValueError(f"lookahead={self.lookahead!r} is invalid; allowed: int >= 1 (1 = last prompt token only)")
-        _check_pool_kernel(self.pool_kernel)
-        if self.chunk_size is not None and (
-            isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 1
-        ):
-            raise ValueError(f"chunk_size={self.chunk_size!r} is invalid; allowed: null (token mode) or int >= 1")
-        check_position_mode(self.position_mode)
-        for name in ("force_keep_first", "force_keep_last"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name}={v!r} is invalid; allowed: int >= 0")
 
     def check_model(self, model: str, layers: int | None, max_context: int, longest_prompt: int) -> None:
         """The look-ahead's extra tokens must fit the context window after the longest prompt."""

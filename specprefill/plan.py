@@ -218,6 +218,11 @@ class Method(ABC):
     #: ``prefix_cache``, ``reselect``, ``frozen``, ``revival``); None: no multi-turn form.
     turn_policy: ClassVar[str | None] = None
 
+    def __post_init__(self) -> None:  # noqa: B027  (a hook with nothing to do by default, not abstract)
+        """A method dataclass's own rules that tie options together (its fields were checked
+        against their declarations first: :func:`register_method`). Defined here so that
+        every method dataclass's ``__init__`` calls it."""
+
     def options(self) -> dict[str, Any]:
         """The options recorded in every result row."""
         return dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
@@ -268,10 +273,31 @@ def register_method(name: str) -> Callable[[M], M]:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
             raise ValueError(f"method name {name!r} is already registered by {_REGISTRY[name].__qualname__}")
         cls.name = name
+        _declared_first(cls)
         _REGISTRY[name] = cls
         return cls
 
     return wrap
+
+
+def _declared_first(cls: type) -> None:
+    """Make ``cls(...)`` check every field against its declaration (specprefill.options)
+    before the class's own ``__post_init__`` (rules that tie options together), however
+    the method is built: by name from a config, or directly in Python."""
+    from specprefill.options import check_declared
+
+    if not dataclasses.is_dataclass(cls) or getattr(cls, "_declared_first", None) is cls:
+        return
+    # the class's own rules, else the nearest base's (Method's at the end: nothing to do)
+    own = next(c.__dict__["__post_init__"] for c in cls.__mro__ if "__post_init__" in c.__dict__)
+
+    def __post_init__(self: Any) -> None:
+        if type(self) is cls:  # once, by the most derived class (a subclass calls super's)
+            check_declared(self, f"method {cls.name!r}: ")
+        own(self)
+
+    cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+    cls._declared_first = cls  # type: ignore[attr-defined]
 
 
 def registered_methods() -> list[str]:
