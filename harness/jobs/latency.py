@@ -74,7 +74,6 @@ from harness.benchmarks.base import BenchmarkConfig
 from harness.benchmarks.samples import benchmark_samples
 from harness.config import (
     ENGINE_IDEAL,
-    PROMPTS,
     LatencySchema,
     check_common,
     check_in_model,
@@ -92,7 +91,7 @@ from harness.dryrun import requirements_text
 from harness.jobs import lifecycle as jobs
 from harness.jobs.lifecycle import ModelJob, measured
 from harness.models.backends import make_backend
-from harness.models.catalog import BYTES_PER_PARAM, ModelConfig, check_backend
+from harness.models.catalog import BYTES_PER_PARAM, ModelConfig
 from harness.models.loading import check_before_start, check_runnable
 from harness.models.placement import plan as place
 from harness.prompts import random_prompts, sample_prompt
@@ -101,6 +100,7 @@ from harness.registry import build_benchmark, build_method
 from harness.store import RunStore, check_layout, method_columns
 from harness.timing import measure, point_order
 from specprefill.flops import Shape
+from specprefill.options import check_options
 from specprefill.plan import Backend, Method, Prompt, check_choice
 
 #: The timing protocol's version, part of a run's identity: rows timed under another one
@@ -164,16 +164,11 @@ class LatencyConfig:
                 f"grid={[list(p) for p in self.grid]} names {[list(p) for p in twice]} more than once (measured twice "
                 f"into one run); allowed: each [batch, length] point once"
             )
-        for name in ("warmup", "iters", "seed", "decode_tokens"):
-            v = getattr(self, name)
-            low = 1 if name == "iters" else 0
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"{name}={v!r}; allowed: int >= {low}")
-        if not isinstance(self.aa_check, bool):
-            raise ValueError(f"aa_check={self.aa_check!r}; allowed: true or false")
-        check_choice("engine_ideal", self.engine_ideal, ENGINE_IDEAL)
-        check_backend(self.backend)
-        check_choice("prompts", self.prompts, PROMPTS)
+        # the keys the schema declares (harness.config.LatencySchema), checked the same way here
+        # for a config built in Python
+        keys = ("warmup", "iters", "seed", "decode_tokens", "aa_check", "backend", "prompts")
+        check_options(LatencySchema, {k: getattr(self, k) for k in keys})
+        check_choice("engine_ideal", self.engine_ideal, ENGINE_IDEAL)  # the text form ("true", not True)
         if self.decode_tokens and self.backend != "transformers":
             raise ValueError(
                 f"decode_tokens={self.decode_tokens} with backend={self.backend!r}: decode timing in latency grids "
