@@ -158,9 +158,9 @@ def check_common(c: dict[str, Any]) -> None:
     """The shorthands every entry point shares, whichever method reads them: ``keep`` in
     (0, 1] (even for full prefill, which ignores it: a typo must not pass silently),
     ``lookahead`` >= 1, ``allow_failures`` a bool, ``out`` a writable folder."""
-    shared: dict[str, Any] = {k: c[k] for k in ("keep", "lookahead", "allow_failures") if k in c}
+    shared = {"keep": c.get("keep"), "lookahead": c.get("lookahead"), "allow_failures": c.get("allow_failures", False)}
     try:  # their declarations (CommonSchema): also where no schema composed them (lm-eval's model args)
-        check_options(CommonSchema, {"keep": c.get("keep"), "lookahead": c.get("lookahead"), **shared})
+        check_options(CommonSchema, shared)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     ref = c.get("reference")

@@ -95,7 +95,7 @@ class Allowed:
         if self.kind is list:
             if not isinstance(value, list | tuple):
                 return "type"
-            if self.item is not None and not all(_is(v, self.item) for v in value):
+            if self.item is not None and any(Allowed(self.item).problem(v) is not None for v in value):
                 return "type"
             return None
         if self.kind is dict:
@@ -156,8 +156,8 @@ def check_options(cls: type | Mapping[str, Allowed | None], options: Mapping[str
     decl = cls if isinstance(cls, Mapping) else declarations(cls)
     for name, value in options.items():
         allowed = decl.get(name)
-        if allowed is not None and allowed.problem(value) is not None:
-            raise ValueError(f"{where}{name}={value!r}; allowed: {allowed.describe()}")
+        if allowed is not None:
+            allowed.check(f"{where}{name}", value)
 
 
 def check_declared(obj: Any, where: str = "") -> None:
@@ -200,13 +200,5 @@ def bad_values(allowed: Allowed) -> list[Any]:
 
 
 def _unique(values: list[Any]) -> list[Any]:
-    """``values`` without repeats (by their repr: they may be unhashable)."""
-    seen: set[str] = set()
-    return [v for v in values if not (repr(v) in seen or seen.add(repr(v)))]  # type: ignore[func-returns-value]
-
-
-def _is(value: Any, kind: type) -> bool:
-    """``isinstance`` as the declarations read it: an int is a float too, a bool is neither."""
-    if kind in (int, float) and isinstance(value, bool):
-        return False
-    return isinstance(value, int | float) if kind is float else isinstance(value, kind)
+    """``values`` without repeats, in order (by their repr: they may be unhashable)."""
+    return list({repr(v): v for v in values}.values())
