@@ -964,9 +964,8 @@ def unsafe_runs(candidate: Path) -> dict[str, str]:
             continue
         s = summarize_latency(d)
         bad = s[(s["aa_ok"] == False) | (s["comparable"] == False)]  # noqa: E712  (NaN: not checked)
-        why = sorted({f for f in bad["flags"] if isinstance(f, str) and f})
         if not bad.empty:
-            out[rel] = "; ".join(why) or "flagged unsafe"
+            out[rel] = "; ".join(sorted({f for f in bad["flags"] if isinstance(f, str) and f})) or "flagged unsafe"
     return out
 
 
@@ -1171,6 +1170,8 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0].startswith("--") and argv[0] not in ("-h", "--help"):
         argv = ["compare", *argv]  # `python -m harness.regress --baseline A --candidate B`
     args = ap.parse_args(argv)
+    if getattr(args, "remeasure", 0) < 0:
+        ap.error(f"--remeasure {args.remeasure}: allowed: 0 (never) or more times")
     if args.cmd == "accept":
         try:
             accept(args.candidate, args.baselines, args.reason)

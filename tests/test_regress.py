@@ -643,3 +643,10 @@ def test_a_flagged_latency_run_is_measured_once_more_and_said(base, tmp_path, mo
     else:
         assert not v.remeasured and not (cand / SET_ASIDE).exists()
     assert json.loads((cand / SUITE_RECORD).read_text())["runs"] == ["full", "lat", "spec"]
+
+
+def test_a_negative_remeasure_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--remeasure", "-1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].endswith("--remeasure -1: allowed: 0 (never) or more times"), err
