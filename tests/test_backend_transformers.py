@@ -152,7 +152,7 @@ def test_method_options_are_validated():
         (dict(keep_rate=1.5), "keep_rate=1.5"),
         (dict(keep_rate=0.0), "keep_rate=0.0"),
         (dict(lookahead=0), "lookahead=0"),
-        (dict(pool_kernel=4), "even"),
+        (dict(pool_kernel=4), r"pool_kernel=4; allowed: .*odd"),
         (dict(position_mode="shifted"), "position_mode='shifted'"),
         (dict(force_keep_last=-1), "force_keep_last=-1"),
     ):
