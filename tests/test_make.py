@@ -58,7 +58,8 @@ def test_make_eval_dry_run_plans_the_default_sweep_and_loads_nothing(tmp_path):
     plans = [ln for ln in proc.stdout.splitlines() if ln.startswith("[dry run]")]
     # full prefill (keep ignored: one job) + SpecPrefill at 0.1, 0.3, 0.5
     assert len(plans) == 4 and sum(" full " in p for p in plans) == 1
-    assert list(cache.iterdir()) == [] and not (tmp_path / "r" / "smollm2-135m").exists()
+    # ... and leaves nothing behind: not even Hydra's log folders (out/.hydra) or out itself
+    assert list(cache.iterdir()) == [] and not (tmp_path / "r").exists()
 
 
 def test_a_bad_sweep_point_stops_the_sweep_before_anything_runs(tmp_path):
@@ -89,6 +90,7 @@ def test_latency_and_qps_dry_runs_sweep_too(tmp_path):
     q = _run("harness.jobs.qps", "model=tiny-random", "dry_run=true", "length=1024", f"out={tmp_path}")
     assert q.returncode == 0, q.stderr[-2000:]
     assert q.stdout.count("[qps plan]") == 2
+    assert not (tmp_path / ".hydra").exists()  # a dry run leaves no log folders in an existing out
 
 
 def test_a_backend_sweep_gives_one_job_per_backend(tmp_path):

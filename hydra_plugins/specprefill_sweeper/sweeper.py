@@ -62,8 +62,8 @@ class ValidatingSweeper(BasicSweeper):
         self.validate = validate
 
     def sweep(self, arguments: list[str]) -> Any:
-        """Check ``out`` before Hydra makes its sweep folder under it; after the last job,
-        exit 1 (one message naming the runs) if rows failed, unless ``allow_failures``."""
+        """Check ``out`` before Hydra makes its sweep folder under it; after a dry run, remove
+        the folders Hydra made for it; after the last job, exit 1 (one message naming the runs) if rows failed, unless ``allow_failures``."""
         from harness.config import (  # deferred: Hydra imports every plugin when any app starts
             ConfigError,
             RunFailures,
@@ -73,7 +73,8 @@ class ValidatingSweeper(BasicSweeper):
 
         assert self.config is not None
         out = Path(str(self.config.out)).expanduser() if "out" in self.config and str(self.config.out).strip() else None
-        out_made = out is not None and not out.exists()
+        # the folders check_out is about to make (out and any missing parents), deepest first
+        made_dirs = [] if out is None else [d for d in (out, *out.parents) if not d.exists()]
         if "out" in self.config:
             check_out(self.config.out)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -82,17 +83,27 @@ class ValidatingSweeper(BasicSweeper):
             sweep_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"hydra.sweep.dir={self.config.hydra.sweep.dir!r} cannot be made: {e}") from None
-        try:
-            returns = super().sweep(arguments)
-        except ConfigError:  # refused before any job ran: no log folder of a sweep that never was
-            if made and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}:
+
+        def tidy(dry: bool) -> None:
+            """Remove the sweep's log folder (a dry run's whole, a refused sweep's while it holds
+            only multirun.yaml), then ``out/.hydra``, ``out`` and the parents made for it if that left them empty."""
+            if made and (dry or {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}):
                 shutil.rmtree(sweep_dir, ignore_errors=True)
                 with contextlib.suppress(OSError):
                     sweep_dir.parent.rmdir()  # out/.hydra, when this was its only sweep
-            if out_made and out is not None:
-                with contextlib.suppress(OSError):
-                    out.rmdir()  # made by check_out above, and still empty
+            for d in made_dirs:  # made by check_out above, and still empty
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+
+        try:
+            returns = super().sweep(arguments)
+        except ConfigError:  # refused before any job ran: no log folder of a sweep that never was
+            tidy(dry=False)
             raise
+        if self.config.get("dry_run", False):  # a dry run plans and loads nothing, and leaves nothing
+            tidy(dry=True)
         outcomes = [
             r.return_value
             for batch in returns or []
