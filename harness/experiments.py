@@ -9,7 +9,7 @@ that cannot run in its setting says why (``cannot_run``): it is printed, never l
 its GPU-hours are not counted.
 
 The SpecPrefill paper's tables are experiments named ``paper_<table>``, run and rendered by
-:mod:`harness.rendering.paper` (``make paper table=T``). Every other experiment (the kvpress
+:mod:`harness.paper` (``make paper table=T``). Every other experiment (the kvpress
 leaderboard's setting, ``kvpress_ruler4k``) runs here::
 
     python -m harness.experiments run kvpress_ruler4k [--variant cpu] [--dry-run]

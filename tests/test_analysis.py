@@ -11,12 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import regress
 from harness.analysis.folder import analyze_rows
 from harness.analysis.latency import point_speedup, summarize_latency
 from harness.analysis.quality import Point, macro_mean, paired_ratio, summarize
 from harness.analysis.stats import Estimate
-from harness.rendering import paper
+from harness.paper import data, tables
+from harness.regress import compare as regress
+from harness.regress.verdict import point_fields
 from harness.store import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,8 +30,8 @@ def committed_rows() -> dict[str, pd.DataFrame]:
     """Every committed set of rows: the regression baselines and the paper tables' point files
     (one set per command subfolder)."""
     out = {str(f.relative_to(ROOT)): read_results(f) for f in sorted((ROOT / "results" / "baseline").glob("*/rows"))}
-    for f in sorted(paper.RESULTS.glob(f"*/*/{paper.POINTS}")):
-        rows = paper.read_points(f)
+    for f in sorted(data.RESULTS.glob(f"*/*/{data.POINTS}")):
+        rows = data.read_points(f)
         for sub, g in rows.groupby("sub"):
             out[f"{f.relative_to(ROOT)}:{sub}"] = g
     assert len(out) >= 6, sorted(out)
@@ -124,17 +125,17 @@ def tiny_rows(tmp_path_factory):
 
 def _same_number_everywhere(rows: pd.DataFrame) -> int:
     """For every eval point of ``rows``: the summary's ALL score, retention and speedup are
-    the gate's (the folder against itself) and the paper tables' (:class:`paper.Ours`); the
+    the gate's (the folder against itself) and the paper tables' (:class:`data.Ours`); the
     latency summary's speedups are the gate's. Returns how many numbers were compared."""
     a = analyze_rows(ROOT, rows)
     v = regress.gate(rows, rows, eval_speed=True)
     compared = 0
     gate_quality = {(c.fields["model"], c.fields["method"], c.fields["keep"], c.fields["speculator"],
                      c.fields["options"], c.fields["where"]): c for c in v.rows if c.kind == "quality"}  # fmt: skip
-    ours = paper.Ours(rows)
+    ours = data.Ours(rows)
     for _, s in a.summary[a.summary["task"] == "ALL"].iterrows():
         is_ref = s["method_name"] == s["reference"]
-        fields = regress._fields(s.to_dict() | {"method": s["method_name"]}, is_ref)
+        fields = point_fields(s.to_dict() | {"method": s["method_name"]}, is_ref)
         key = (fields["model"], fields["method"], fields["keep"], fields["speculator"], fields["options"], "ALL")
         if key in gate_quality:  # the gate compares ALL where a point has more than one task
             c = gate_quality[key]
@@ -220,9 +221,9 @@ def test_summary_gate_and_paper_print_the_same_number_on_the_committed_rows(name
 
 def test_the_paper_table_prints_the_summarys_retention():
     """The rendered longbench table's retention ALL cells are the summary's, as printed."""
-    rows = paper.read_points(paper.RESULTS / "longbench_405b" / "cpu" / paper.POINTS)
+    rows = data.read_points(data.RESULTS / "longbench_405b" / "cpu" / data.POINTS)
     s = summarize(rows[rows["kind"] == "eval"])
-    table = paper.render("longbench_405b")
+    table = tables.render("longbench_405b")
     for _, r in s[(s["task"] == "ALL") & (s["method_name"] != s["reference"])].iterrows():
         assert f"{r['retention']:.2f} [{r['retention_lo']:.2f}, {r['retention_hi']:.2f}] n={r['n']}" in table
 
@@ -305,7 +306,7 @@ def test_the_import_graph_has_no_circle():
     circles = sorted(m for m in modules if reaches(m, m))
     assert not circles, circles
     for m in (x for x in modules if x.startswith("harness.analysis")):
-        assert not any(reaches(m, r) for r in ("harness.rendering.report", "harness.rendering.html", "harness.rendering.paper",
+        assert not any(reaches(m, r) for r in ("harness.rendering.report", "harness.rendering.html", "harness.paper.tables",
                                                 "harness.rendering.plots", "harness.rendering.tables")), m  # fmt: skip
 
 

@@ -11,27 +11,27 @@ import pytest
 import yaml
 
 from harness import experiments
-from harness.rendering import paper
+from harness.paper import cells, cli, data, tables
 from harness.store import RunStore, record
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_published_table_has_an_experiment_with_both_variants():
-    assert paper.experiment_names() == ["categories_8b", "latency_grid", "longbench_405b", "qps"]
-    sources = set(paper.published()["source"])
-    for name in paper.experiment_names():
-        exp = paper.load_experiment(name)
+    assert data.experiment_names() == ["categories_8b", "latency_grid", "longbench_405b", "qps"]
+    sources = set(data.published()["source"])
+    for name in data.experiment_names():
+        exp = data.load_experiment(name)
         assert exp.source in sources and {"paper", "cpu"} <= set(exp.variants)
         assert all(v.gpus == 0 for k, v in exp.variants.items() if k != "paper")  # every other variant: CPU
     # the 8B/3B table's closer stand-in: a separate same-family speculator, its reason in the table
-    qwen = paper.load_experiment("categories_8b").variants["cpu_qwen"]
+    qwen = data.load_experiment("categories_8b").variants["cpu_qwen"]
     assert "model.speculator=model:qwen2.5-coder-0.5b" in qwen.commands[0].args and "closer stand-in" in qwen.note
 
 
 @pytest.mark.parametrize("name", ["categories_8b", "latency_grid", "longbench_405b", "qps"])
 def test_a_paper_variant_holds_the_gpus_its_models_need(name):
-    exp = paper.load_experiment(name)
+    exp = data.load_experiment(name)
     for c in exp.variants["paper"].commands:
         model = next(a.split("=", 1)[1] for a in c.args if a.startswith("model="))
         cfg = yaml.safe_load((ROOT / "conf" / "model" / f"{model}.yaml").read_text())
@@ -42,42 +42,42 @@ def test_a_paper_variant_holds_the_gpus_its_models_need(name):
 def test_gpu_hours_agree_with_two_flops_per_parameter_per_token():
     """Independent of the FLOP model: 2 x 405e9 parameters x 10K tokens x 23,750 prompts at
     989 TFLOP/s x 40 %; attention adds a few per cent at 10K tokens."""
-    hours = experiments.gpu_hours(paper.load_experiment("longbench_405b").variants["paper"])
+    hours = experiments.gpu_hours(data.load_experiment("longbench_405b").variants["paper"])
     rough = 2 * 405e9 * 10_000 * 23_750 / (989e12 * 0.4) / 3600
     assert rough < hours < 1.15 * rough
-    assert experiments.gpu_hours(paper.load_experiment("longbench_405b").variants["cpu"]) is None
+    assert experiments.gpu_hours(data.load_experiment("longbench_405b").variants["cpu"]) is None
 
 
 def test_unknown_table_and_variant_are_one_line_errors():
     with pytest.raises(SystemExit, match=r"table 'nope' .*allowed: \['categories_8b'"):
-        paper.load_experiment("nope")
+        data.load_experiment("nope")
     with pytest.raises(SystemExit, match=r"no variant 'gpu'; allowed: \['cpu', 'paper'\]"):
-        paper.command_lines(paper.load_experiment("qps"), "gpu")
+        cli.command_lines(data.load_experiment("qps"), "gpu")
 
 
 def test_cell_format():
     """Ours, the paper's and Δ are three cells; a published number keeps its printed text."""
     from harness.analysis.stats import Estimate
 
-    published = paper.Published(33.32, "33.32")
-    assert paper.cell(Estimate(40.0, 30.0, 50.0, 10), published, "{:.1f}") == (
+    published = data.Published(33.32, "33.32")
+    assert cells.cell(Estimate(40.0, 30.0, 50.0, 10), published, "{:.1f}") == (
         "40.0 [30.0, 50.0] n=10",
         "33.32",
         "+6.7",
     )
-    assert paper.cell(None, paper.Published(22.64, "22.64"), "{:.2f}", "needs 8 GPU(s)") == (
+    assert cells.cell(None, data.Published(22.64, "22.64"), "{:.2f}", "needs 8 GPU(s)") == (
         "(needs 8 GPU(s))",
         "22.64",
         "-",
     )
-    assert paper.cell(2.5, None) == ("2.50", "-", "-")
-    assert paper.cell(2.5, 0.5) == ("2.50", "0.50", "+2.00")  # a ratio of published numbers, at our precision
-    assert paper.cell(2.5, 0.5, no_delta="other model") == ("2.50", "0.50", "— (other model)")
-    assert paper.columns("x", ("a", "b", "c")) == {"x: ours": "a", "x: paper": "b", "x: Δ": "c"}
+    assert cells.cell(2.5, None) == ("2.50", "-", "-")
+    assert cells.cell(2.5, 0.5) == ("2.50", "0.50", "+2.00")  # a ratio of published numbers, at our precision
+    assert cells.cell(2.5, 0.5, no_delta="other model") == ("2.50", "0.50", "— (other model)")
+    assert cells.columns("x", ("a", "b", "c")) == {"x: ours": "a", "x: paper": "b", "x: Δ": "c"}
 
 
 def test_with_no_rows_every_table_renders_the_paper_and_why_ours_is_missing(tmp_path):
-    paper.write_report(tmp_path)
+    tables.write_report(tmp_path)
     lb = (tmp_path / "longbench_405b.md").read_text()
     assert "Our rows: not run: needs 8 GPU(s); `make paper table=longbench_405b`." in lb
     assert "| narrativeqa | (not run) | 33.32 | - |" in lb
@@ -107,12 +107,12 @@ def _eval(store_dir: Path, model: str, method: str, keep: float | None, scores: 
 
 
 def test_ours_beside_the_paper_with_intervals_retention_and_speedup(tmp_path):
-    f = paper.folder("longbench_405b", "paper", tmp_path)
+    f = data.folder("longbench_405b", "paper", tmp_path)
     full = {"narrativeqa": [40.0] * 5 + [20.0] * 5, "qasper": [50.0] * 10}
     spec = {"narrativeqa": [20.0] * 10, "qasper": [50.0] * 10}
     _eval(f / "a", "llama405b", "full", None, full, 4.0)
     _eval(f / "b", "llama405b", "specprefill", 0.1, spec, 1.0)
-    md = paper.render("longbench_405b", tmp_path)
+    md = tables.render("longbench_405b", tmp_path)
     row = next(line for line in md.splitlines() if line.startswith("| narrativeqa"))
     assert "| 30.00 [" in row and "n=10 | 33.32 | -3.32 |" in row
     assert "| 0.67 [" in row  # retention at keep 0.1: 20 / 30, paired
@@ -124,7 +124,7 @@ def test_ours_beside_the_paper_with_intervals_retention_and_speedup(tmp_path):
 
 
 def test_latency_grid_cells_from_latency_rows(tmp_path):
-    f = paper.folder("latency_grid", "cpu", tmp_path)
+    f = data.folder("latency_grid", "cpu", tmp_path)
     store = RunStore(f / "r")
     store.write_config({"x": 1})
     rows = []
@@ -139,7 +139,7 @@ def test_latency_grid_cells_from_latency_rows(tmp_path):
                 method_s=0.0, base_prefill_s=t, kept_fraction=1.0, ideal_speedup=4.0, config_hash="r", dtype="float32",
             ))  # fmt: skip
     store.append(rows)
-    md = paper.render("latency_grid", tmp_path)
+    md = tables.render("latency_grid", tmp_path)
     cpu = md.split("## Variant `cpu`")[1]
     (full,) = [line for line in cpu.splitlines() if line.startswith("| full |")]
     assert "| 2x4096 | 8.15 n=2 | - | - |" in full  # median of the timed 8.1, 8.2; the paper has no 2x4096 point
@@ -159,11 +159,11 @@ def test_every_experiment_dry_runs(name, tmp_path):
     import sys
 
     r = subprocess.run(
-        [sys.executable, "-m", "harness.rendering.paper", "run", "--table", name, "--dry-run", "--root", str(tmp_path)],
+        [sys.executable, "-m", "harness.paper", "run", "--table", name, "--dry-run", "--root", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "GPU-hours" in r.stdout and f"GPUs: {paper.load_experiment(name).variants['paper'].gpus}" in r.stdout
+    assert "GPU-hours" in r.stdout and f"GPUs: {data.load_experiment(name).variants['paper'].gpus}" in r.stdout
 
 
 def test_a_command_that_cannot_run_in_its_table_is_named_not_launched_and_not_counted(tmp_path):
@@ -176,24 +176,26 @@ def test_a_command_that_cannot_run_in_its_table_is_named_not_launched_and_not_co
 
     from harness.jobs import latency
 
-    exp = paper.load_experiment("latency_grid")
+    exp = data.load_experiment("latency_grid")
     v = exp.variants["paper"]
     (mi,) = [c for c in v.commands if c.cannot_run]
     assert mi.method == "minference" and "vLLM" in mi.cannot_run
-    assert paper.cannot_run(v) == {"minference": mi.cannot_run} and paper.cannot_run(exp.variants["cpu"]) == {}
-    lines = paper.command_lines(exp, "paper", tmp_path)
+    assert (
+        experiments.cannot_run(v) == {"minference": mi.cannot_run} and experiments.cannot_run(exp.variants["cpu"]) == {}
+    )
+    lines = cli.command_lines(exp, "paper", tmp_path)
     assert len(lines) == len(v.commands) - 1 and not any("method=minference" in " ".join(c) for c in lines)
     counted = dataclasses.replace(v, commands=[dataclasses.replace(c, cannot_run="") for c in v.commands])
     alone = dataclasses.replace(v, commands=[c for c in v.commands if not c.cannot_run])
     assert experiments.gpu_hours(v) == experiments.gpu_hours(alone) < experiments.gpu_hours(counted)
-    text = paper.plan_text(exp, "paper", tmp_path)
+    text = cli.plan_text(exp, "paper", tmp_path)
     assert f"minference: cannot run in this table (not launched, no GPU-hours counted): {mi.cannot_run}" in text
     assert f"{experiments.gpu_hours(v):.1f} GPU-hours" in text
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="latency", overrides=[a for a in mi.args if not a.startswith("keep=")])
     with pytest.raises(ValueError, match="acts inside the base model"):
         latency.prepare(latency.LatencyConfig.from_hydra(cfg))
-    md = paper.render("latency_grid", tmp_path).split("## Variant `paper`")[1].split("## Variant `cpu`")[0]
+    md = tables.render("latency_grid", tmp_path).split("## Variant `paper`")[1].split("## Variant `cpu`")[0]
     row = next(line for line in md.splitlines() if line.startswith("| minference | 4x131072 |"))
     assert "| (cannot run in this table: see below) | 34.56 | - |" in row
     assert f"minference: cannot run in this table: {mi.cannot_run}." in md
@@ -207,17 +209,17 @@ def test_the_committed_tables_re_render_byte_for_byte_from_the_committed_point_f
     table and figure as committed."""
     import shutil
 
-    points = sorted(paper.RESULTS.glob(f"*/*/{paper.POINTS}"))
+    points = sorted(data.RESULTS.glob(f"*/*/{data.POINTS}"))
     assert points, "no committed point file"
     for f in points:
-        (tmp_path / f.relative_to(paper.RESULTS)).parent.mkdir(parents=True)
-        shutil.copy(f, tmp_path / f.relative_to(paper.RESULTS))
+        (tmp_path / f.relative_to(data.RESULTS)).parent.mkdir(parents=True)
+        shutil.copy(f, tmp_path / f.relative_to(data.RESULTS))
         assert f.stat().st_size < 150_000, f  # rows trimmed to the columns the tables read
-    paper.write_report(tmp_path)
-    committed = sorted(p.name for p in paper.RESULTS.glob("*.md")) + sorted(p.name for p in paper.RESULTS.glob("*.png"))
+    tables.write_report(tmp_path)
+    committed = sorted(p.name for p in data.RESULTS.glob("*.md")) + sorted(p.name for p in data.RESULTS.glob("*.png"))
     assert committed == sorted(p.name for p in tmp_path.glob("*.md")) + sorted(p.name for p in tmp_path.glob("*.png"))
     for name in committed:
-        assert (tmp_path / name).read_bytes() == (paper.RESULTS / name).read_bytes(), name
+        assert (tmp_path / name).read_bytes() == (data.RESULTS / name).read_bytes(), name
 
 
 def _latency_rows(store_dir: Path, model: str = "smollm2-135m") -> None:
@@ -263,22 +265,22 @@ def _qps_rows(store_dir: Path, method: str, keep: float | None, top: float) -> N
 def _every_kind(root: Path) -> None:
     """Rows of every kind in the CPU variants: eval (a task where full prefill scores 0),
     latency (an unsupported method), qps (a lower bound, in its category's subfolder)."""
-    lb = paper.folder("longbench_405b", "cpu", root)
+    lb = data.folder("longbench_405b", "cpu", root)
     full = {"niah_single_1": [100.0] * 4, "vt": [0.0] * 4, "qa_1": [50.0, 0.0, 100.0, 0.0]}
     spec = {"niah_single_1": [100.0, 0.0, 100.0, 100.0], "vt": [20.0] * 4, "qa_1": [50.0] * 4}
     _eval(lb / "a", "smollm2-135m", "full", None, full, 4.0)
     _eval(lb / "b", "smollm2-135m", "specprefill", 0.1, spec, 2.0)
-    _latency_rows(paper.folder("latency_grid", "cpu", root) / "r")
-    q = paper.folder("qps", "cpu", root) / "multi-doc-qa"
+    _latency_rows(data.folder("latency_grid", "cpu", root) / "r")
+    q = data.folder("qps", "cpu", root) / "multi-doc-qa"
     _qps_rows(q / "full", "full", None, 1.0)
     _qps_rows(q / "spec", "specprefill", 0.1, 2.0)
 
 
 def _pages(root: Path) -> dict[str, str]:
     return {
-        **{t: paper.render(t, root) for t in paper.experiment_names()},
-        "headline": paper.headline(root),
-        "baselines": paper.baselines(root),
+        **{t: tables.render(t, root) for t in data.experiment_names()},
+        "headline": tables.headline(root),
+        "baselines": tables.baselines(root),
     }
 
 
@@ -287,15 +289,15 @@ def test_a_point_file_renders_what_its_run_folders_render(tmp_path):
     import shutil
 
     _every_kind(tmp_path)
-    for table in paper.experiment_names():
-        exp = paper.load_experiment(table)
+    for table in data.experiment_names():
+        exp = data.load_experiment(table)
         for variant in exp.variants:
-            kept = paper.write_points(exp, variant, tmp_path)
+            kept = data.write_points(exp, variant, tmp_path)
             assert (kept is not None) == (variant == "cpu" and table != "categories_8b")
     before = _pages(tmp_path)  # from the run folders
     assert "(undefined: full prefill scored 0)" in before["longbench_405b"] and ">=" in before["qps"]
     for f in tmp_path.glob("*/*/*"):
-        if f.name != paper.POINTS:
+        if f.name != data.POINTS:
             shutil.rmtree(f)  # what a clone has: no run folder
     after = _pages(tmp_path)
     for page, md in before.items():
@@ -304,31 +306,31 @@ def test_a_point_file_renders_what_its_run_folders_render(tmp_path):
 
 
 def test_a_delta_only_where_our_setting_is_the_papers(tmp_path):
-    pub = paper.published()
-    for table in paper.experiment_names():
-        exp = paper.load_experiment(table)
-        assert paper.no_delta(exp, "paper", pub) == ""
+    pub = data.published()
+    for table in data.experiment_names():
+        exp = data.load_experiment(table)
+        assert cells.no_delta(exp, "paper", pub) == ""
         want = "other model" if table == "latency_grid" else "other model and benchmark"
-        assert paper.no_delta(exp, "cpu", pub) == want, table
+        assert cells.no_delta(exp, "cpu", pub) == want, table
     # the same rows, once as the 405B on LongBench, once as the CPU variant's model
     for variant, model in (("paper", "llama405b"), ("cpu", "smollm2-135m")):
-        f = paper.folder("longbench_405b", variant, tmp_path)
+        f = data.folder("longbench_405b", variant, tmp_path)
         _eval(f / "a", model, "full", None, {"narrativeqa": [40.0] * 4}, 4.0)
         _eval(f / "b", model, "specprefill", 0.1, {"narrativeqa": [20.0] * 4}, 1.0)
-    md = paper.render("longbench_405b", tmp_path)
+    md = tables.render("longbench_405b", tmp_path)
     ours_paper, cpu = md.split("## Variant `cpu`")
     assert "| narrativeqa | 40.00 [40.00, 40.00] n=4 | 33.32 | +6.68 |" in ours_paper
     assert "| 0.1 | 4.00 [4.00, 4.00] n=4 | 6.69 | -2.69 |" in ours_paper
     assert "| narrativeqa | 40.00 [40.00, 40.00] n=4 | 33.32 | — (other model and benchmark) |" in cpu
     assert "| 0.1 | 4.00 [4.00, 4.00] n=4 | 6.69 | — (other model and benchmark) |" in cpu
-    _latency_rows(paper.folder("latency_grid", "cpu", tmp_path) / "r")
-    head = paper.headline(tmp_path)
+    _latency_rows(data.folder("latency_grid", "cpu", tmp_path) / "r")
+    head = tables.headline(tmp_path)
     assert "| up to x TTFT | 3.79 | 7.66 | — (other model) | latency_grid/cpu: smollm2-135m specprefill |" in head
 
 
 def test_retention_over_a_full_prefill_score_of_zero_is_undefined_not_missing(tmp_path):
     _every_kind(tmp_path)
-    md = paper.render("longbench_405b", tmp_path).split("## Variant `cpu`")[1]
+    md = tables.render("longbench_405b", tmp_path).split("## Variant `cpu`")[1]
     (vt,) = [line for line in md.splitlines() if line.startswith("| vt |")]
     assert "| (undefined: full prefill scored 0) | (not run) |" in vt  # keep 0.1 ran, keep 0.3 did not
     (niah,) = [line for line in md.splitlines() if line.startswith("| niah_single_1 |")]
@@ -338,10 +340,10 @@ def test_retention_over_a_full_prefill_score_of_zero_is_undefined_not_missing(tm
 def test_published_numbers_keep_the_papers_precision(tmp_path):
     """Every published score, latency, speedup and QPS is printed as the paper prints it
     (33.32, 23.70, 18.0, 100), not re-rounded."""
-    paper.write_report(tmp_path)
-    pub = paper.published()
+    tables.write_report(tmp_path)
+    pub = data.published()
     assert {"33.32", "23.70", "18.0", "100", "63.30"} <= set(pub["printed"])
-    for exp in map(paper.load_experiment, paper.experiment_names()):
+    for exp in map(data.load_experiment, data.experiment_names()):
         md = (tmp_path / f"{exp.table}.md").read_text()
         for printed in pub[(pub["source"] == exp.source) & (pub["printed"] != "")]["printed"]:
             assert f"| {printed} |" in md, (exp.table, printed)
@@ -362,7 +364,7 @@ def test_an_unknown_table_or_variant_is_one_line(args, line, tmp_path):
     import sys
 
     r = subprocess.run(
-        [sys.executable, "-m", "harness.rendering.paper", "run", *args, "--root", str(tmp_path)],
+        [sys.executable, "-m", "harness.paper", "run", *args, "--root", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr
@@ -372,40 +374,40 @@ def test_an_unknown_table_or_variant_is_one_line(args, line, tmp_path):
 def test_every_cpu_variant_pins_the_speculator_its_rows_were_measured_with():
     """A rerun measures what the table says: each CPU command names its speculator, the note
     says the same depth, and the committed rows carry it."""
-    for exp in map(paper.load_experiment, paper.experiment_names()):
+    for exp in map(data.load_experiment, data.experiment_names()):
         v = exp.variants["cpu"]
         pins = {a.split("=", 1)[1] for c in v.commands for a in c.args if a.startswith("model.speculator=")}
         assert len(pins) == 1 and all(any(a.startswith("model.speculator=") for a in c.args) for c in v.commands)
         (pin,) = pins
         depth = pin.removeprefix("self_layers:")
         assert f"model.speculator={pin}" in v.note and f"first {depth} of 30 layers" in v.note, exp.table
-        points = paper.folder(exp.table, "cpu") / paper.POINTS
+        points = data.folder(exp.table, "cpu") / data.POINTS
         if points.is_file():
-            measured = set(paper.read_points(points)["speculator"].dropna())
+            measured = set(data.read_points(points)["speculator"].dropna())
             assert measured == {pin}, (exp.table, measured)
 
 
 def test_the_rebuttal_baselines_have_a_table_and_ruler_says_why_it_has_none(tmp_path):
-    pub = paper.published()
+    pub = data.published()
     assert not pub["benchmark"].str.contains("ruler", case=False).any()  # nothing transcribed to tabulate
-    md = paper.baselines(tmp_path)
+    md = tables.baselines(tmp_path)
     assert "No RULER number is transcribed" in md and "RAG and LLMLingua-2" in md
     assert "| SpecPrefill keep 10 %'s LongBench score over MInference's (70B base) | - | (not run:" in md
     assert "| cpu | (not run) | 2.54 | - |" in md
-    _latency_rows(paper.folder("latency_grid", "cpu", tmp_path) / "r")
-    md = paper.baselines(tmp_path)
+    _latency_rows(data.folder("latency_grid", "cpu", tmp_path) / "r")
+    md = tables.baselines(tmp_path)
     assert "| cpu | (unsupported: needs CUDA) | 6.54 | - |" in md
 
 
 def test_each_table_links_its_figure_with_ours_beside_the_papers(tmp_path):
     _every_kind(tmp_path)
-    paper.write_report(tmp_path)
-    for name in [*paper.experiment_names(), "baselines"]:
+    tables.write_report(tmp_path)
+    for name in [*data.experiment_names(), "baselines"]:
         md = (tmp_path / f"{name}.md").read_text()
         assert f"]({name}.png)" in md and (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
     for table in ("longbench_405b", "latency_grid", "qps"):
-        marks = paper._render(table, tmp_path)[1]
+        marks = tables.render_table(table, tmp_path)[1]
         assert {"paper", "cpu"} <= {m.source for m in marks}, table
-    qps = paper._render("qps", tmp_path)[1]
+    qps = tables.render_table("qps", tmp_path)[1]
     bounds = [(m.panel, m.y) for m in qps if m.source == "cpu" and m.lower_bound]  # the search never failed
     assert bounds == [("max QPS", 2.0), ("SpecPrefill's max QPS over full prefill's", 2.0)]

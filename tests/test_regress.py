@@ -15,7 +15,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.regress import INCOMPARABLE, MARKER, NO_BASELINE, OK, REFUSED, REGRESSED, ROOT, compare, main
+from harness.regress.cli import main
+from harness.regress.compare import compare
+from harness.regress.suite import MARKER
+from harness.regress.verdict import INCOMPARABLE, NO_BASELINE, OK, REFUSED, REGRESSED, ROOT
 from harness.store import RunStore, record
 
 TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "qa_1")
@@ -259,7 +262,7 @@ def test_folders_that_cannot_be_compared_exit_2(base, tmp_path):
 
 def _candidate(tmp_path, name="cand"):
     """A candidate as ``run`` leaves it: the gate's marker, the rows, the suite's record."""
-    from harness.regress import claim_candidate, write_suite_record
+    from harness.regress.suite import claim_candidate, write_suite_record
 
     folder = tmp_path / name
     claim_candidate(folder)
@@ -276,7 +279,7 @@ def _tree(folder):
 
 
 def test_accept_promotes_the_candidate_with_its_reason(base, tmp_path, monkeypatch, capsys):
-    from harness import regress
+    from harness.regress import suite as regress
 
     monkeypatch.setattr(regress, "hardware_class", lambda: "cpu-test")
     cand = _candidate(tmp_path)
@@ -297,7 +300,7 @@ def test_accept_refuses_a_folder_the_suite_did_not_produce_and_leaves_the_baseli
     """``make regress-accept candidate=<typo or any folder>`` must not replace the baseline:
     no marker, an unfinished suite, a changed suite, a folder changed since: each refused in
     one line, the committed baseline byte for byte as it was."""
-    from harness import regress
+    from harness.regress import suite as regress
 
     monkeypatch.setattr(regress, "hardware_class", lambda: "cpu-test")
     baselines = tmp_path / "baselines"
@@ -331,7 +334,7 @@ def test_accept_refuses_a_folder_the_suite_did_not_produce_and_leaves_the_baseli
 def test_run_records_a_finished_suite_only(tmp_path):
     """The record ``accept`` needs is written after the last suite command succeeds, not
     after a failed one."""
-    from harness.regress import SUITE_RECORD, run_suite
+    from harness.regress.suite import SUITE_RECORD, run_suite
 
     (tmp_path / "baselines").mkdir()
     log = (tmp_path / "log.txt").open("w")
@@ -360,7 +363,7 @@ def test_compare_without_the_subcommand_as_the_issue_spells_it(base, capsys):
 
 
 def test_history_records_retention_and_plots(base, tmp_path):
-    from harness.regress import append_history
+    from harness.regress.history import append_history
 
     cand = _folder(tmp_path / "cand", spec_scores={t: [100.0] * 10 for t in TASKS})
     _, rows, _ = compare(base, cand)
@@ -383,7 +386,7 @@ def test_history_records_retention_and_plots(base, tmp_path):
 def test_every_suite_command_plans(suite, tmp_path):
     """The CPU suite and the GPU runner's suite are valid commands: each dry-runs (plans,
     loads nothing) with exit 0."""
-    from harness.regress import suite_commands
+    from harness.regress.suite import suite_commands
 
     cmds = suite_commands(tmp_path / "cand", ROOT / "conf" / suite)
     assert [c[2] for c in cmds] == ["harness.jobs.eval", "harness.jobs.latency"]
@@ -441,7 +444,7 @@ def main_out(argv: list[str]) -> str:
 
 
 def test_short_labels_show_only_what_differs():
-    from harness.regress import short_labels
+    from harness.regress.verdict import short_labels
 
     opts = {"pool_kernel": 13, "chunk_size": 32}
     pts = [
@@ -496,7 +499,9 @@ def test_junit_verdict_is_a_testcase_per_point_failing_the_regressions(base, tmp
 def test_markdown_verdict_fits_a_step_summary(base, tmp_path, capsys):
     """The default suite's committed baseline against itself, and against a candidate with
     every point regressed, each in at most 25 lines; --summary appends the same markdown."""
-    from harness.regress import Estimate, Verdict, render_markdown
+    from harness.analysis.stats import Estimate
+    from harness.regress.formats import render_markdown
+    from harness.regress.verdict import Verdict
 
     rows_dir = ROOT / "results" / "baseline" / "cpu-avx2" / "rows"
     summary = tmp_path / "summary.md"
@@ -520,7 +525,7 @@ def _harmless_suite(tmp_path) -> str:
 
 
 def test_the_gate_removes_only_candidate_folders_it_made(tmp_path, capsys):
-    from harness.regress import claim_candidate
+    from harness.regress.suite import claim_candidate
 
     mine = tmp_path / "mine"
     claim_candidate(mine)  # made: carries the marker
@@ -587,11 +592,11 @@ def test_make_regress_passes_baseline_and_refuses_unknown_variables():
 def test_history_plot_legends_tell_the_keeps_apart():
     """The legend labels of history rows (old ones with method-option JSON too) keep only
     what differs between the points; what they share is the panel's title."""
-    from harness.regress import _plot_labels
+    from harness.regress.history import plot_labels
 
     opts = '{"chunk_size": 32, "pool_kernel": 13, "position_mode": "original"}'
     points = [f"smollm2-135m ruler-2048 specprefill keep={k} {opts} speculator=self_layers:8 ALL" for k in (0.1, 0.3)]
-    labels, shared = _plot_labels([*points, "smollm2-135m ruler-2048 full keep=1 ALL"])
+    labels, shared = plot_labels([*points, "smollm2-135m ruler-2048 full keep=1 ALL"])
     assert labels[points[0]] == "specprefill keep=0.1 speculator=self_layers:8"
     assert labels[points[1]] == "specprefill keep=0.3 speculator=self_layers:8"
     assert shared == "smollm2-135m ruler-2048 ALL"
@@ -603,7 +608,7 @@ def _flaky_suite(tmp_path, monkeypatch, firsts: int):
     ``firsts`` calls, then from a clean one."""
     import sys
 
-    from harness import regress
+    from harness.regress import suite as regress
 
     _folder(tmp_path / "flagged", aa=1.12)
     _folder(tmp_path / "clean")
@@ -627,7 +632,8 @@ def test_a_flagged_latency_run_is_measured_once_more_and_said(base, tmp_path, mo
     """A candidate whose A/A check fails (a neighbour's burst on a shared CI machine) has its
     latency run measured again, the first measurement set aside and named in the verdict; a
     second failure stays not comparable, and ``remeasure=0`` never measures again."""
-    from harness.regress import SET_ASIDE, SUITE_RECORD, render_text, run_suite
+    from harness.regress.formats import render_text
+    from harness.regress.suite import SET_ASIDE, SUITE_RECORD, run_suite
 
     calls = _flaky_suite(tmp_path, monkeypatch, firsts)
     cand = tmp_path / "cand"

@@ -18,7 +18,8 @@
   :func:`label_variants`).
 
 A point is one value of :data:`POINT` (the same key in the summary, the gate and the paper
-tables); latency points add the grid (:data:`LATENCY_POINT`).
+tables); latency points add the grid (:data:`LATENCY_POINT`). The columns each reader needs
+are here too (:data:`GATE_COLUMNS`, :data:`PAPER_POINT_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,32 @@ LATENCY_POINT = [
 ]  # fmt: skip
 #: The point key without the method: the reference a point's ratios are taken against.
 REFERENCE_OF = ["model", "benchmark", "benchmark_options", "length", "dtype", "backend", "reference_method"]
+#: Columns the regression gate reads, by row kind: a folder lacking one is refused, naming it
+#: (harness.regress.compare.read_folder).
+GATE_COLUMNS = {
+    "": ("kind", "status", "model", "method", "method_options", "keep_rate", "reference_method", "run_id"),
+    "eval": ("benchmark", "length", "task", "sample_id", "score", "ttft_s", "hardware"),
+    "latency": ("backend", "prompt_source", "batch", "length", "warmup", "ttft_s"),
+}
+#: The paper tables' point files (``results/paper/<table>/<variant>/rows.csv``): what the
+#: tables read, :class:`harness.paper.data.Ours` (lookups, provenance, why a cell is empty),
+#: :mod:`harness.analysis`'s latency and serving summaries; ``sub`` is the command's
+#: subfolder (one per QPS category). tests/test_paper.py renders from these columns alone
+#: and from whole rows and compares.
+PAPER_POINT_COLUMNS = (
+    "sub", "kind", "run_id", "config_hash", "status", "error", "git_sha", "hardware", "model", "speculator",
+    "dtype", "backend", "method", "method_options", "reference_method", "keep_rate",
+    "benchmark", "benchmark_options", "length", "task", "category", "sample_id", "score", "ttft_s",
+    "prompt_source", "batch", "iteration", "warmup", "kept_fraction", "method_s", "base_prefill_s", "ideal_speedup",
+    "arrival", "rate", "request", "prompt_tokens", "kept_tokens", "timed_out", "e2e_s", "tpot_s", "speculator_s",
+    "pass_timeout_rule", "pass_ttft_slo", "passed", "request_throughput",
+)  # fmt: skip
+#: The point files' text columns, read back as text (a git SHA of digits alone stays a SHA).
+PAPER_TEXT_COLUMNS = (
+    "sub", "kind", "run_id", "config_hash", "status", "error", "git_sha", "hardware", "model", "speculator",
+    "dtype", "backend", "method", "method_options", "reference_method", "benchmark", "benchmark_options", "task",
+    "category", "prompt_source", "arrival",
+)  # fmt: skip
 #: Text columns a row may lack (a kind without them, an older row): ``""`` there.
 OPTIONAL_TEXT = (
     "speculator", "benchmark", "benchmark_options", "method_options", "dtype", "backend", "category", "bucket",

@@ -25,7 +25,8 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 from harness.analysis.folder import Analysis
-from harness.rendering import paper
+from harness.paper import data as paper_data
+from harness.paper import tables as paper_render
 from harness.rendering.tables import (
     BETWEEN_RUNS,
     INTERVAL_NOTE,
@@ -253,15 +254,18 @@ def paper_tables(out: Path, root: Path | None = None) -> list[str]:
     """The paper tables (markdown) a results folder feeds: every table, the headline
     figures and the baselines page for ``results/paper`` itself, the table's own for a
     folder inside it."""
-    root = (root or paper.RESULTS).resolve()
+    root = (root or paper_data.RESULTS).resolve()
     here = Path(out).resolve()
     if here == root:
-        names = paper.experiment_names()
-        return [paper.render(t, root) for t in names] + [paper.headline(root), paper.baselines(root)]
+        names = paper_data.experiment_names()
+        return [paper_render.render(t, root) for t in names] + [
+            paper_render.headline(root),
+            paper_render.baselines(root),
+        ]
     if root in here.parents:
         table = here.relative_to(root).parts[0]
-        if table in paper.experiment_names():
-            return [paper.render(table, root)]
+        if table in paper_data.experiment_names():
+            return [paper_render.render(table, root)]
     return []
 
 

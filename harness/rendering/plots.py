@@ -34,7 +34,7 @@ from harness.rendering.tables import natural_key
 DEPTH_BINS = np.linspace(0.0, 1.0, 6)
 
 
-def _plt() -> Any:
+def pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -44,7 +44,7 @@ def _plt() -> Any:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -52,8 +52,8 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def _panels(n: int, width: float = 6.0, height: float = 4.5, rows: int = 1) -> tuple[Any, np.ndarray]:
-    plt = _plt()
+def panels(n: int, width: float = 6.0, height: float = 4.5, rows: int = 1) -> tuple[Any, np.ndarray]:
+    plt = pyplot()
     cols = int(np.ceil(n / rows))
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
     for ax in axes.flat[n:]:
@@ -98,7 +98,7 @@ def score_vs_keep(summary: pd.DataFrame, path: Path) -> Path | None:
         return None
     s = s.assign(_partial=_partial(s))
     groups = list(s.groupby(["model", "benchmark", "length"]))
-    fig, axes = _panels(len(groups), 6.5)
+    fig, axes = panels(len(groups), 6.5)
     for ax, ((model, bench, length), g) in zip(axes, groups, strict=False):
         is_ref = g["method_name"] == g["reference"]
         ref = g[is_ref].drop_duplicates("task").set_index("task")
@@ -144,7 +144,7 @@ def needle_vs_keep(summary: pd.DataFrame, path: Path) -> Path | None:
     if s.empty:
         return None
     groups = list(s.groupby(["model", "benchmark", "length"]))
-    fig, axes = _panels(len(groups), 6.5)
+    fig, axes = panels(len(groups), 6.5)
     for ax, ((model, bench, length), g) in zip(axes, groups, strict=False):
         for (method, task), gt in g.groupby(["method", "task"]):
             gt = gt.sort_values("keep_rate")
@@ -227,7 +227,7 @@ def pareto(summary: pd.DataFrame, path: Path) -> Path | None:
              for k, g in groups}  # fmt: skip
     cols = min(4, max(len(t) for t in tasks.values()))  # small multiples, wrapped at four a row
     rows_of = {k: -(-len(t) // cols) for k, t in tasks.items()}
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(sum(rows_of.values()), cols, figsize=(4.6 * cols, 4.0 * sum(rows_of.values())),
                              squeeze=False)  # fmt: skip
     first_row = 0
@@ -272,7 +272,7 @@ def score_vs_length(summary: pd.DataFrame, path: Path) -> Path | None:
     if s.empty:
         return None
     groups = list(s.groupby(["model", "benchmark"]))
-    fig, axes = _panels(len(groups), 6.5)
+    fig, axes = panels(len(groups), 6.5)
     for ax, ((model, bench), g) in zip(axes, groups, strict=False):
         for (method, keep), gm in g.groupby(["method", "keep_rate"], dropna=False):
             gm = gm.sort_values("length")
@@ -321,13 +321,13 @@ def needle_heatmap(rows: pd.DataFrame, path: Path) -> Path | None:
     cells = needle_grid(rows)
     if cells.empty:
         return None
-    panels = list(cells.groupby(["model", "benchmark", "method", "keep"]))
-    rows_n = int(np.ceil(len(panels) / 4))
-    cols_n = int(np.ceil(len(panels) / rows_n))
-    fig, axes = _panels(len(panels), 4.8, 4.2, rows=rows_n)
+    cell_groups = list(cells.groupby(["model", "benchmark", "method", "keep"]))
+    rows_n = int(np.ceil(len(cell_groups) / 4))
+    cols_n = int(np.ceil(len(cell_groups) / rows_n))
+    fig, axes = panels(len(cell_groups), 4.8, 4.2, rows=rows_n)
     lengths = sorted(set(cells["length"]))
     image = None
-    for k, (ax, ((model, bench, method, keep), g)) in enumerate(zip(axes, panels, strict=False)):
+    for k, (ax, ((model, bench, method, keep), g)) in enumerate(zip(axes, cell_groups, strict=False)):
         grid = np.full((len(DEPTH_BINS) - 1, len(lengths)), np.nan)
         counts = np.zeros_like(grid, dtype=int)
         for c in g.itertuples():
@@ -347,8 +347,8 @@ def needle_heatmap(rows: pd.DataFrame, path: Path) -> Path | None:
         label = method if keep >= 1.0 else f"{method} keep {keep:g}"
         ax.set_title(f"{model} · {bench}\n{label} (NIAH tasks)", fontsize=8)
     if image is not None:
-        fig.colorbar(image, ax=list(axes[: len(panels)]), shrink=0.8, label="score")
-    plt = _plt()
+        fig.colorbar(image, ax=list(axes[: len(cell_groups)]), shrink=0.8, label="score")
+    plt = pyplot()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -361,7 +361,7 @@ def latency_vs_keep(lat: pd.DataFrame, path: Path) -> Path | None:
     lines = lat[~lat["is_reference"].astype(bool)].dropna(subset=["speedup"])
     if lines.empty:
         return None
-    fig, axes = _panels(1, 6.5)
+    fig, axes = panels(1, 6.5)
     ax = axes[0]
     for (method, b, n), g in lines.groupby(["method", "batch", "length"]):
         g = g.sort_values("keep_rate")
@@ -388,7 +388,7 @@ def latency_grid(lat: pd.DataFrame, path: Path) -> Path | None:
     if s.empty:
         return None
     batches = sorted(set(s["batch"].astype(int)))
-    fig, axes = _panels(len(batches), 5.0)
+    fig, axes = panels(len(batches), 5.0)
     for ax, b in zip(axes, batches, strict=False):
         g = s[s["batch"] == b]
         for (method, keep, is_ref), gm in g.groupby(["method", "keep_rate", "is_reference"], dropna=False):
@@ -403,8 +403,8 @@ def latency_grid(lat: pd.DataFrame, path: Path) -> Path | None:
                         ms=16, mew=2, color=line[0].get_color(), label=f"ideal, keep {keep:g}")  # fmt: skip
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(_plt().matplotlib.ticker.FormatStrFormatter("%.3g"))
-        ax.yaxis.set_minor_formatter(_plt().matplotlib.ticker.FormatStrFormatter("%.3g"))
+        ax.yaxis.set_major_formatter(pyplot().matplotlib.ticker.FormatStrFormatter("%.3g"))
+        ax.yaxis.set_minor_formatter(pyplot().matplotlib.ticker.FormatStrFormatter("%.3g"))
         lengths = sorted(set(g["length"].astype(int)))
         ax.set_xticks(lengths, [f"{x // 1024}K" if x >= 1024 else str(x) for x in lengths])
         ax.set_xlabel("prompt length (tokens)")
@@ -423,7 +423,7 @@ def qps_curves(rates: pd.DataFrame, path: Path) -> Path | None:
     if rates.empty:
         return None
     groups = list(rates.groupby(["model", "benchmark", "length"], dropna=False))
-    fig, axes = _panels(len(groups), 6.5)
+    fig, axes = panels(len(groups), 6.5)
     for ax, ((model, bench, length), g) in zip(axes, groups, strict=False):
         for (method, keep, _run), gm in g.groupby(["method", "keep_rate", "run_id"], dropna=False):
             gm = gm.sort_values("rate")
@@ -456,7 +456,7 @@ def pareto_costs(summary: pd.DataFrame, path: Path) -> Path | None:
     s = s[(s["task"] == "ALL") & (s["method_name"] != s["reference"])].dropna(subset=["retention", "kv_fraction"])
     if s.empty:
         return None
-    fig, axes = _panels(2, width=5.6, height=4.4)
+    fig, axes = panels(2, width=5.6, height=4.4)
     for ax, x, lo, hi, label, ref_x in (
         (axes[0], "kv_fraction", None, None, "KV cache after the prefill (fraction of the prompt's)", 1.0),
         (axes[1], "e2e_speedup", "e2e_speedup_lo", "e2e_speedup_hi", "end-to-end speedup (TTFT + decode)", 1.0),
@@ -501,7 +501,7 @@ def by_turn(summary: pd.DataFrame, path: Path) -> Path | None:
     s = turn_points(summary)
     if s.empty:
         return None
-    fig, axes = _panels(3, width=4.8, height=4.0)
+    fig, axes = panels(3, width=4.8, height=4.0)
     has_bytes = "kv_memory_ratio" in s and s["kv_memory_ratio"].notna().any()
     memory = "kv_memory_ratio" if has_bytes else "kv_fraction"
     if has_bytes:  # the reference holds what it holds: 1.0 by definition

@@ -1,0 +1,3 @@
+from harness.paper.cli import main
+
+main()

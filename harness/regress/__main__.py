@@ -1,0 +1,3 @@
+from harness.regress.cli import main
+
+main()
