@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import pytest
 
 from harness.jobs import lifecycle as jobs
+from harness.rendering.report import write_all
 from harness.store import RunStore
 from specprefill.plan import Unsupported
 
@@ -71,7 +72,9 @@ def test_the_lifecycle_records_failures_resumes_and_refreshes_the_report(tmp_pat
     calls: list[str] = []
     s = FakeSession(["a", "b", "c"], {"b": RuntimeError("boom"), "c": Unsupported("no GPU")}, calls)
     job = FakeJob(tmp_path / "res" / "run", s)
-    jobs.execute(job)
+    refreshed: list[Path] = []
+    jobs.execute(job, lambda out: refreshed.append(out) or write_all(out))
+    assert refreshed == [tmp_path / "res"]  # the refresh the caller handed it, on the results folder
     rows = RunStore(job.folder).read().set_index("unit")
     assert rows.loc["a", "status"] == "ok" and rows.loc["a", "run_id"] == "r"  # the shared prefix
     assert rows.loc["b", "status"] == "failed" and rows.loc["b", "error"].startswith("RuntimeError: boom")
@@ -106,4 +109,19 @@ def test_no_runner_writes_its_own_lifecycle(runner):
     text = (ROOT / runner).read_text()
     for own in ("done_units(", "except Unsupported", "format_exc(", "store.append(", "write_all(", "recording_errors("):
         assert own not in text, (runner, own)
-    assert "jobs.execute(job)" in text
+    assert "jobs.execute(job, write_all)" in text
+
+
+def test_the_lifecycle_does_not_render():
+    """The job lifecycle takes the report refresh from its caller: it imports nothing of
+    harness.rendering (the read side), so the write path never returns to it."""
+    import ast
+
+    tree = ast.parse((ROOT / "harness" / "jobs" / "lifecycle.py").read_text())
+    imported = [
+        n.module if isinstance(n, ast.ImportFrom) else a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import | ast.ImportFrom)
+        for a in n.names
+    ]
+    assert imported and not [m for m in imported if m and m.startswith("harness.rendering")], imported

@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from harness.analysis.serving import point_stats, summarize_qps, summarize_qps_rates
 from harness.jobs import qps
 from harness.jobs.qps import QPSConfig, next_rate, passes, prepare, request_text, truncate_at_stop
+from harness.serving import processes
 from harness.store import RunStore
 from harness.types import Sample
 
@@ -204,7 +205,7 @@ def test_methods_that_need_the_prompt_split_cannot_be_served():
 def test_the_server_command_disables_prefix_caching(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECPREFILL_CACHE", str(tmp_path))
     job = prepare(_cfg("model=tiny-random", "method=full", "length=1024"))
-    cmd = qps.serve_command(job.cfg.model, 8123)
+    cmd = processes.serve_command(job.cfg.model, 8123)
     assert "--no-enable-prefix-caching" in cmd and cmd[cmd.index("--port") + 1] == "8123"
     # a small random model's seeded weights are written for vLLM (the transformers backend's own)
     assert cmd[cmd.index("--load-format") + 1] == "auto"
@@ -212,7 +213,7 @@ def test_the_server_command_disables_prefix_caching(monkeypatch, tmp_path):
     log = tmp_path / "serve.log"
     log.write_text("... with config: model='x', enable_prefix_caching=True, ...")
     with pytest.raises(RuntimeError, match="prefix"):
-        qps.assert_no_prefix_cache(log)
+        processes.assert_no_prefix_cache(log)
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(capsys):
@@ -329,7 +330,7 @@ def test_a_server_that_dies_mid_rate_stops_the_run_cleanly_and_the_rate_is_measu
 
     killer = threading.Thread(target=kill_vllm_during_the_second_rate, daemon=True)
     killer.start()
-    with pytest.raises(qps.ServerStopped, match=r"during rate 0\.5: vllm serve exited with code -9") as e:
+    with pytest.raises(processes.ServerStopped, match=r"during rate 0\.5: vllm serve exited with code -9") as e:
         qps.execute(prepare(_cfg(*args)))
     killer.join(timeout=5)
     assert killed and "running the same command again measures rate 0.5" in str(e.value)
@@ -355,11 +356,11 @@ def test_a_served_engine_without_the_position_hook_is_refused(tmp_path, monkeypa
 
     log = tmp_path / "vllm_serve.log"
     log.write_text("INFO ... Using V2 Model Runner\n")
-    monkeypatch.setattr(qps, "served_canary", lambda url: lambda tokens, extra: [{"1": -1.0}, {"1": -2.0}])
+    monkeypatch.setattr(processes, "served_canary", lambda url: lambda tokens, extra: [{"1": -1.0}, {"1": -2.0}])
     with pytest.raises(
         EngineRefused, match=r"not active in vLLM's vllm serve \(V2; VLLM_USE_V2_MODEL_RUNNER=0 pinned\)"
     ):
-        qps.check_served_positions("http://x", model_config("tiny-random"), 4096, log)
+        processes.check_served_positions("http://x", model_config("tiny-random"), 4096, log)
 
     def moves(url):
         def run(tokens, extra):
@@ -369,6 +370,6 @@ def test_a_served_engine_without_the_position_hook_is_refused(tmp_path, monkeypa
         return run
 
     log.write_text("INFO ... started\n")
-    monkeypatch.setattr(qps, "served_canary", moves)
-    runner, checked = qps.check_served_positions("http://x", model_config("tiny-random"), 4096, log)
+    monkeypatch.setattr(processes, "served_canary", moves)
+    runner, checked = processes.check_served_positions("http://x", model_config("tiny-random"), 4096, log)
     assert runner == "vllm serve (V1; VLLM_USE_V2_MODEL_RUNNER=0 pinned)" and checked.startswith("canary passed")

@@ -54,6 +54,7 @@ from harness.models.placement import plan as place
 from harness.prompts import sample_prompt
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
+from harness.rendering.report import write_all
 from harness.store import RunStore, check_layout, method_columns
 from harness.timing import flops, iteration_order
 from harness.types import Sample
@@ -424,14 +425,14 @@ def run_conversation(job: Job, backend: Backend, tokenizer: Any, sample: Sample,
 
 def execute(job: Job) -> Path:
     """Run a prepared job to completion (resuming), then refresh the summaries."""
-    return jobs.execute(job)
+    return jobs.execute(job, write_all)
 
 
 @hydra.main(config_path="../../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict[str, Any] | None:
     with config_errors():
         job = prepare(RunConfig.from_hydra(cfg))
-    return jobs.main(job, bool(cfg.dry_run), bool(cfg.get("allow_failures", False)))
+    return jobs.main(job, bool(cfg.dry_run), bool(cfg.get("allow_failures", False)), write_all)
 
 
 if __name__ == "__main__":

@@ -97,6 +97,7 @@ from harness.models.placement import plan as place
 from harness.prompts import random_prompts, sample_prompt
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
+from harness.rendering.report import write_all
 from harness.store import RunStore, check_layout, method_columns
 from harness.timing import measure, point_order
 from specprefill.flops import Shape
@@ -541,14 +542,14 @@ def speculator_rate(backend: Backend, prompts: list[Prompt], repeats: int = CALI
 
 def execute(job: LatencyJob) -> Path:
     """Measure every grid point not already in the run folder (a killed run resumes by point)."""
-    return jobs.execute(job)
+    return jobs.execute(job, write_all)
 
 
 @hydra.main(config_path="../../conf", config_name="latency", version_base="1.3")
 def main(cfg: DictConfig) -> dict[str, Any] | None:
     with config_errors():
         job = prepare(LatencyConfig.from_hydra(cfg))
-    return jobs.main(job, bool(cfg.dry_run), bool(cfg.get("allow_failures", False)))
+    return jobs.main(job, bool(cfg.dry_run), bool(cfg.get("allow_failures", False)), write_all)
 
 
 if __name__ == "__main__":

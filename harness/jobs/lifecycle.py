@@ -7,7 +7,8 @@ samples, a model, servers), the row prefix every row of the job shares, its unit
 with its key) and how to measure one into rows. :func:`execute` owns what is the same for
 every kind: the store, a job-level error recorded in the folder (``job_error.txt``), the
 config written once the session is open, resume (units and rows already stored are
-skipped), the progress bar, timestamps, compaction and the report refresh. :func:`measured` is the one place a unit's
+skipped), the progress bar, timestamps, compaction, then the refresh its caller hands it (the
+report: the lifecycle does not import rendering). :func:`measured` is the one place a unit's
 failure becomes a row (``unsupported`` or ``failed``, with its error) so the run goes on;
 :func:`main` prints the dry run or executes and gives the exit status.
 """
@@ -26,7 +27,6 @@ from tqdm.auto import tqdm
 
 from harness.config import finish
 from harness.models.placement import Placement
-from harness.rendering import report
 from harness.store import RunStore, record
 from specprefill.plan import Method, Unsupported
 
@@ -122,8 +122,14 @@ def measured(row: dict[str, Any], fn: Callable[[], dict[str, Any]], hardware: st
     return row
 
 
-def execute(job: Job) -> Path:
-    """Run ``job`` to completion, resuming, then refresh the summaries of its results folder."""
+#: What a job kind refreshes once its rows are stored, given the results folder (the entry
+#: points pass :func:`harness.rendering.report.write_all`: the lifecycle does not render).
+Refresh = Callable[[Path], object]
+
+
+def execute(job: Job, refresh: Refresh | None = None) -> Path:
+    """Run ``job`` to completion, resuming, then ``refresh`` its results folder (the summaries
+    and report)."""
     store = RunStore(job.folder)
     with store.recording_errors():
         with job.session(store) as session:
@@ -139,15 +145,17 @@ def execute(job: Job) -> Path:
                 rows = [r for r in session.measure(unit) if r.get("unit") not in done]  # stored ones stay
                 store.append([record(job.kind, **{**session.common, "timestamp": time.time(), **r}) for r in rows])
         store.compact()
-    report.write_all(job.out)
+    if refresh is not None:
+        refresh(job.out)
     return job.folder
 
 
-def main(job: Job, dry_run: bool, allow_failures: bool | None) -> dict[str, Any] | None:
-    """The dry run's plan, or the job run; then its outcome (``allow_failures`` None: the
-    rows' failures are measurements, QPS's failed requests, and never fail the command)."""
+def main(job: Job, dry_run: bool, allow_failures: bool | None, refresh: Refresh | None = None) -> dict[str, Any] | None:
+    """The dry run's plan, or the job run (then ``refresh``); then its outcome
+    (``allow_failures`` None: the rows' failures are measurements, QPS's failed requests, and
+    never fail the command)."""
     if dry_run:
         print(job.plan_text())
         return None
-    folder = execute(job)
+    folder = execute(job, refresh)
     return None if allow_failures is None else finish(folder, allow_failures)

@@ -57,6 +57,7 @@ from harness.models.backends import make_backend
 from harness.models.catalog import ModelConfig
 from harness.models.loading import check_before_start, check_runnable
 from harness.provenance import provenance
+from harness.rendering.report import write_all
 from harness.store import RunStore, check_layout, method_columns
 from specprefill.plan import Method
 
@@ -339,14 +340,14 @@ class LMEvalSession:
 
 def execute(job: LMEvalJob) -> Path:
     """Run the job (resuming from lm-eval's request cache); one row per document not yet stored."""
-    return jobs.execute(job)
+    return jobs.execute(job, write_all)
 
 
 @hydra.main(config_path="../../conf", config_name="lm_eval", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with config_errors():
         job = prepare(cfg)
-    jobs.main(job, bool(cfg.dry_run), bool(cfg.get("allow_failures", False)))
+    jobs.main(job, bool(cfg.dry_run), bool(cfg.get("allow_failures", False)), write_all)
 
 
 if __name__ == "__main__":

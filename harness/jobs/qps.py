@@ -38,15 +38,12 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +59,6 @@ from harness.benchmarks.samples import benchmark_samples
 from harness.config import (
     ARRIVALS,
     QPSSchema,
-    RunFailures,
     benchmark_config,
     check_common,
     check_in_model,
@@ -81,25 +77,17 @@ from harness.config import (
 from harness.dryrun import requirements_text
 from harness.jobs import lifecycle as jobs
 from harness.jobs.lifecycle import ModelJob
-from harness.models.backends import EngineRefused
 from harness.models.catalog import ModelConfig
-from harness.models.loading import check_before_start, check_runnable, load_tokenizer, vllm_engine_args, vllm_model
+from harness.models.loading import check_before_start, check_runnable, vllm_model
 from harness.models.placement import plan as place
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
+from harness.rendering.report import write_all
 from harness.serving.front import FrontSettings
+from harness.serving.processes import SERVED_NAME, Servers, ServerStopped, log_tail, serving
 from harness.store import RunStore, check_layout, method_columns
 from harness.types import Sample
-from specprefill.backends.vllm import (
-    CANARY_TOP,
-    RUNNER_SWITCH,
-    PositionHookInactive,
-    check_positions,
-    require_positions,
-)
 from specprefill.plan import check_choice
-
-SERVED_NAME = "specprefill-base"
 
 
 @dataclass(frozen=True)
@@ -252,7 +240,8 @@ class QPSJob(ModelJob):
             yield QPSSession(self, store, None, samples, prompt_tokens, Path(), common)
             return
         logs = self.folder / "logs"
-        with tempfile.TemporaryDirectory() as tmp, serving(self, logs) as servers:
+        up = serving(cfg.model, self.placement, self.method, front_settings(q), q.server_timeout_s, logs)
+        with tempfile.TemporaryDirectory() as tmp, up as servers:
             common.update(engine_runner=servers.engine_runner, position_check=servers.position_check)
             dataset = Path(tmp) / "requests.jsonl"
             write_dataset(texts, samples, dataset)
@@ -305,192 +294,6 @@ def validate(cfg: DictConfig) -> Path:
     job = prepare(QPSConfig.from_hydra(cfg))
     check_before_start(job.cfg.model, bool(cfg.dry_run))
     return job.folder
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def serve_command(
-    model: ModelConfig, port: int, utilization: float | None = None, max_model_len: int | None = None
-) -> list[str]:
-    """``vllm serve`` for the base model, from the same engine arguments the offline backend
-    uses (the planned share of each GPU and window: :class:`~harness.models.placement.Placement`)."""
-    args = vllm_engine_args(model, utilization, max_model_len)  # also sets vLLM's CPU environment defaults
-    cmd = [
-        sys.executable, "-m", "harness.serving.vllm_cli", "serve", str(args.pop("model_path")),
-        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
-        "--no-enable-prefix-caching", "--uvicorn-log-level", "warning",
-    ]  # fmt: skip
-    for k, v in args.items():
-        flag = "--" + k.replace("_", "-")
-        if isinstance(v, bool):
-            cmd += [flag] if v else []
-        else:
-            cmd += [flag, str(v)]
-    return cmd
-
-
-def _alive(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
-            return bool(r.status == 200)
-    except Exception:
-        return False
-
-
-def _tail(path: Path, n: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "(no log)"
-
-
-def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float, what: str) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout_s:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"{what} exited with code {proc.returncode} before it was ready; log {log}:\n{_tail(log)}"
-            )
-        if _alive(url):
-            return
-        time.sleep(1.0)
-    raise TimeoutError(f"{what} was not ready after {timeout_s:g} s; log {log}:\n{_tail(log)}")
-
-
-def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
-    """Stop a server and everything it started (its process group): TERM, then KILL."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=grace_s)
-
-
-def assert_no_prefix_cache(log: Path) -> None:
-    """The engine prints its config at start-up; prefix caching must read False there."""
-    text = log.read_text(errors="replace")
-    if "enable_prefix_caching=False" not in text:
-        raise RuntimeError(
-            f"the vLLM server's config line does not say enable_prefix_caching=False (log {log}); "
-            f"QPS with a prefix cache would measure the cache"
-        )
-
-
-def served_canary(url: str) -> Any:
-    """:data:`specprefill.backends.vllm.CanaryRun` over ``vllm serve``'s completions API:
-    the canary's token ids as the prompt, its positions in ``vllm_xargs`` (as the front sends
-    them), greedy, two tokens, EOS ignored, top log-probabilities keyed by token id."""
-
-    def run(tokens: list[int], extra: dict[str, Any] | None) -> list[dict[Any, float]]:
-        body: dict[str, Any] = {
-            "model": SERVED_NAME,
-            "prompt": tokens,
-            "max_tokens": 2,
-            "temperature": 0.0,
-            "ignore_eos": True,
-            "logprobs": CANARY_TOP,
-            "return_tokens_as_token_ids": True,
-        }
-        if extra:
-            body["vllm_xargs"] = extra
-        req = urllib.request.Request(
-            f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=120) as r:
-            choice = json.loads(r.read())["choices"][0]
-        return [{str(t): float(lp) for t, lp in step.items()} for step in choice["logprobs"]["top_logprobs"]]
-
-    return run
-
-
-def check_served_positions(url: str, model: ModelConfig, max_model_len: int, log: Path) -> tuple[str, str]:
-    """The position canary on a running ``vllm serve`` (refused in one line when it fails):
-    what the rows record of the engine's runner and of the canary."""
-
-    runner = "V2" if "Using V2 Model Runner" in log.read_text(errors="replace") else "V1"
-    where = f"vllm serve ({runner}; {RUNNER_SWITCH}=0 pinned)"
-    check = check_positions(served_canary(url), len(load_tokenizer(model)), max_model_len, where)
-    try:
-        return where, require_positions(check).describe()
-    except PositionHookInactive as e:
-        raise EngineRefused(str(e)) from e
-
-
-class ServerStopped(RunFailures):
-    """A server stopped while the run needed it: one line (where its log is), exit 1."""
-
-
-@dataclass
-class Servers:
-    """The running servers of a job: the URL the client calls, the front's request log
-    (None when the client talks to the engine), and each server's process and log."""
-
-    url: str
-    front_log: Path | None
-    procs: list[tuple[str, subprocess.Popen, Path]]
-    engine_runner: str = ""  # the engine's model runner, as the rows record it
-    position_check: str = ""  # the position canary on the engine (check_served_positions)
-
-    def down(self) -> str | None:
-        """Why the servers cannot serve (a process exited, or /health does not answer), or None."""
-        for name, proc, log in self.procs:
-            if proc.poll() is not None:
-                return f"{name} exited with code {proc.returncode} (log {log})"
-        if not _alive(self.url):
-            return f"{self.url}/health does not answer (logs {self.procs[0][2].parent})"
-        return None
-
-
-@contextlib.contextmanager
-def serving(job: QPSJob, logs: Path) -> Iterator[Servers]:
-    """Start the servers the job needs and stop them (process group) however the job ends."""
-    procs: list[subprocess.Popen] = []
-    named: list[tuple[str, subprocess.Popen, Path]] = []
-    logs.mkdir(parents=True, exist_ok=True)
-    try:
-        port = free_port()
-        base_url = f"http://127.0.0.1:{port}"
-        vlog = logs / "vllm_serve.log"
-        with vlog.open("w") as f:
-            cmd = serve_command(job.cfg.model, port, job.placement.gpu_memory_utilization, job.placement.max_model_len)
-            procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
-        wait_ready(base_url, procs[-1], vlog, job.cfg.qps.server_timeout_s, "vllm serve")
-        assert_no_prefix_cache(vlog)
-        named.append(("vllm serve", procs[-1], vlog))
-        runner, checked = check_served_positions(base_url, job.cfg.model, job.placement.max_model_len, vlog)
-        if job.method.identity:  # nothing to plan: the client talks to the engine
-            yield Servers(base_url, None, named, runner, checked)
-            return
-        fport = free_port()
-        spec = logs / "front_spec.json"
-        method = {"name": job.method.name, **job.method.options()}
-        front = dataclasses.asdict(front_settings(job.cfg.qps))
-        spec.write_text(json.dumps({"model": dataclasses.asdict(job.cfg.model), "method": method, "front": front}))
-        flog, requests_log = logs / "front.log", logs / "front_requests.jsonl"
-        requests_log.unlink(missing_ok=True)
-        cmd = [
-            sys.executable, "-m", "harness.serving.front", "--spec", str(spec), "--upstream", base_url,
-            "--port", str(fport), "--log", str(requests_log),
-        ]  # fmt: skip
-        with flog.open("w") as f:
-            procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
-        wait_ready(
-            f"http://127.0.0.1:{fport}", procs[-1], flog, job.cfg.qps.server_timeout_s, f"{job.method.name} front"
-        )
-        named.append((f"{job.method.name} front", procs[-1], flog))
-        yield Servers(f"http://127.0.0.1:{fport}", requests_log, named, runner, checked)
-    finally:
-        for p in reversed(procs):
-            stop(p)
 
 
 # --------------------------------------------------------------------------- load
@@ -694,7 +497,7 @@ class QPSSession:
             )
         if proc.returncode != 0 or not result.exists():
             raise RuntimeError(
-                f"vllm bench serve failed at rate {rate} (exit {proc.returncode}); log {log_path}:\n{_tail(log_path)}"
+                f"vllm bench serve failed at rate {rate} (exit {proc.returncode}); log {log_path}:\n{log_tail(log_path)}"
             )
         bench = json.loads(result.read_text())
         front = None if servers.front_log is None else read_front_log(servers.front_log)
@@ -712,7 +515,7 @@ class QPSSession:
 
 def execute(job: QPSJob) -> Path:
     """Measure every rate the search asks for (resuming by rate); refresh the summaries."""
-    return jobs.execute(job)
+    return jobs.execute(job, write_all)
 
 
 @hydra.main(config_path="../../conf", config_name="qps", version_base="1.3")
@@ -721,12 +524,11 @@ def main(cfg: DictConfig) -> None:
     run exits 0 whatever they were; a run that cannot go on raises."""
     with config_errors():
         job = prepare(QPSConfig.from_hydra(cfg))
-    print(job.plan_text())
-    if cfg.dry_run:
-        return
-    # SIGTERM (a scheduler's kill) unwinds like Ctrl-C, so the servers are stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    execute(job)
+    if not cfg.dry_run:
+        print(job.plan_text())  # the plan before the servers' minutes (the dry run prints it alone)
+        # SIGTERM (a scheduler's kill) unwinds like Ctrl-C, so the servers are stopped.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    jobs.main(job, bool(cfg.dry_run), None, write_all)
 
 
 if __name__ == "__main__":
