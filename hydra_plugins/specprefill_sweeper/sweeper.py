@@ -102,7 +102,11 @@ class ValidatingSweeper(BasicSweeper):
         except ConfigError:  # refused before any job ran: no log folder of a sweep that never was
             tidy(dry=False)
             raise
-        if self.config.get("dry_run", False):  # a dry run plans and loads nothing, and leaves nothing
+        # A dry run plans and loads nothing, and leaves nothing: in this process (Hydra's basic
+        # launcher) its plans went to stdout. Under another launcher (submitit) the plans are in
+        # the jobs' logs inside the sweep folder: kept.
+        in_process = str(self.config.hydra.launcher.get("_target_", "")).endswith(".BasicLauncher")
+        if self.config.get("dry_run", False) and in_process:
             tidy(dry=True)
         outcomes = [
             r.return_value
