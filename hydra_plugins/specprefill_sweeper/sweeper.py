@@ -63,7 +63,8 @@ class ValidatingSweeper(BasicSweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         """Check ``out`` before Hydra makes its sweep folder under it; after a dry run, remove
-        the folders Hydra made for it; after the last job, exit 1 (one message naming the runs) if rows failed, unless ``allow_failures``."""
+        the folders Hydra made for it; after the last job, exit 1 (one message naming the
+        runs) if rows failed, unless ``allow_failures``."""
         from harness.config import (  # deferred: Hydra imports every plugin when any app starts
             ConfigError,
             RunFailures,
@@ -85,8 +86,9 @@ class ValidatingSweeper(BasicSweeper):
             raise ConfigError(f"hydra.sweep.dir={self.config.hydra.sweep.dir!r} cannot be made: {e}") from None
 
         def tidy(dry: bool) -> None:
-            """Remove the sweep's log folder (a dry run's whole, a refused sweep's while it holds
-            only multirun.yaml), then ``out/.hydra``, ``out`` and the parents made for it if that left them empty."""
+            """Remove the sweep's log folder (a dry run's whole, a refused sweep's while it
+            holds only multirun.yaml), then ``out/.hydra``, ``out`` and the parents made for it
+            if that left them empty."""
             if made and (dry or {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}):
                 shutil.rmtree(sweep_dir, ignore_errors=True)
                 with contextlib.suppress(OSError):
