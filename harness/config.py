@@ -338,20 +338,13 @@ def config_errors() -> Iterator[None]:
         raise ConfigError(str(e)) from e
 
 
-def failed_rows(folder: Path) -> int:
-    """Rows of a run folder whose status is ``failed`` (``unsupported`` is a result, not a failure)."""
-
-    df = RunStore(folder).read()
-    return 0 if df.empty else int((df["status"] == "failed").sum())
-
-
 def finish(folder: Path, allow_failures: bool) -> dict[str, Any]:
     """A job's outcome for the sweeper (``{"folder", "failed"}``); in a single run (not a
     sweep) failed rows raise :class:`RunFailures` here unless ``allow_failures``."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    n = failed_rows(folder)
+    n = RunStore(folder).failed()
     outcome = {"folder": str(folder), "failed": n}
     sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     if n and not allow_failures and not sweep:  # a sweep's sweeper decides after its last job

@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import sys
 import time
 import traceback
@@ -113,25 +114,10 @@ class RunRecord:
     scope: str | None  # prompt | context | query_aware_context
     method_options: str  # JSON of every option of the method
     reference_method: str  # the method ratios are taken against (config ``reference``)
+    #: The method's budget as a fraction of the prompt (None: a method without one, the
+    #: reference); every other option is in ``method_options`` only (rows before 2026-12-04
+    #: also copied SpecPrefill's into their own columns).
     keep_rate: float | None
-    lookahead: int | None
-    pool_kernel: int | None
-    chunk_size: int | None
-    position_mode: str | None
-    force_keep_first: int | None
-    force_keep_last: int | None
-
-
-#: Method options copied into their own columns (the rest stay in ``method_options``).
-OPTION_COLUMNS = (
-    "keep_rate",
-    "lookahead",
-    "pool_kernel",
-    "chunk_size",
-    "position_mode",
-    "force_keep_first",
-    "force_keep_last",
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,15 +279,16 @@ class QPSRecord(RunRecord):
 
 
 def method_columns(method: Any, reference: str) -> dict[str, Any]:
-    """The method fields of a row: name, scope, every option (JSON and the common ones in
-    their own columns), and the reference method ratios are taken against."""
+    """The method fields of a row: name, scope, every option (JSON; the keep rate, which
+    every budgeted method has, in its own column too), and the reference method ratios
+    are taken against."""
     opts = method.options()
     return {
         "method": method.name,
         "scope": method.scope,
         "method_options": json.dumps(opts, sort_keys=True),
         "reference_method": reference,
-        **{k: opts.get(k) for k in OPTION_COLUMNS},
+        "keep_rate": opts.get("keep_rate"),
     }
 
 
@@ -349,6 +336,11 @@ class RunStore:
     def read(self) -> pd.DataFrame:
         """The folder's rows; a damaged row file is moved aside (its units run again)."""
         return read_rows([self.folder], quarantine=True)
+
+    def failed(self) -> int:
+        """How many of the folder's rows failed (``unsupported`` is a result, not a failure)."""
+        df = self.read()
+        return 0 if df.empty else int((df["status"] == "failed").sum())
 
     def remove_orphans(self) -> list[Path]:
         """Remove the temporary files a killed writer left here: only the store's own
@@ -582,3 +574,23 @@ def read_results(out: Path, kind: str | None = None, strict: bool = False) -> pd
         # Columns only other kinds fill (all empty here) are dropped.
         df = df[[c for c in df.columns if c in own or df[c].notna().any()]]
     return df
+
+
+def job_errors(out: Path) -> list[tuple[str, str]]:
+    """Run folders whose job failed as a whole (``job_error.txt``), with the error's last lines."""
+    found = []
+    for folder in sorted({*run_folders(out), *(p.parent for p in Path(out).rglob("job_error.txt"))}):
+        f = folder / "job_error.txt"
+        if f.exists():
+            lines = f.read_text(errors="replace").strip().splitlines()
+            found.append((str(folder.relative_to(out)) if folder != Path(out) else ".", "\n".join(lines[-6:])))
+    return found
+
+
+def copy_run(src: Path, dest: Path, drop: Iterable[str] = ()) -> None:
+    """Copy the run folder ``src`` to ``dest``: its ``config.yaml`` and its rows in one
+    ``rows.parquet`` (the newest row per key, as read), without the columns ``drop``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src / "config.yaml", dest / "config.yaml")
+    rows = read_rows([src])
+    rows.drop(columns=[c for c in drop if c in rows]).to_parquet(dest / "rows.parquet", index=False)

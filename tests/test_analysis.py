@@ -113,13 +113,13 @@ def tiny_rows(tmp_path_factory):
     """A fresh tiny run: full prefill, SpecPrefill at two keep rates, two RULER tasks."""
     from hydra import compose, initialize_config_dir
 
-    from harness.jobs.eval import RunConfig, execute, prepare
+    from harness.jobs.eval import EvalConfig, execute, prepare
 
     out = tmp_path_factory.mktemp("tiny") / "res"
     common = ["model=tiny-random", "length=1024", "tasks=[niah_single_1,vt]", "limit=4", f"out={out}"]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         for extra in (["method=full"], ["method=specprefill", "keep=0.3"], ["method=specprefill", "keep=0.5"]):
-            execute(prepare(RunConfig.from_hydra(compose(config_name="config", overrides=[*extra, *common]))))
+            execute(prepare(EvalConfig.from_hydra(compose(config_name="config", overrides=[*extra, *common]))))
     return read_results(out)
 
 
@@ -128,11 +128,11 @@ def _same_number_everywhere(rows: pd.DataFrame) -> int:
     the gate's (the folder against itself) and the paper tables' (:class:`data.Ours`); the
     latency summary's speedups are the gate's. Returns how many numbers were compared."""
     a = analyze_rows(ROOT, rows)
-    v = regress.gate(rows, rows, eval_speed=True)
+    v = regress.gate(a, a, eval_speed=True)
     compared = 0
     gate_quality = {(c.fields["model"], c.fields["method"], c.fields["keep"], c.fields["speculator"],
                      c.fields["options"], c.fields["where"]): c for c in v.rows if c.kind == "quality"}  # fmt: skip
-    ours = data.Ours(rows)
+    ours = data.Ours(a)
     for _, s in a.summary[a.summary["task"] == "ALL"].iterrows():
         is_ref = s["method_name"] == s["reference"]
         fields = point_fields(s.to_dict() | {"method": s["method_name"]}, is_ref)
@@ -267,6 +267,71 @@ def test_each_measure_is_defined_in_one_place(pattern, home):
     assert (hits and all(re.match(home, f) for f in hits)) or (home == "(none)" and not hits), hits
     if pattern.startswith("fillna"):
         assert len(hits) == 1, hits
+
+
+#: Reading rows for a measure: the store's readers, normalizing and summarizing. Only the
+#: analysis package (and the store itself) calls them; every reader is handed an Analysis.
+ROW_READERS = {"read_results", "read_rows", "normalize", "summarize", "summarize_latency", "summarize_qps",
+               "summarize_qps_rates"}  # fmt: skip
+#: The write side reads its own run folder to resume (which units are done, which rates a
+#: serving job measured): a job's control, not a measure.
+STORE_READS_TO_RESUME = {"harness/jobs/qps.py"}
+
+
+def _calls(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of every call by a bare or dotted name (``f(...)``, ``m.f(...)``); a
+    run store's ``read`` (``RunStore(...).read()``, ``store.read()``) is named ``RunStore.read``."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name == "read" and isinstance(f, ast.Attribute):
+                on = f.value
+                if (isinstance(on, ast.Call) and getattr(on.func, "id", "") == "RunStore") or (
+                    isinstance(on, ast.Name) and on.id == "store"
+                ):
+                    name = "RunStore.read"
+            out.append((node.lineno, name))
+    return out
+
+
+def _reads_rows_itself(root: Path = ROOT) -> list[str]:
+    """Where a module under ``root/harness`` outside the analysis package and the store reads
+    rows for a measure itself (the write side's resume reads excepted)."""
+    found = []
+    for path in sorted((root / "harness").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("harness/analysis/") or rel == "harness/store.py":
+            continue
+        for line, name in _calls(ast.parse(path.read_text())):
+            if name in ROW_READERS or (name == "RunStore.read" and rel not in STORE_READS_TO_RESUME):
+                found.append(f"{rel}:{line} {name}()")
+    return found
+
+
+def test_only_the_analysis_package_reads_rows_for_measures():
+    """The summary, report, figures, gate, paper tables and studies are handed an
+    :class:`~harness.analysis.folder.Analysis`; none reads the store, normalizes or
+    summarizes rows itself (so a measure cannot be taken two ways)."""
+    assert _reads_rows_itself() == []
+
+
+def test_the_row_reader_check_finds_a_reader_that_reads_for_itself(tmp_path):
+    """The check above can fail: a renderer calling ``normalize`` or ``read_results``, or a
+    job reading its store outside the resume reads, is found; the analysis package is not."""
+    (tmp_path / "harness" / "rendering").mkdir(parents=True)
+    (tmp_path / "harness" / "rendering" / "page.py").write_text(
+        "from harness import store\n\n\ndef page(out, rows):\n    return normalize(rows), store.read_results(out)\n"
+    )
+    (tmp_path / "harness" / "jobs").mkdir()
+    (tmp_path / "harness" / "jobs" / "count.py").write_text("def n(folder):\n    return len(RunStore(folder).read())\n")
+    (tmp_path / "harness" / "analysis").mkdir()
+    (tmp_path / "harness" / "analysis" / "ok.py").write_text("def f(rows):\n    return normalize(rows)\n")
+    assert sorted(_reads_rows_itself(tmp_path)) == [
+        "harness/jobs/count.py:2 RunStore.read()", "harness/rendering/page.py:5 normalize()",
+        "harness/rendering/page.py:5 read_results()",
+    ]  # fmt: skip
 
 
 PACKAGES = ("harness", "specprefill", "baselines")

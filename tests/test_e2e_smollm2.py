@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.jobs.eval import RunConfig, execute, prepare
+from harness.jobs.eval import EvalConfig, execute, prepare
 from tests.test_run import _cfg
 
 
@@ -16,8 +16,8 @@ def test_smollm2_ruler_full_and_specprefill(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "res"
     common = ["model=smollm2-135m", "length=1024", "tasks=[niah_single_1]", "limit=1", f"out={out}"]
-    full = execute(prepare(RunConfig.from_hydra(_cfg("method=full", *common))))
-    spec = execute(prepare(RunConfig.from_hydra(_cfg("method=specprefill", "keep=0.5", *common))))
+    full = execute(prepare(EvalConfig.from_hydra(_cfg("method=full", *common))))
+    spec = execute(prepare(EvalConfig.from_hydra(_cfg("method=specprefill", "keep=0.5", *common))))
     f = pd.read_parquet(full / "rows.parquet").iloc[0]
     s = pd.read_parquet(spec / "rows.parquet").iloc[0]
     assert f["status"] == "ok" and s["status"] == "ok", (f["error"], s["error"])
@@ -40,7 +40,7 @@ def test_smollm2_keep_one_equals_full_prefill(smollm2_tokenizer):
     from specprefill import FullPrefill, Prompt, SpecPrefill
     from specprefill.backends.transformers import TransformersBackend
 
-    cfg = RunConfig.from_hydra(_cfg("model=smollm2-135m")).model
+    cfg = EvalConfig.from_hydra(_cfg("model=smollm2-135m")).model
     lm = load(cfg)
     be = TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
     text = "The capital of France is Paris. The capital of Italy is Rome. " * 20 + "What is the capital of Italy?"
@@ -63,7 +63,7 @@ def _fixture_rows(benchmark: str, tasks: list[str], out: Path) -> pd.DataFrame:
         f"benchmark.options.data_dir={fixtures}",
     ]
     folders = [
-        execute(prepare(RunConfig.from_hydra(_cfg(f"method={m}", "keep=0.5", *common))))
+        execute(prepare(EvalConfig.from_hydra(_cfg(f"method={m}", "keep=0.5", *common))))
         for m in ("full", "specprefill")
     ]
     rows = pd.concat([pd.read_parquet(f / "rows.parquet") for f in folders])

@@ -61,7 +61,7 @@ def test_every_command_of_every_experiment_validates_without_loading_a_model(tmp
                     assert c.module == "jobs.eval"
                     for point in _points(c):
                         cfg = compose(config_name="config", overrides=[*point, f"out={tmp_path}"])
-                        job = eval_job.prepare(eval_job.RunConfig.from_hydra(cfg))
+                        job = eval_job.prepare(eval_job.EvalConfig.from_hydra(cfg))
                         if "method.query_aware=false" in point:
                             assert job.method.options()["query_aware"] is False
                         folders.add(job.folder)

@@ -223,13 +223,13 @@ def test_a_full_disk_mid_run_fails_cleanly_and_the_next_run_resumes(tmp_path, mo
     import pandas as pd
     from hydra.errors import CompactHydraException
 
-    from harness.jobs.eval import RunConfig, execute, prepare
+    from harness.jobs.eval import EvalConfig, execute, prepare
     from harness.store import RunStore, StoreWriteError
 
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="config", overrides=["model=tiny-random", "method=full", "length=1024",
                                                        "tasks=[niah_single_1]", "limit=3", f"out={tmp_path}"])  # fmt: skip
-    job = prepare(RunConfig.from_hydra(cfg))
+    job = prepare(EvalConfig.from_hydra(cfg))
     real = pd.DataFrame.to_parquet
     writes = []
 

@@ -154,7 +154,7 @@ def test_make_eval_with_a_press_writes_kv_and_decode_columns(tmp_path, monkeypat
                 overrides=["model=tiny-random", "method=snapkv", "keep=0.1", "limit=1", "tasks=[niah_single_1]",
                            "length=1024", f"out={tmp_path / str(len(extra))}", *extra],
             )  # fmt: skip
-        run.execute(run.prepare(run.RunConfig.from_hydra(cfg)))
+        run.execute(run.prepare(run.EvalConfig.from_hydra(cfg)))
         return read_results(tmp_path / str(len(extra))).iloc[0]
 
     row = one()

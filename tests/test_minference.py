@@ -167,7 +167,7 @@ def test_a_method_acting_inside_the_model_is_refused_where_the_hook_cannot_reach
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="config", overrides=["model=tiny-random", "method=minference", "backend=vllm"])
     with pytest.raises(ValueError, match="acts inside the base model"):
-        run.prepare(run.RunConfig.from_hydra(cfg))
+        run.prepare(run.EvalConfig.from_hydra(cfg))
     with pytest.raises(ValueError, match="acts inside the base model, which runs in vLLM's server"):
         Planner({"model": dataclasses.asdict(model_config("tiny-random")), "method": {"name": "minference"}})
     assert _lat(tmp_path, "method=minference").methods[1].acts_in_model  # transformers: runs
@@ -179,7 +179,7 @@ def _eval_job(tmp_path: Path, *overrides: str) -> Any:
     common = ["model=tiny-random", "length=1024", "tasks=[niah_single_1,vt]", "limit=1", f"out={tmp_path / 'res'}"]
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="config", overrides=["method=minference", *common, *overrides])
-    return run.prepare(run.RunConfig.from_hydra(cfg))
+    return run.prepare(run.EvalConfig.from_hydra(cfg))
 
 
 def test_eval_without_cuda_records_every_sample_unsupported(tmp_path, monkeypatch):

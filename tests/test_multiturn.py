@@ -10,6 +10,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from harness.analysis.folder import analyze_rows
 from harness.registry import build_method
 from specprefill.backends.transformers import TransformersBackend, position_mask
 from specprefill.multiturn import ConversationRun, check_multiturn
@@ -282,14 +283,14 @@ def _cfg(*overrides: str):
 
 def test_eval_writes_one_row_per_turn_and_resumes(tmp_path, monkeypatch):
     from harness.analysis.quality import summarize
-    from harness.jobs.eval import RunConfig, execute, prepare
+    from harness.jobs.eval import EvalConfig, execute, prepare
 
     monkeypatch.chdir(tmp_path)
     common = ["model=tiny-random", "benchmark=multiturn", "length=1024", "limit=2", "max_new=4", f"out={tmp_path}"]
     with pytest.raises(ValueError, match="has no multi-turn form"):
-        prepare(RunConfig.from_hydra(_cfg("method=truncate", "keep=0.5", *common)))
-    execute(prepare(RunConfig.from_hydra(_cfg("method=full", *common))))
-    job = prepare(RunConfig.from_hydra(_cfg("method=specprefill_revival", "keep=0.1", *common)))
+        prepare(EvalConfig.from_hydra(_cfg("method=truncate", "keep=0.5", *common)))
+    execute(prepare(EvalConfig.from_hydra(_cfg("method=full", *common))))
+    job = prepare(EvalConfig.from_hydra(_cfg("method=specprefill_revival", "keep=0.1", *common)))
     folder = execute(job)
     df = pd.read_parquet(folder / "rows.parquet").sort_values("row_key")
     assert len(df) == 8 and set(df["status"]) == {"ok"}
@@ -325,7 +326,7 @@ def test_eval_writes_one_row_per_turn_and_resumes(tmp_path, monkeypatch):
     from harness.rendering import plots
     from harness.studies import multiturn as study
 
-    df = study.table(rows)
+    df = study.table(analyze_rows(None, rows))
     assert df[["turn", "method"]].values.tolist()[:2] == [[1, "full"], [1, "specprefill_revival"]]
     assert len(df) == 8 and (df[df["method"] == "full"]["prefilled_tokens"].iloc[1:] < 200).all()
     md = study.markdown(df)
@@ -340,12 +341,12 @@ def test_policies_run_turn_by_turn_in_one_job_side_by_side(tmp_path, monkeypatch
     that job's own full prefill and calls its speedup side by side. A single-turn benchmark
     refuses ``also`` (make latency times single-turn methods side by side)."""
     from harness.analysis.quality import summarize
-    from harness.jobs.eval import RunConfig, execute, prepare
+    from harness.jobs.eval import EvalConfig, execute, prepare
 
     monkeypatch.chdir(tmp_path)
     common = ["model=tiny-random", "benchmark=multiturn", "length=1024", "limit=2", "max_new=4"]
     policies = ["specprefill_frozen", "specprefill_revival"]
-    job = prepare(RunConfig.from_hydra(_cfg("method=full", f"also=[{','.join(policies)}]", "keep=0.25", *common,
+    job = prepare(EvalConfig.from_hydra(_cfg("method=full", f"also=[{','.join(policies)}]", "keep=0.25", *common,
                                             f"out={tmp_path / 'together'}")))  # fmt: skip
     assert "specprefill_revival" in job.plan_text()
     df = pd.read_parquet(execute(job) / "rows.parquet")
@@ -353,7 +354,7 @@ def test_policies_run_turn_by_turn_in_one_job_side_by_side(tmp_path, monkeypatch
     for _, turn in df.groupby(["unit", "turn"]):
         assert sorted(turn["order"]) == [0, 1, 2]
     assert set(df.loc[df["order"] == 0, "method"]) == {"full", *policies}  # each runs first on some turn
-    alone = execute(prepare(RunConfig.from_hydra(_cfg("method=specprefill_revival", "keep=0.25", *common,
+    alone = execute(prepare(EvalConfig.from_hydra(_cfg("method=specprefill_revival", "keep=0.25", *common,
                                                       f"out={tmp_path / 'alone'}"))))  # fmt: skip
     one = pd.read_parquet(alone / "rows.parquet").sort_values(["unit", "turn"])
     rev = df[df["method"] == "specprefill_revival"].sort_values(["unit", "turn"])
@@ -364,7 +365,7 @@ def test_policies_run_turn_by_turn_in_one_job_side_by_side(tmp_path, monkeypatch
     assert set(later["speedup_timing"]) == {"side by side"} and later["speedup"].notna().all()
     from harness.studies import multiturn as study
 
-    diff = study.differences(df).set_index(["candidate", "baseline", "turn"])
+    diff = study.differences(analyze_rows(None, df)).set_index(["candidate", "baseline", "turn"])
     one = diff.loc[("specprefill_revival", "specprefill_frozen", "turn3")]
     by_conv = rev.set_index(["unit", "turn"])["score"] - df[df["method"] == "specprefill_frozen"].set_index(
         ["unit", "turn"])["score"]  # fmt: skip
@@ -373,16 +374,16 @@ def test_policies_run_turn_by_turn_in_one_job_side_by_side(tmp_path, monkeypatch
     assert (one["wins"], one["losses"]) == (int((t3 > 0).sum()), int((t3 < 0).sum()))
     pooled = diff.loc[("specprefill_revival", "specprefill_frozen", "turns 2+")]
     assert pooled["difference"] == pytest.approx(by_conv[by_conv.index.get_level_values("turn") > 1].mean())
-    depth = study.by_depth(df)
+    depth = study.by_depth(analyze_rows(None, df))
     assert set(depth["method"]) == {"full", *policies} and (depth.groupby("method")["turns"].sum() == 2 * 3).all()
     assert "| KV revival | 0.25 |" in study.depth_markdown(depth) and "turns 2+" in study.differences_markdown(
-        study.differences(df))  # fmt: skip
+        study.differences(analyze_rows(None, df)))  # fmt: skip
     assert set(s.loc[s["method"] == "full", "speedup_timing"]) == {""}
     between = summarize(pd.concat([pd.read_parquet(p) for p in (tmp_path / "alone").rglob("rows.parquet")]
                                   + [df[df["method"] == "full"]]))  # fmt: skip
     assert set(between.loc[between["method"] == "specprefill_revival", "speedup_timing"]) == {"between runs"}
     with pytest.raises(ValueError, match="one eval job runs several methods only on a multi-turn benchmark"):
-        prepare(RunConfig.from_hydra(_cfg("method=full", "also=[specprefill]", "benchmark=ruler", "limit=1",
+        prepare(EvalConfig.from_hydra(_cfg("method=full", "also=[specprefill]", "benchmark=ruler", "limit=1",
                                           "model=tiny-random", f"out={tmp_path}")))  # fmt: skip
     with pytest.raises(ValueError, match="names a method twice"):
-        prepare(RunConfig.from_hydra(_cfg("method=full", "also=[full]", *common, f"out={tmp_path}")))
+        prepare(EvalConfig.from_hydra(_cfg("method=full", "also=[full]", *common, f"out={tmp_path}")))

@@ -116,13 +116,13 @@ def test_paper_models_default_to_vllm_and_the_dry_run_says_what_they_need(capsys
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # planned on the config's 80 GiB GPUs
 
     from harness.config import CONF
-    from harness.jobs.eval import RunConfig, main
+    from harness.jobs.eval import EvalConfig, main
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["model=llama405b", "keep=0.1", "dry_run=true"])
-        assert RunConfig.from_hydra(cfg).backend == "vllm"
+        assert EvalConfig.from_hydra(cfg).backend == "vllm"
         smol = compose(config_name="config", overrides=["model=smollm2-135m"])
-        assert RunConfig.from_hydra(smol).backend == "transformers"
+        assert EvalConfig.from_hydra(smol).backend == "transformers"
     main.__wrapped__(cfg)  # type: ignore[attr-defined]
     out = capsys.readouterr().out
     assert "backend=vllm" in out and "tensor_parallel 8" in out and "needs 8 GPU(s)" in out

@@ -266,7 +266,7 @@ def test_served_full_and_specprefill_smoke(tmp_path):
     assert set(summary["method"]) == {"full", "specprefill"} and summary["max_qps"].notna().all()
     # What was served equals the offline reference (transformers backend, same plan):
     # the position hook holds inside `vllm serve` too, and the front plans as the runner does.
-    from harness.jobs.eval import RunConfig, execute
+    from harness.jobs.eval import EvalConfig, execute
     from harness.jobs.eval import prepare as prepare_run
 
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
@@ -274,7 +274,7 @@ def test_served_full_and_specprefill_smoke(tmp_path):
             cfg = compose(
                 config_name="config", overrides=[f"method={m}", "keep=0.3", *common[:4], f"out={tmp_path}/ref"]
             )
-            ref = pd.read_parquet(execute(prepare_run(RunConfig.from_hydra(cfg))) / "rows.parquet")
+            ref = pd.read_parquet(execute(prepare_run(EvalConfig.from_hydra(cfg))) / "rows.parquet")
             served = RunStore(folder).read().sort_values("sample_id")
             assert list(served["kept_tokens"]) == list(ref.sort_values("sample_id")["kept_tokens"])
             assert list(served["prediction"].str.strip()) == list(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.analysis.folder import analyze_rows
 from harness.analysis.quality import summarize
 from harness.rendering.tables import to_markdown
 
@@ -271,7 +272,7 @@ def test_speculator_depth_table_and_the_choice_of_depth():
     df = pd.DataFrame(
         full + spec(4, 20.0, 1.0) + spec(8, 60.0, 2.0) + spec(30, 80.0, 5.0) + spec(8, 70.0, 2.5, keep=0.3)
     )
-    t = table(df)
+    t = table(analyze_rows(None, df.assign(kind="eval")))
     assert list(zip(t["method"], t["depth"].fillna(0).astype(int), t["keep"], strict=True)) == [
         ("full", 0, 1.0), ("specprefill", 4, 0.1), ("specprefill", 8, 0.1), ("specprefill", 30, 0.1),
         ("specprefill", 8, 0.3),
@@ -287,7 +288,7 @@ def test_speculator_depth_table_and_the_choice_of_depth():
     lat = pd.DataFrame({"depth": [4, 8, 30, 8], "keep": [0.1, 0.1, 0.1, 0.3], "lat_n": 8,
                         "lat_speedup": [4.0, 1.2, 0.9, 1.1], "lat_speedup_lo": [3.5, 1.1, 0.8, 1.0],
                         "lat_speedup_hi": [4.5, 1.3, 1.0, 1.2], "lat_ideal": 9.0, "lat_efficiency": 0.5})  # fmt: skip
-    tl = table(df, lat)
+    tl = table(analyze_rows(None, df.assign(kind="eval")), lat)
     assert tl["lat_speedup"].tolist()[1:] == [4.0, 1.2, 0.9, 1.1] and pd.isna(tl["lat_speedup"].iloc[0])
     assert int(choose(tl)["depth"]) == 4
     md = markdown(tl)
@@ -311,7 +312,7 @@ def test_latency_speedups_per_depth_from_latency_rows():
                     "speculator": f"self_layers:{depth}", "ttft_s": t * (1 + 0.01 * i), "method_s": 0.1,
                     "base_prefill_s": t, "kept_fraction": 0.1 if keep else 1.0, "ideal_speedup": 8.0,
                 })  # fmt: skip
-    got = latency_speedups(pd.DataFrame(rows)).set_index("depth")
+    got = latency_speedups(analyze_rows(None, pd.DataFrame(rows))).set_index("depth")
     assert got.loc[4, "lat_speedup"] == pytest.approx(4.0) and got.loc[20, "lat_speedup"] == pytest.approx(2.0)
     assert got.loc[20, "lat_efficiency"] == pytest.approx(0.25) and got.loc[4, "keep"] == 0.1
 
@@ -334,7 +335,7 @@ def test_speculator_family_table_keys_every_line_by_its_speculator():
     lat = pd.DataFrame({"speculator": ["model:smollm2-135m", "model:qwen2.5-coder-0.5b"], "keep": [0.1, 0.1],
                         "lat_n": 3, "lat_speedup": [3.0, 1.5], "lat_speedup_lo": [2.9, 1.4],
                         "lat_speedup_hi": [3.1, 1.6], "lat_ideal": [6.0, 2.0], "lat_efficiency": [0.5, 0.75]})  # fmt: skip
-    t = table(df, lat).set_index("speculator", drop=False)
+    t = table(analyze_rows(None, df.assign(kind="eval")), lat).set_index("speculator", drop=False)
     assert t["method"].iloc[0] == "full" and pd.isna(t["speculator"].iloc[0])
     assert t.loc["model:smollm2-135m", "retention"] == pytest.approx(0.5)
     assert t.loc["model:smollm2-135m", "lat_speedup"] == 3.0 and t.loc["model:qwen2.5-coder-0.5b", "lat_speedup"] == 1.5

@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from harness.jobs import eval as run_mod
-from harness.jobs.eval import RunConfig, execute, prepare
+from harness.jobs.eval import EvalConfig, execute, prepare
 from harness.models.catalog import ModelConfig
 from harness.models.loading import check_runnable
 
@@ -23,7 +23,7 @@ def _cfg(*overrides: str):
 
 
 def _job(*overrides: str):
-    return prepare(RunConfig.from_hydra(_cfg(*overrides)))
+    return prepare(EvalConfig.from_hydra(_cfg(*overrides)))
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_bad_config_is_rejected_before_any_work(overrides, match):
 def test_models_that_cannot_run_here_fail_at_once(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for name, match in (("llama405b", r"needs 8 GPUs"), ("llama8b", r"needs about [\d.]+ GiB|from the model hub")):
-        cfg = RunConfig.from_hydra(_cfg(f"model={name}")).model
+        cfg = EvalConfig.from_hydra(_cfg(f"model={name}")).model
         with pytest.raises(RuntimeError, match=match) as e:
             check_runnable(cfg)
         assert "smollm2-135m" in str(e.value)
@@ -98,12 +98,10 @@ def test_end_to_end_rows_resume_and_failures(tiny_run, monkeypatch):
     df = pd.read_parquet(folder / "rows.parquet")
     assert len(df) == 4 and set(df["status"]) == {"ok"}
     row = df.iloc[0]
-    assert (
-        row["method"] == "specprefill"
-        and row["keep_rate"] == 0.3
-        and row["chunk_size"] == 32
-        and row["pool_kernel"] == 13
-    )
+    opts = json.loads(row["method_options"])
+    assert row["method"] == "specprefill" and row["keep_rate"] == 0.3
+    assert (opts["chunk_size"], opts["pool_kernel"]) == (32, 13)
+    assert "pool_kernel" not in df  # the generic store names no method's options but the keep rate
     assert row["model_weights"] == "random" and row["benchmark_version"] == "ruler-1" and row["length"] == 1024
     assert json.loads(row["method_options"])["position_mode"] == "original"
     assert 0.3 <= row["kept_fraction"] <= 0.45  # chunk mode rounds up to whole chunks
@@ -183,7 +181,7 @@ def test_hub_loading_code_runs_on_a_local_folder(tmp_path, smollm2_tokenizer):
 
 @pytest.mark.parametrize("model", sorted(p.stem for p in (Path(CONF) / "model").glob("*.yaml")))
 def test_every_model_config_is_valid(model):
-    cfg = RunConfig.from_hydra(_cfg(f"model={model}")).model
+    cfg = EvalConfig.from_hydra(_cfg(f"model={model}")).model
     assert cfg.name == model and cfg.max_context >= 4096
 
 
@@ -231,7 +229,7 @@ def test_unsupported_methods_are_recorded_and_the_run_goes_on(tiny_run):
     import pandas as pd
 
     job = prepare(
-        RunConfig.from_hydra(_cfg("method=full", "+method.keep_rate=0.3", "method.name=needs_gpu_probe", *common))
+        EvalConfig.from_hydra(_cfg("method=full", "+method.keep_rate=0.3", "method.name=needs_gpu_probe", *common))
     )
     df = pd.read_parquet(execute(job) / "rows.parquet")
     assert len(df) == 4 and set(df["status"]) == {"unsupported"}
@@ -275,7 +273,7 @@ def test_run_identity_is_stable_across_added_model_fields():
     old = ("model.dtype=bfloat16", "model.speculator=self_layers:8")
     assert _job("method=full", *old).config_hash == "3d22664f151f"
     assert _job("method=specprefill", "keep=0.3", *old).config_hash == "c024a3517659"
-    cfg = RunConfig.from_hydra(_cfg()).model
+    cfg = EvalConfig.from_hydra(_cfg()).model
     assert not set(LATER_MODEL_FIELDS) & set(model_identity(cfg))
     changed = dataclasses.replace(cfg, pipeline_parallel=2)
     assert model_identity(changed)["pipeline_parallel"] == 2
@@ -401,7 +399,7 @@ def test_a_new_model_config_field_keeps_the_run_folders_of_earlier_runs(tmp_path
     the identity, so earlier runs still resume. The folder is the committed kv comparison's."""
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="config", overrides=["model.dtype=bfloat16", "method=full", f"out={tmp_path}"])
-    folder = prepare(RunConfig.from_hydra(cfg)).folder
+    folder = prepare(EvalConfig.from_hydra(cfg)).folder
     assert folder.name == "full-082635776495"
     assert list(
         (Path(CONF).parent / "results" / "reference").glob(f"kv_compare*/smollm2-135m/ruler-4096/{folder.name}")

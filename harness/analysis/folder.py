@@ -1,8 +1,21 @@
-"""One results folder analysed: its rows, normalized once, and every summary of them."""
+"""One results folder analysed: its rows, read and normalized once, and every summary of them.
+
+:class:`Analysis` is what every reader is handed: the summary and ``report.html``
+(:mod:`harness.rendering.report`), the figures (:mod:`harness.rendering.plots`), the
+regression gate (:mod:`harness.regress.compare`), the paper tables (:mod:`harness.paper`)
+and the studies (:mod:`harness.studies`). None of them reads the store, normalizes rows or
+summarizes them on its own (``tests/test_analysis.py`` checks their source): they ask an
+Analysis, built by :func:`analyze` (a folder), :func:`analyze_rows` (rows already in hand,
+e.g. a committed point file) or :func:`analyze_parts` (several folders, each row tagged with
+its part). Each summary is computed the first time a reader asks for it, then kept.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -12,19 +25,72 @@ from harness.analysis.latency import summarize_latency
 from harness.analysis.quality import summarize
 from harness.analysis.rows import normalize
 from harness.analysis.serving import summarize_qps, summarize_qps_rates
-from harness.store import read_results, run_folders
+from harness.store import job_errors, read_results, run_folders
 
 
 @dataclass
 class Analysis:
-    """Everything a results folder's pages are made of: its rows and their summaries."""
+    """Everything a results folder's pages, verdicts and tables are made of: its rows
+    (normalized: :mod:`harness.analysis.rows`), the jobs that failed as a whole, and the
+    summaries of each kind of row (computed when first read)."""
 
-    out: Path
-    rows: pd.DataFrame  # normalized (harness.analysis.rows)
-    summary: pd.DataFrame  # quality (harness.analysis.quality)
-    latency: pd.DataFrame
-    qps: pd.DataFrame
-    qps_rates: pd.DataFrame
+    out: Path | None  # the folder (None: rows that are not a folder's, e.g. a point file's)
+    rows: pd.DataFrame
+    job_errors: list[tuple[str, str]] = field(default_factory=list)  # (run folder, the error's last lines)
+    #: The columns the rows were stored with (normalizing adds some: the gate refuses a
+    #: folder by what was stored, harness.regress.compare.read_folder).
+    stored_columns: frozenset[str] = field(init=False, default=frozenset())
+
+    def __post_init__(self) -> None:
+        self.stored_columns = frozenset(map(str, self.rows.columns))
+        # Rows without a method column are only the empty frame of a part that ran nothing.
+        if "method" in self.rows or self.rows.empty:
+            self.rows = normalize(self.rows)
+
+    @property
+    def folder(self) -> Path:
+        """The results folder of these rows (a page is written there); an error for rows
+        that are not one folder's."""
+        if self.out is None:
+            raise ValueError("these rows are not one results folder's (analyze_rows without out); nowhere to write")
+        return self.out
+
+    def of_kind(self, kind: str) -> pd.DataFrame:
+        """The rows of ``kind`` (eval, latency, qps), whatever their status."""
+        if self.rows.empty or "kind" not in self.rows:
+            return self.rows.iloc[0:0]
+        return self.rows[self.rows["kind"] == kind]
+
+    def ok(self, kind: str) -> pd.DataFrame:
+        """The rows of ``kind`` whose status is ``ok``."""
+        d = self.of_kind(kind)
+        return d[d["status"] == "ok"] if not d.empty else d
+
+    @cached_property
+    def summary(self) -> pd.DataFrame:
+        """Quality: :func:`harness.analysis.quality.summarize` of the eval rows."""
+        return summarize(self.of_kind("eval"))
+
+    @cached_property
+    def latency(self) -> pd.DataFrame:
+        """TTFT side by side: :func:`harness.analysis.latency.summarize_latency` of the latency rows."""
+        return summarize_latency(self.of_kind("latency"))
+
+    @cached_property
+    def qps(self) -> pd.DataFrame:
+        """Serving: :func:`harness.analysis.serving.summarize_qps` of the qps rows."""
+        return summarize_qps(self.of_kind("qps"))
+
+    @cached_property
+    def qps_rates(self) -> pd.DataFrame:
+        """Each offered rate of the qps rows, with the run's TTFT SLO (``slo_s``, from its config)."""
+        qrows = self.of_kind("qps")
+        rates = summarize_qps_rates(qrows) if not qrows.empty else pd.DataFrame()
+        if not rates.empty:
+            configs = run_configs(self.out) if self.out is not None else {}
+            slo = {k: (c.get("qps") or {}).get("ttft_p90_slo_s") for k, c in configs.items()}
+            rates["slo_s"] = rates["run_id"].map(slo).astype(float)
+        return rates
 
 
 def run_configs(out: Path) -> dict[str, dict[str, Any]]:
@@ -41,21 +107,33 @@ def run_configs(out: Path) -> dict[str, dict[str, Any]]:
     return configs
 
 
-def analyze_rows(out: Path, rows: pd.DataFrame) -> Analysis:
-    """The summaries of ``rows`` (any kinds) of the folder ``out``."""
-    rows = normalize(rows)
-    kind = rows["kind"] if "kind" in rows else pd.Series(dtype=object)
-    qrows = rows[kind == "qps"]
-    rates = summarize_qps_rates(qrows) if not qrows.empty else pd.DataFrame()
-    if not rates.empty:
-        slo = {k: (c.get("qps") or {}).get("ttft_p90_slo_s") for k, c in run_configs(out).items()}
-        rates["slo_s"] = rates["run_id"].map(slo).astype(float)
-    return Analysis(
-        Path(out), rows, summarize(rows[kind == "eval"]), summarize_latency(rows[kind == "latency"]),
-        summarize_qps(qrows), rates,
-    )  # fmt: skip
+def analyze_rows(out: Path | None, rows: pd.DataFrame) -> Analysis:
+    """The analysis of ``rows`` (any kinds), those of the folder ``out`` where they are a folder's."""
+    return Analysis(Path(out) if out is not None else None, rows)
 
 
-def analyze(out: Path) -> Analysis:
-    """Read ``out``'s rows (every run folder under it) and summarize them."""
-    return analyze_rows(Path(out), read_results(Path(out)))
+def analyze(out: Path, strict: bool = False) -> Analysis:
+    """Read ``out``'s rows (every run folder under it) and its jobs' errors. ``strict``: a
+    damaged row file raises :class:`harness.store.DamagedRowFile` instead of being skipped."""
+    out = Path(out)
+    return Analysis(out, read_results(out, strict=strict), job_errors(out))
+
+
+def part_rows(parts: Mapping[str, Path], column: str) -> pd.DataFrame:
+    """Every row under each folder of ``parts`` (those that exist), as stored (not
+    normalized), with ``column`` naming its part; empty (no columns) where none has rows."""
+    frames = []
+    for name, folder in parts.items():
+        rows = read_results(folder) if Path(folder).exists() else pd.DataFrame()
+        if not rows.empty:
+            frames.append(rows.assign(**{column: name}))
+    if not frames:
+        return pd.DataFrame()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # columns all empty in one part's rows
+        return pd.concat(frames, ignore_index=True)
+
+
+def analyze_parts(parts: Mapping[str, Path], column: str) -> Analysis:
+    """The analysis of several folders' rows together (:func:`part_rows`)."""
+    return Analysis(None, part_rows(parts, column))

@@ -64,7 +64,7 @@ from specprefill.plan import Backend, Generation, Method
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class EvalConfig:
     """The validated form of the Hydra config for one job."""
 
     model: ModelConfig
@@ -80,7 +80,7 @@ class RunConfig:
     also: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     @classmethod
-    def from_hydra(cls, cfg: DictConfig) -> RunConfig:
+    def from_hydra(cls, cfg: DictConfig) -> EvalConfig:
         c = container(cfg)
         check_keys(c, EvalSchema)
         check_common(c)
@@ -102,12 +102,12 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
-class Job(ModelJob):
+class EvalJob(ModelJob):
     """A validated, ready-to-run eval job (nothing loaded yet): a :class:`harness.jobs.lifecycle.Job`."""
 
     kind: ClassVar[str] = "eval"
     retry_failed: ClassVar[bool] = True
-    cfg: RunConfig
+    cfg: EvalConfig
     benchmark: Benchmark
     #: More methods run turn by turn beside the method (config ``also``).
     also: tuple[Method, ...] = ()
@@ -174,7 +174,7 @@ class Job(ModelJob):
 class EvalSession:
     """An eval job's open session: its backend, tokenizer and samples; a unit is a sample."""
 
-    job: Job
+    job: EvalJob
     backend: Backend
     tok: Any
     samples: list[Sample]
@@ -199,7 +199,7 @@ class EvalSession:
         return [measured(row, lambda: run_sample(self.job, self.backend, self.tok, sample), self.common["hardware"])]
 
 
-def prepare(cfg: RunConfig) -> Job:
+def prepare(cfg: EvalConfig) -> EvalJob:
     """Validate everything that can be validated without loading a model."""
     method = build_method(cfg.method_name, cfg.method_options)
     if cfg.model.nodes > 1 and cfg.backend != "vllm":
@@ -240,7 +240,7 @@ def prepare(cfg: RunConfig) -> Job:
     h = config_hash(identity)
     folder = cfg.out / cfg.model.name / f"{cfg.benchmark.name}-{cfg.benchmark.length}" / f"{method.name}-{h}"
     check_layout(folder, cfg.out)
-    return Job(
+    return EvalJob(
         cfg=cfg, method=method, benchmark=benchmark, config_hash=h, folder=folder, placement=placement, also=also
     )
 
@@ -248,7 +248,7 @@ def prepare(cfg: RunConfig) -> Job:
 def validate(cfg: DictConfig) -> Path:
     """Build one sweep point's job, loading nothing, and return its run folder (the
     validating sweeper calls this, and runs each folder once)."""
-    job = prepare(RunConfig.from_hydra(cfg))
+    job = prepare(EvalConfig.from_hydra(cfg))
     check_before_start(job.cfg.model, bool(cfg.dry_run))
     return job.folder
 
@@ -286,7 +286,7 @@ def sample_hash(sample: Sample) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def run_sample(job: Job, backend: Backend, tokenizer: Any, sample: Sample) -> dict[str, Any]:
+def run_sample(job: EvalJob, backend: Backend, tokenizer: Any, sample: Sample) -> dict[str, Any]:
     """Plan, prefill, decode and score one sample; returns the measured fields of its row."""
     prompt, offsets = sample_prompt(sample, tokenizer)
     max_new = decode_budget(
@@ -354,7 +354,9 @@ def row_head(sample: Sample, row_key: str, unit: str | None = None) -> dict[str,
     }
 
 
-def run_conversation(job: Job, backend: Backend, tokenizer: Any, sample: Sample, hardware: str) -> list[dict[str, Any]]:
+def run_conversation(
+    job: EvalJob, backend: Backend, tokenizer: Any, sample: Sample, hardware: str
+) -> list[dict[str, Any]]:
     """The rows of one conversation (a multi-turn benchmark's sample): one per turn and
     method, each turn run by the method's multi-turn policy (:mod:`specprefill.multiturn`).
     With several methods (config ``also``) every turn is run by each in an order turned over
@@ -423,7 +425,7 @@ def run_conversation(job: Job, backend: Backend, tokenizer: Any, sample: Sample,
     return rows
 
 
-def execute(job: Job) -> Path:
+def execute(job: EvalJob) -> Path:
     """Run a prepared job to completion (resuming), then refresh the summaries."""
     return jobs.execute(job, write_all)
 
@@ -431,7 +433,7 @@ def execute(job: Job) -> Path:
 @hydra.main(config_path="../../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict[str, Any] | None:
     with config_errors():
-        job = prepare(RunConfig.from_hydra(cfg))
+        job = prepare(EvalConfig.from_hydra(cfg))
     return jobs.main(job, bool(cfg.dry_run), bool(cfg.get("allow_failures", False)), write_all)
 
 

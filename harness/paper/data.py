@@ -5,7 +5,6 @@ committed point files a clone renders from."""
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from harness import experiments
-from harness.analysis.latency import summarize_latency
+from harness.analysis.folder import Analysis, analyze_rows, part_rows
 from harness.analysis.quality import (
     MIXED,
     Parts,
@@ -27,12 +26,10 @@ from harness.analysis.quality import (
     paired_ratio,
     point_rows,
 )
-from harness.analysis.rows import PAPER_POINT_COLUMNS, PAPER_TEXT_COLUMNS, normalize
-from harness.analysis.serving import summarize_qps
+from harness.analysis.rows import PAPER_POINT_COLUMNS, PAPER_TEXT_COLUMNS
 from harness.analysis.stats import Estimate
 from harness.experiments import Experiment, variant_of
 from harness.registry import task_family
-from harness.store import read_results
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "conf" / "paper" / "published.csv"
@@ -74,13 +71,19 @@ def category_of(row: pd.Series) -> str:
 
 @dataclass
 class Ours:
-    """Our rows of one variant, with the lookups the tables need."""
+    """Our rows of one variant (their :class:`~harness.analysis.folder.Analysis`), with the
+    lookups the tables need."""
 
-    rows: pd.DataFrame
+    analysis: Analysis
 
-    def __post_init__(self) -> None:
-        if "method" in self.rows:  # normalized once: every lookup below reads them
-            self.rows = normalize(self.rows)
+    @classmethod
+    def of(cls, rows: pd.DataFrame) -> Ours:
+        """The variant's rows (a run folder's or a point file's, as stored) analysed."""
+        return cls(analyze_rows(None, rows))
+
+    @property
+    def rows(self) -> pd.DataFrame:
+        return self.analysis.rows
 
     @property
     def empty(self) -> bool:
@@ -180,12 +183,10 @@ class Ours:
         return f"{bad['status'].iloc[0]}: {err}" if err else str(bad["status"].iloc[0])
 
     def latency(self) -> pd.DataFrame:
-        d = self.rows[self.rows["kind"] == "latency"] if not self.rows.empty else self.rows
-        return summarize_latency(d) if not d.empty else pd.DataFrame()
+        return self.analysis.latency if not self.analysis.of_kind("latency").empty else pd.DataFrame()
 
     def qps(self) -> pd.DataFrame:
-        d = self.rows[self.rows["kind"] == "qps"] if not self.rows.empty else self.rows
-        return summarize_qps(d) if not d.empty else pd.DataFrame()
+        return self.analysis.qps if not self.analysis.of_kind("qps").empty else pd.DataFrame()
 
 
 # --------------------------------------------------------------------------- point files
@@ -203,17 +204,9 @@ def run_rows(exp: Experiment, variant: str, root: Path = RESULTS) -> pd.DataFram
     """Every row of the variant's run folders, ``sub`` naming the command's subfolder
     (``""`` where it has none); empty where nothing ran."""
     base = folder(exp.table, variant, root)
-    frames = []
-    for sub in dict.fromkeys(c.sub for c in variant_of(exp, variant).commands):
-        f = base / sub if sub else base
-        rows = read_results(f) if f.exists() else pd.DataFrame()
-        if not rows.empty:
-            frames.append(rows.assign(sub=sub))
-    if not frames:
-        return pd.DataFrame(columns=NO_ROWS)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # columns all empty in one category's rows
-        return pd.concat(frames, ignore_index=True)
+    subs = dict.fromkeys(c.sub for c in variant_of(exp, variant).commands)
+    rows = part_rows({sub: base / sub if sub else base for sub in subs}, "sub")
+    return rows if not rows.empty else pd.DataFrame(columns=NO_ROWS)
 
 
 def write_points(exp: Experiment, variant: str, root: Path = RESULTS) -> Path | None:
@@ -251,7 +244,7 @@ def variant_rows(exp: Experiment, variant: str, root: Path = RESULTS) -> pd.Data
 
 
 def load_ours(table: str, variant: str, root: Path = RESULTS) -> Ours:
-    return Ours(variant_rows(load_experiment(table), variant, root))
+    return Ours.of(variant_rows(load_experiment(table), variant, root))
 
 
 @dataclass(frozen=True)

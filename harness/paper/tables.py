@@ -104,7 +104,7 @@ def _qps(exp: Experiment, pub: pd.DataFrame, rows: pd.DataFrame, variant: str) -
     nd = no_delta(exp, variant, pub)
     table, prov, marks = [], [], []
     for cat in dict.fromkeys(src["task"]):
-        o = Ours(rows[rows["sub"] == slug(cat)] if not rows.empty else rows)
+        o = Ours.of(rows[rows["sub"] == slug(cat)] if not rows.empty else rows)
         if not o.empty:
             prov.append(f"{cat}: {o.provenance()}")
         q = o.qps()
@@ -343,7 +343,7 @@ def _headline(pub: pd.DataFrame, root: Path) -> str:
     for variant in exp.variants:
         rows = variant_rows(exp, variant, root)
         for sub in dict.fromkeys(rows["sub"]) if not rows.empty else []:
-            q = Ours(rows[rows["sub"] == sub]).qps()
+            q = Ours.of(rows[rows["sub"] == sub]).qps()
             qps_runs = qps_runs or not q.empty
             q = q[q["method"] != q["reference"]] if not q.empty else q  # the reference's own 1.0 is no claim
             if not q.empty and q["qps_ratio_to_reference"].notna().any():
@@ -481,7 +481,7 @@ def render_table(table: str, root: Path = RESULTS, image: str | None = None) -> 
         if exp.table == "qps":
             body, prov, m = _qps(exp, pub, rows, variant)
         else:
-            ours = Ours(rows)
+            ours = Ours.of(rows)
             prov = "" if ours.empty else ours.provenance()
             body, m = BUILDERS[exp.table](exp, pub, ours, variant)
         marks += m

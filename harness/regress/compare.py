@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.analysis.latency import summarize_latency
+from harness.analysis.folder import Analysis, analyze
 from harness.analysis.quality import (
     Point,
     all_parts,
@@ -16,9 +16,8 @@ from harness.analysis.quality import (
     paired_difference,
     paired_ratio,
     references,
-    summarize,
 )
-from harness.analysis.rows import AA_METHOD, GATE_COLUMNS, LATENCY_POINT, POINT, REFERENCE_OF, normalize
+from harness.analysis.rows import AA_METHOD, GATE_COLUMNS, LATENCY_POINT, POINT, REFERENCE_OF
 from harness.analysis.stats import Estimate
 from harness.regress.formats import render
 from harness.regress.verdict import (
@@ -35,15 +34,7 @@ from harness.regress.verdict import (
     shown,
     speculator_words,
 )
-from harness.store import DamagedRowFile, read_results
-
-
-def ok_rows(df: pd.DataFrame, kind: str) -> pd.DataFrame:
-    """The ok rows of ``kind``, normalized (:mod:`harness.analysis.rows`)."""
-    if df.empty:
-        return df
-    d = normalize(df)
-    return d[(d["kind"] == kind) & (d["status"] == "ok")]
+from harness.store import DamagedRowFile
 
 
 def _quality_verdict(delta: Estimate, tol: float) -> str:
@@ -66,15 +57,13 @@ def _speed_verdict(base: float, cand: Estimate, tol: float) -> str:
     return "same"
 
 
-def quality(
-    base: pd.DataFrame, cand: pd.DataFrame, tol: float
-) -> tuple[list[Comparison], set[tuple], list[dict[str, str]]]:
+def quality(base: Analysis, cand: Analysis, tol: float) -> tuple[list[Comparison], set[tuple], list[dict[str, str]]]:
     """Per task and ``ALL`` (the summary's: over categories where the benchmark has them),
     the paired score difference over the samples both folders ran
     (:func:`harness.analysis.quality.paired_difference`), and the candidate's retention
     (:func:`harness.analysis.quality.paired_ratio`, as its summary shows it)."""
     out: list[Comparison] = []
-    b, c = ok_rows(base, "eval"), ok_rows(cand, "eval")
+    b, c = base.ok("eval"), cand.ok("eval")
     groups_b = {k: g for k, g in b.groupby(POINT, dropna=False)} if not b.empty else {}
     groups_c = {k: g for k, g in c.groupby(POINT, dropna=False)} if not c.empty else {}
     refs_c = references(c) if not c.empty else {}
@@ -129,11 +118,11 @@ def _estimates(s: pd.DataFrame, key: list[str]) -> dict[tuple, SpeedPoint]:
     return out
 
 
-def _aa_failures(d: pd.DataFrame) -> list[str]:
+def _aa_failures(a: Analysis) -> list[str]:
     """The A/A checks of a folder's latency rows that failed, in words."""
-    if d.empty:
+    if a.ok("latency").empty:
         return []
-    s = summarize_latency(d)
+    s = a.latency
     s = s[(s["method_name"] == AA_METHOD) & (s["aa_ok"] == False)]  # noqa: E712  (NaN: no A/A check)
     return [
         f"{int(r['batch'])}x{int(r['length'])} {r['model']}: {r['aa_speedup']:.3f}x "
@@ -142,22 +131,22 @@ def _aa_failures(d: pd.DataFrame) -> list[str]:
     ]
 
 
-def _eval_speedups(d: pd.DataFrame) -> dict[tuple, SpeedPoint]:
+def _eval_speedups(a: Analysis) -> dict[tuple, SpeedPoint]:
     """Per quality point: the summary's ``ALL`` speedup (the reference's TTFT over the
     method's on the samples both ran, on one machine)."""
-    if d.empty:
+    if a.ok("eval").empty:
         return {}
-    s = summarize(d)
+    s = a.summary
     return _estimates(s[s["task"] == "ALL"], POINT)
 
 
-def _latency_speedups(d: pd.DataFrame) -> dict[tuple, SpeedPoint]:
+def _latency_speedups(a: Analysis) -> dict[tuple, SpeedPoint]:
     """Per latency point: the latency summary's speedup (interleaved in one run)."""
-    return _estimates(summarize_latency(d), LATENCY_POINT) if not d.empty else {}
+    return _estimates(a.latency, LATENCY_POINT) if not a.ok("latency").empty else {}
 
 
 def speed(
-    base: pd.DataFrame, cand: pd.DataFrame, tol: float, eval_speed: bool = False
+    base: Analysis, cand: Analysis, tol: float, eval_speed: bool = False
 ) -> tuple[list[Comparison], set, list[dict[str, str]], list[str]]:
     """Speedups over the reference, compared point by point: from the latency rows (the
     methods timed side by side in one run), and with ``eval_speed`` from the eval rows'
@@ -168,18 +157,18 @@ def speed(
     seen: set = set()
     only: list[dict[str, str]] = []
     notes: list[str] = []
-    lb, lc = ok_rows(base, "latency"), ok_rows(cand, "latency")
+    lb, lc = base.ok("latency"), cand.ok("latency")
     if lb.empty or lc.empty:
         missing = " and ".join(w for w, d in (("baseline", lb), ("candidate", lc)) if d.empty)
         notes.append(f"Speed NOT compared: no latency rows in the {missing}" +
                      (" (eval TTFTs, between runs, compared below)" if eval_speed else " (quality only)"))  # fmt: skip
-    failed_aa = _aa_failures(lc)
+    failed_aa = _aa_failures(cand)
     if failed_aa:
         notes.append("A/A check FAILED in the candidate (the reference timed against itself must read 1.0): "
                      + "; ".join(failed_aa))  # fmt: skip
     sources = (("eval", _eval_speedups, POINT),) if eval_speed else ()
     for kind, fn, keys in (*sources, ("latency", _latency_speedups, LATENCY_POINT)):
-        sb, sc = fn(ok_rows(base, kind)), fn(ok_rows(cand, kind))
+        sb, sc = fn(base), fn(cand)
         seen |= {(kind, k) for k in sb.keys() | sc.keys()}
         if kind == "latency" and sb and all(p.old_protocol for p in sb.values()):
             notes.append(
@@ -217,8 +206,8 @@ def speed(
     return out, seen, only, notes
 
 
-def read_folder(folder: Path, role: str) -> pd.DataFrame:
-    """Every row of a baseline or candidate folder, or :class:`Refused` in one line: the
+def read_folder(folder: Path, role: str) -> Analysis:
+    """The analysis of a baseline or candidate folder, or :class:`Refused` in one line: the
     folder does not exist, a file in it is corrupt (named: the store's reader would skip
     it, and a baseline missing rows would pass as points in one folder only), or a column
     the gate reads is missing from all its rows."""
@@ -226,37 +215,38 @@ def read_folder(folder: Path, role: str) -> pd.DataFrame:
     if not folder.is_dir():
         raise Refused(f"{role} folder {folder} does not exist")
     try:
-        df = read_results(folder, strict=True)
+        a = analyze(folder, strict=True)
     except DamagedRowFile as e:
         raise Refused(f"{role} file {e.path} is corrupt or unreadable ({e.reason})") from e
     except Exception as e:  # a file changed under us, or a reader's own error
         why = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         raise Refused(f"{role} folder {folder} is unreadable ({type(e).__name__}: {why})") from e
-    if not df.empty:
-        kinds = set(df["kind"]) if "kind" in df else set()
+    stored = a.stored_columns
+    if not a.rows.empty:
+        kinds = set(a.rows["kind"]) if "kind" in a.rows else set()
         for kind, cols in GATE_COLUMNS.items():
-            missing = [c for c in cols if c not in df] if not kind or kind in kinds else []
+            missing = [c for c in cols if c not in stored] if not kind or kind in kinds else []
             if missing:
                 raise Refused(f"{role} folder {folder}: its rows have no {missing} column(s); not a results folder?")
-    return df
+    return a
 
 
 def gate(
-    base: pd.DataFrame,
-    cand: pd.DataFrame,
+    base: Analysis,
+    cand: Analysis,
     quality_tol: float = 2.0,
     speed_tol: float = 0.15,
     require_all: bool = False,
     skip_speed: bool = False,
     eval_speed: bool = False,
 ) -> Verdict:
-    """The verdict on two folders' rows (paths and notes are the caller's to fill in)."""
+    """The verdict on two folders' analyses (paths and notes are the caller's to fill in)."""
     v = Verdict(OK, quality_tol=quality_tol, speed_tol=speed_tol)
     v.speed_from = "none (quality only)" if skip_speed else "latency and eval rows" if eval_speed else "latency rows"
-    if base.empty or cand.empty:
-        v.code, v.note = INCOMPARABLE, f"cannot compare: no rows in the {'baseline' if base.empty else 'candidate'}"
+    if base.rows.empty or cand.rows.empty:
+        empty = "baseline" if base.rows.empty else "candidate"
+        v.code, v.note = INCOMPARABLE, f"cannot compare: no rows in the {empty}"
         return v
-    base, cand = normalize(base), normalize(cand)  # once: every comparison below reads them
     q, _, q_only = quality(base, cand, quality_tol)
     s, _, s_only, v.speed_notes = ([], set(), [], []) if skip_speed else speed(base, cand, speed_tol, eval_speed)
     if not skip_speed and any(n.startswith("Speed NOT compared") for n in v.speed_notes):

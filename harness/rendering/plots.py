@@ -27,7 +27,6 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.folder import Analysis
-from harness.analysis.rows import normalize
 from harness.rendering.tables import natural_key
 
 #: Depth bins of the needle heatmap (fraction of the context before the needle).
@@ -293,13 +292,12 @@ def score_vs_length(summary: pd.DataFrame, path: Path) -> Path | None:
 
 
 def needle_grid(rows: pd.DataFrame) -> pd.DataFrame:
-    """The cells of :func:`needle_heatmap`: NIAH rows that are ok and carry a needle depth,
-    by model, benchmark, method, keep rate (1.0 for the reference), depth bin (index into
-    :data:`DEPTH_BINS`) and length: mean score and n."""
+    """The cells of :func:`needle_heatmap`: NIAH rows (an :class:`Analysis`'s, so normalized)
+    that are ok and carry a needle depth, by model, benchmark, method, keep rate (1.0 for the
+    reference), depth bin (index into :data:`DEPTH_BINS`) and length: mean score and n."""
     cols = ["model", "benchmark", "method", "keep", "depth_bin", "length", "score", "n"]
     if rows.empty or "needle_depth" not in rows:
         return pd.DataFrame(columns=cols)
-    rows = normalize(rows)
     r = rows[(rows["status"] == "ok") & rows["task"].astype(str).str.startswith("niah")]
     r = r.dropna(subset=["needle_depth", "score"])
     if r.empty:

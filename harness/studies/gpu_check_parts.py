@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from harness.analysis.latency import summarize_latency
+from harness.analysis.folder import analyze_rows
 from harness.analysis.rows import AA_METHOD
 from harness.prompts import random_prompts
 from harness.rendering.tables import md_table
@@ -127,7 +127,7 @@ def latency_grid(
               "prompt_source": "random", "reference_method": "full", "method_options": "{}",
               "config_hash": "gpu-check", "dtype": "x"}  # fmt: skip
     df = df.assign(**common)
-    s = summarize_latency(df)
+    s = analyze_rows(None, df.assign(kind="latency")).latency
     cols = ["batch", "length", "method", "keep_rate", "n", "failed", "ttft_median_s", "method_median_s",
             "base_prefill_median_s", "kept_fraction", "speedup", "ideal_speedup", "efficiency", "flags"]  # fmt: skip
     table = s[cols].astype(object).map(lambda v: f"{v:.3f}" if isinstance(v, float) else v)

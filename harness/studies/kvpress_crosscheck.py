@@ -34,6 +34,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from baselines.kv_presses import attention_patched
+from harness.analysis.folder import analyze
 from harness.analysis.quality import Point, macro_mean, paired_difference
 from harness.analysis.stats import Estimate
 from harness.benchmarks.base import BenchmarkConfig
@@ -41,7 +42,6 @@ from harness.benchmarks.samples import benchmark_samples
 from harness.models.catalog import model_config
 from harness.models.loading import load
 from harness.registry import build_benchmark, build_method
-from harness.store import read_rows
 from harness.studies import run_job
 from specprefill.backends.transformers import cache_positions_restored
 
@@ -142,8 +142,7 @@ def main() -> None:
         theirs.to_csv(a.out / "kvpress_pipeline.csv", index=False)
     if "keep_rate" not in theirs:  # a file from before several keeps: its one keep
         theirs["keep_rate"] = a.keeps[0]
-    df = read_rows(sorted({p.parent for p in (a.out / "ours").rglob("rows.parquet")}))
-    ours = df[(df["status"] == "ok") & (df["kind"] == "eval")]
+    ours = analyze(a.out / "ours").ok("eval")
     pairs = paired_rows(ours, theirs)
     pairs.to_csv(a.out / "rows.csv", index=False)
     text = table(pairs)

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.analysis.folder import analyze
 from harness.analysis.stats import Estimate, estimate, mean_draws, task_seed
-from harness.store import read_rows
 from harness.studies import run_job
 
 #: our task -> lm-eval's task of the same data
@@ -46,8 +46,8 @@ def run_both(out: Path, limit: int, model: str) -> None:
 
 
 def rows(root: Path) -> pd.DataFrame:
-
-    df = read_rows(sorted({p.parent for p in root.rglob("rows.parquet")}))
+    """The ok full-prefill rows under ``root`` (:func:`harness.analysis.folder.analyze`)."""
+    df = analyze(root).rows
     return df[(df["status"] == "ok") & (df["method"] == "full")]
 
 

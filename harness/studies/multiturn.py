@@ -40,11 +40,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.analysis.quality import Point, paired_difference, summarize, unit_mean
-from harness.analysis.rows import normalize
+from harness.analysis.folder import Analysis, analyze
+from harness.analysis.quality import Point, paired_difference, unit_mean
 from harness.rendering import plots
 from harness.rendering.tables import ci
-from harness.store import read_rows
 from harness.studies import run_job
 
 METHODS = ["full", "specprefill", "specprefill_frozen", "specprefill_revival"]
@@ -65,9 +64,9 @@ def run_sweep(out: Path, model: str, length: int, limit: int, keeps: list[float]
              f"keep={keep}", f"out={out}", *(["dry_run=true"] if dry_run else [])])  # fmt: skip
 
 
-def table(rows: pd.DataFrame) -> pd.DataFrame:
+def table(a: Analysis) -> pd.DataFrame:
     """One line per (method, keep, turn): the summary's per-turn measures."""
-    s = plots.turn_points(summarize(rows))
+    s = plots.turn_points(a.summary)
     df = pd.DataFrame({
         "method": s["method_name"], "keep": s["keep_rate"].astype(float), "turn": s["turn"], "n": s["n"].astype(int),
         **{c: s[c] for c in ("score", "score_lo", "score_hi", "retention", "retention_lo", "retention_hi",
@@ -110,13 +109,13 @@ def markdown(df: pd.DataFrame) -> str:
 DEPTHS = ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0001))
 
 
-def by_depth(rows: pd.DataFrame) -> pd.DataFrame:
+def by_depth(a: Analysis) -> pd.DataFrame:
     """Turns 2.. pooled, by the asked needle's depth in the context: per policy, keep and
     depth bin, the score and the needle kept with 95 % intervals over conversations (a
     conversation's turns in one bin resampled together,
     :func:`harness.analysis.quality.unit_mean`)."""
-    d = normalize(rows)
-    d = d[(d["status"] == "ok") & (pd.to_numeric(d.get("turn"), errors="coerce") > 1)]
+    d = a.ok("eval")
+    d = d[pd.to_numeric(d.get("turn"), errors="coerce") > 1]
     d = d.assign(depth=pd.to_numeric(d["needle_depth"], errors="coerce")).dropna(subset=["depth"])
     out = []
     for (method, keep), g in d.groupby(["method", "keep_rate"]):
@@ -143,13 +142,13 @@ PAIRS = [("specprefill_revival", "specprefill"), ("specprefill_frozen", "specpre
          ("specprefill_revival", "specprefill_frozen")]  # fmt: skip
 
 
-def differences(rows: pd.DataFrame) -> pd.DataFrame:
+def differences(a: Analysis) -> pd.DataFrame:
     """Policy against policy at the same keep, paired by conversation: the score difference
     (candidate - baseline; :func:`harness.analysis.quality.paired_difference`) per turn and
     over turns 2.. (whole conversations resampled), with the conversations the candidate
     won and lost."""
-    d = normalize(rows)
-    d = d[(d["status"] == "ok") & d["task"].str.contains("/turn", regex=False)]
+    d = a.ok("eval")
+    d = d[d["task"].str.contains("/turn", regex=False)]
     tasks = sorted(set(d["task"]), key=lambda t: int(t.rsplit("/turn", 1)[1]))
     later = [t for t in tasks if not t.endswith("/turn1")]
     out = []
@@ -219,17 +218,16 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not a.no_run:
         run_sweep(a.out, a.model, a.length, a.limit, a.keeps)
-    rows = read_rows(sorted({p.parent for p in a.out.rglob("rows.parquet")}))
-    rows = rows[rows["kind"] == "eval"]
-    df = table(rows)
+    found = analyze(a.out)
+    df = table(found)
     df.to_csv(a.out / "multiturn.csv", index=False)
-    depth, diff = by_depth(rows), differences(rows)
+    depth, diff = by_depth(found), differences(found)
     depth.to_csv(a.out / "multiturn_by_depth.csv", index=False)
     diff.to_csv(a.out / "multiturn_differences.csv", index=False)
     text = "\n\n".join([markdown(df), "## By needle depth", depth_markdown(depth),
                          "## Policy against policy", differences_markdown(diff)])  # fmt: skip
     (a.out / "multiturn.md").write_text(text + "\n")
-    plots.by_turn(summarize(rows), a.out / "multiturn_by_turn.png")
+    plots.by_turn(found.summary, a.out / "multiturn_by_turn.png")
     print(text)
 
 

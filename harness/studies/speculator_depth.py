@@ -27,12 +27,10 @@ from typing import Any
 
 import pandas as pd
 
-from harness.analysis.latency import summarize_latency
-from harness.analysis.quality import summarize
+from harness.analysis.folder import Analysis, analyze
 from harness.models.catalog import early_exit_layers
 from harness.rendering import plots
 from harness.rendering.tables import ci
-from harness.store import read_rows
 from harness.studies import run_job
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_multikey_1"]
@@ -60,14 +58,12 @@ def run_latency(out: Path, depths: list[int], keeps: list[float], iters: int) ->
                     f"out={out}"])  # fmt: skip
 
 
-def latency_speedups(
-    rows: pd.DataFrame, column: str = "depth", key: Callable[[Any], Any] = early_exit_layers
-) -> pd.DataFrame:
+def latency_speedups(a: Analysis, column: str = "depth", key: Callable[[Any], Any] = early_exit_layers) -> pd.DataFrame:
     """Per (depth, keep): the latency summary's interleaved TTFT speedup over full prefill
     with its 95 % interval (:func:`harness.analysis.latency.summarize_latency`), the ideal
     speedup from FLOPs and the efficiency. ``column``/``key``: what names a speculator's
     line (the depth of ``self_layers:M``; the family study keys by the speculator itself)."""
-    s = summarize_latency(rows)
+    s = a.latency
     s = s[~s["is_reference"].astype(bool)]
     return pd.DataFrame({
         column: s["speculator"].map(key), "keep": s["keep_rate"].astype(float),
@@ -76,11 +72,11 @@ def latency_speedups(
     }).reset_index(drop=True)  # fmt: skip
 
 
-def table(rows: pd.DataFrame, latency: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One line per (depth, keep) and the full prefill reference: the summary's ``ALL``
-    row (:func:`harness.analysis.quality.summarize`); with ``latency``
+def table(a: Analysis, latency: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One line per (depth, keep) and the full prefill reference: the quality summary's
+    ``ALL`` row (:func:`harness.analysis.quality.summarize`); with ``latency``
     (:func:`latency_speedups`), each line's interleaved speedup beside it."""
-    s = summarize(rows)
+    s = a.summary
     s = s[s["task"] == "ALL"]
     ref = s["method_name"] == s["reference"]
     df = pd.DataFrame({
@@ -156,10 +152,8 @@ def main() -> None:
         if not a.no_latency:
             run_latency(a.out / "latency", a.depths, a.keeps, a.iters)
 
-    every = read_rows(sorted({p.parent for p in a.out.rglob("rows.parquet")}))
-    rows = every[every["kind"] == "eval"]
-    lat = every[every["kind"] == "latency"]
-    df = table(rows, latency_speedups(lat) if not lat.empty else None)
+    found = analyze(a.out)
+    df = table(found, latency_speedups(found) if not found.of_kind("latency").empty else None)
     df.to_csv(a.out / "speculator_depth.csv", index=False)
     text = markdown(df)
     col = speedup_used(df)
@@ -171,7 +165,7 @@ def main() -> None:
             f"retention {best['retention']:.2f}, speedup {best[col]:.2f}x."
         )
     (a.out / "speculator_depth.md").write_text(text + "\n")
-    summary = summarize(rows)
+    summary = found.summary
     if col == "lat_speedup":  # the Pareto's x: the interleaved speedup and its interval
         summary = with_latency_speedups(summary, df)
     plots.pareto(summary, a.out / "speculator_depth_pareto.png")

@@ -33,10 +33,9 @@ from typing import Any
 
 import pandas as pd
 
-from harness.analysis.quality import summarize
+from harness.analysis.folder import Analysis, analyze
 from harness.rendering import plots
 from harness.rendering.tables import ci
-from harness.store import read_rows
 from harness.studies import run_job
 from harness.studies import speculator_depth as depth
 
@@ -76,17 +75,17 @@ def _same(speculator: Any) -> Any:
     return speculator
 
 
-def latency_speedups(rows: pd.DataFrame) -> pd.DataFrame:
+def latency_speedups(a: Analysis) -> pd.DataFrame:
     """Per (speculator, keep): the interleaved speedup over full prefill with its 95 %
     interval, the ideal speedup from FLOPs and the efficiency (the depth study's, keyed by
     the speculator)."""
-    return depth.latency_speedups(rows, "speculator", _same)
+    return depth.latency_speedups(a, "speculator", _same)
 
 
-def table(rows: pd.DataFrame, latency: pd.DataFrame | None = None) -> pd.DataFrame:
+def table(a: Analysis, latency: pd.DataFrame | None = None) -> pd.DataFrame:
     """One line per (speculator, keep) and the full prefill reference: the summary's ``ALL``
     row; with ``latency``, each line's interleaved speedup beside it."""
-    s = summarize(rows)
+    s = a.summary
     s = s[s["task"] == "ALL"]
     ref = s["method_name"] == s["reference"]
     df = pd.DataFrame({
@@ -148,14 +147,12 @@ def main(argv: list[str] | None = None) -> None:
         run_sweep(a.out, a.limit, a.length, a.speculators, a.keeps)
         if not a.no_latency:
             run_latency(a.out / "latency", a.length, a.speculators, a.keeps, a.iters)
-    every = read_rows(sorted({p.parent for p in a.out.rglob("rows.parquet")}))
-    rows = every[every["kind"] == "eval"]
-    lat = every[every["kind"] == "latency"]
-    df = table(rows, latency_speedups(lat) if not lat.empty else None)
+    found = analyze(a.out)
+    df = table(found, latency_speedups(found) if not found.of_kind("latency").empty else None)
     df.to_csv(a.out / "speculator_family.csv", index=False)
     text = markdown(df)
     (a.out / "speculator_family.md").write_text(text + "\n")
-    summary = summarize(rows)
+    summary = found.summary
     if "lat_speedup" in df:
         summary = with_latency_speedups(summary, df)
     plots.pareto(summary, a.out / "speculator_family_pareto.png")
