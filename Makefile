@@ -111,8 +111,8 @@ experiment: setup
 # rows; `screenshot=<png>` also opens the page in headless Chromium (make setup-browser), checks it
 # (console errors, broken images) and saves a screenshot.
 report: setup
-	$(PY) -m harness.rendering.report $(or $(out),results/default)
-	$(if $(screenshot),$(PY) -m harness.rendering.browser $(or $(out),results/default)/report.html --screenshot $(screenshot) --max-height 6000)
+	$(PY) -m harness.report $(or $(out),results/default)
+	$(if $(screenshot),$(PY) -m harness.report.browser $(or $(out),results/default)/report.html --screenshot $(screenshot) --max-height 6000)
 
 # Debian's Chromium for the report's browser test (playwright drives it; installed by make setup).
 setup-browser:

@@ -102,7 +102,7 @@ class RunRecord:
     quantization: str | None  # the checkpoint's own, as the engine applied it (None: unquantized)
     gpu_memory_utilization: float | None  # the engine's planned share of each GPU (vLLM on GPUs)
     #: The context window the run had (tokens): vLLM's max_model_len, the model's max_context
-    #: unless the placement lowered it to fit the KV cache (harness.models.placement.plan).
+    #: unless the placement lowered it to fit the KV cache (harness.models.placement.place).
     max_model_len: int | None
     #: The model runner the engine built (vLLM: the workers' class, V1 or not, hook in or
     #: absent; specprefill.backends.vllm), None on the transformers backend.

@@ -1,6 +1,6 @@
 """The transformers backend against direct model forwards.
 
-These pin what ``specprefill/backends/transformers.py`` relies on in transformers==5.19:
+These pin what ``specprefill/backends/transformers/`` relies on in transformers==5.19:
 if an upgrade changes query computation, cache layout or masking, they fail.
 """
 

@@ -473,7 +473,7 @@ def _rows_folder(tmp_path: Path, n: int = 2):
 
 @pytest.mark.parametrize("which", ["rows.parquet", "part"])
 def test_a_damaged_rows_file_is_named_skipped_by_readers_and_moved_aside_by_its_run(tmp_path, capsys, which):
-    from harness.rendering import report
+    from harness.report import summary as report
     from harness.store import read_results
 
     store = _rows_folder(tmp_path)
@@ -520,14 +520,14 @@ def test_a_resumed_run_removes_the_temporary_files_a_killed_writer_left(tmp_path
 def test_make_report_refuses_a_missing_folder_or_a_file_in_one_line(tmp_path, a_file):
     missing = tmp_path / "nonexistent"
     for out, expect in [(missing, "does not exist"), (a_file, "is a file")]:
-        r = subprocess.run([sys.executable, "-m", "harness.rendering.report", str(out)], cwd=ROOT, capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "harness.report.summary", str(out)], cwd=ROOT, capture_output=True,
                            text=True, timeout=300)  # fmt: skip
         assert r.returncode == 1 and r.stderr.strip() == (
             f"out={str(out)!r} {expect}; allowed: a results folder (the out= of a run)"
         ), r.stderr
     assert not missing.exists()
     (tmp_path / "plots").write_text("")
-    from harness.rendering.report import report_problem
+    from harness.report.summary import report_problem
 
     assert report_problem(tmp_path) == f"{tmp_path / 'plots'} is a file where the report's figures go; allowed: move it away or delete it"  # fmt: skip
 

@@ -38,7 +38,7 @@ def test_every_target_passes_the_same_spelling_through(target, module):
 def test_make_report_takes_the_folder():
     out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "report", "out=results/x"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
-    assert ".venv/bin/python -m harness.rendering.report results/x" in out
+    assert ".venv/bin/python -m harness.report results/x" in out
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ from harness.models.placement import (
     architecture,
     engine_activation_bytes,
     kv_cache_bytes,
-    plan,
+    place,
     quantization,
     speculator_prefill_bytes,
     weight_bytes,
@@ -68,15 +68,15 @@ def test_multi_gpu_models_are_refused_on_the_transformers_backend():
     with pytest.raises(
         ValueError, match=r"needs 8 GPUs .*transformers backend runs a model on one device; use backend=vllm"
     ):
-        plan(model_config("llama70b"), "transformers", True)
-    assert plan(model_config("smollm2-135m"), "transformers", True).gpus == 1
+        place(model_config("llama70b"), "transformers", True)
+    assert place(model_config("smollm2-135m"), "transformers", True).gpus == 1
 
 
 def test_the_engine_leaves_room_for_the_speculator_on_its_gpus(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    p = plan(model_config("llama70b"), "vllm", True)
+    p = place(model_config("llama70b"), "vllm", True)
     assert not p.gpu_detected and p.gpu_gib == 80.0 and p.gpus == 8 and p.speculator_gpus == 8
     assert 14.0 < p.speculator_weights_gib < 15.5  # Llama-3.1-8B in bf16: about 15 GiB
     # Llama-3.1-8B at 128K tokens, 8K at a time: 16 GiB KV cache (spread with the layers), 8 GiB of keys and
@@ -84,11 +84,11 @@ def test_the_engine_leaves_room_for_the_speculator_on_its_gpus(monkeypatch):
     kv, keys, act = 16.0, 8.0, 8192 * (4 * 4096 + 3 * 14336) * 2 / 2**30
     assert p.speculator_gpu0_gib == pytest.approx((p.speculator_weights_gib + kv) / 8 + keys + act)
     assert p.gpu_memory_utilization == pytest.approx((80.0 - p.speculator_gpu0_gib - RESERVE_GIB) / 80.0)
-    full = plan(model_config("llama70b"), "vllm", False)  # full prefill loads no speculator
+    full = place(model_config("llama70b"), "vllm", False)  # full prefill loads no speculator
     assert full.speculator is None and full.gpu_memory_utilization == pytest.approx(0.90)
     with pytest.raises(ValueError, match=r"the engine keeps .* less than its .* GiB of weights per GPU"):
-        plan(model_config("llama405b", gpu_memory_gib=60.0), "vllm", True)
-    one = plan(model_config("llama8b", gpu_memory_gib=141.0), "vllm", True)  # TP 1: the speculator shares GPU 0
+        place(model_config("llama405b", gpu_memory_gib=60.0), "vllm", True)
+    one = place(model_config("llama8b", gpu_memory_gib=141.0), "vllm", True)  # TP 1: the speculator shares GPU 0
     assert one.speculator_gpus == 1 and one.speculator_gpu0_gib > one.speculator_weights_gib
 
 
@@ -98,9 +98,9 @@ def test_the_fp8_checkpoint_is_planned_with_its_own_quantization_and_never_force
     from harness.models import loading as models
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    p = plan(model_config("llama405b"), "vllm", True, RULER_4K)
+    p = place(model_config("llama405b"), "vllm", True, RULER_4K)
     assert p.quantization == "fbgemm_fp8" and 440 < p.base_weights_gib < 470  # attention in bf16, most MLPs in FP8
-    assert plan(model_config("llama405b-bf16-2node"), "vllm", True, RULER_4K).quantization is None
+    assert place(model_config("llama405b-bf16-2node"), "vllm", True, RULER_4K).quantization is None
     monkeypatch.setattr(models, "vllm_model", lambda cfg: (cfg.path, "auto"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the engine arguments of a GPU run
     args = models.vllm_engine_args(model_config("llama405b"), p.gpu_memory_utilization)
@@ -200,7 +200,7 @@ def test_engine_activations_by_hand():
 @pytest.mark.parametrize("name", ["llama8b", "llama70b", "llama405b"])
 def test_the_paper_models_plan_their_kv_cache_per_gpu(monkeypatch, name, gpu):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    p = plan(model_config(name, gpu_memory_gib=gpu), "vllm", True, RULER_4K)
+    p = place(model_config(name, gpu_memory_gib=gpu), "vllm", True, RULER_4K)
     # Only the 405B on 80 GiB has less than WINDOW_SLACK_GIB to spare at its whole window
     # (56.7 + 7.9 + ~6.8 of 72 GiB): it gets the run's own; the others keep 131072.
     window = RULER_4K if (name, gpu) == ("llama405b", 80.0) else 131072
@@ -220,7 +220,7 @@ def test_the_paper_models_plan_their_kv_cache_per_gpu(monkeypatch, name, gpu):
 def test_the_8b_on_one_gpu_holds_its_whole_window_beside_the_speculator(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for gpu in (80.0, 141.0):
-        p = plan(model_config("llama8b", gpu_memory_gib=gpu), "vllm", True)  # prompts of the whole window
+        p = place(model_config("llama8b", gpu_memory_gib=gpu), "vllm", True)  # prompts of the whole window
         assert p.speculator_gpus == 1 and p.max_model_len == 131072
         assert p.kv_cache_per_gpu_gib == pytest.approx(kv_gib("llama8b", 131072), rel=1e-12)  # 16 GiB
         assert p.engine_gib is not None and p.gpu_memory_utilization is not None
@@ -235,7 +235,7 @@ def test_the_405b_window_on_80_gib_is_lowered_to_the_run_or_refused_with_the_num
     # Prompts of the whole window: 56.7 GiB of weights + 7.9 of KV cache + activations do not fit
     # beside the speculator at 128K (its keys alone take 8 GiB of GPU 0).
     with pytest.raises(ValueError) as refused:
-        plan(model_config("llama405b"), "vllm", True)
+        place(model_config("llama405b"), "vllm", True)
     msg = str(refused.value)
     assert "56.7 GiB weights" in msg and f"{kv_gib('llama405b', 131072):.1f} KV cache" in msg
     assert "would refuse to start" in msg and "gpu_memory_utilization 0.80" in msg
@@ -243,14 +243,14 @@ def test_the_405b_window_on_80_gib_is_lowered_to_the_run_or_refused_with_the_num
     larger = int(re.search(r"GPUs of at least (\d+) GiB", msg).group(1))
     # The advice holds: a run that long plans (its window lowered to it), a page more does not, and
     # the GPU size it names holds the whole window.
-    p = plan(model_config("llama405b"), "vllm", True, fits)
+    p = place(model_config("llama405b"), "vllm", True, fits)
     assert (p.max_model_len, p.max_model_len_lowered_from) == (fits, 131072) and 0 < fits < 131072
     with pytest.raises(ValueError, match="would refuse to start"):
-        plan(model_config("llama405b"), "vllm", True, fits + 32)
-    assert plan(model_config("llama405b", gpu_memory_gib=float(larger)), "vllm", True).max_model_len == 131072
+        place(model_config("llama405b"), "vllm", True, fits + 32)
+    assert place(model_config("llama405b", gpu_memory_gib=float(larger)), "vllm", True).max_model_len == 131072
     # A RULER-64K run: the whole window does not fit, its own longest sequence does
     need = 65536 + 128 + 256
-    p = plan(model_config("llama405b"), "vllm", True, need)
+    p = place(model_config("llama405b"), "vllm", True, need)
     assert (p.max_model_len, p.max_model_len_lowered_from) == (need, 131072)
     assert p.kv_cache_per_gpu_gib == pytest.approx(kv_gib("llama405b", need), rel=1e-12)
     assert kv_gib("llama405b", 131072) > p.engine_gib - p.base_per_gpu_gib - p.engine_activations_gib  # why
@@ -261,10 +261,10 @@ def test_the_405b_window_on_80_gib_is_lowered_to_the_run_or_refused_with_the_num
     ] == need  # fmt: skip
     # LongBench's 127.5K-token prompts do not fit 80 GiB at all; 141 GiB GPUs hold the whole window
     with pytest.raises(ValueError, match=r"128268 tokens, prompt \+ answer.*would refuse to start"):
-        plan(model_config("llama405b"), "vllm", True, 127500 + 512 + 256)
-    big = plan(model_config("llama405b", gpu_memory_gib=141.0), "vllm", True)
+        place(model_config("llama405b"), "vllm", True, 127500 + 512 + 256)
+    big = place(model_config("llama405b", gpu_memory_gib=141.0), "vllm", True)
     assert big.max_model_len == 131072 and big.max_model_len_lowered_from is None
-    full = plan(model_config("llama405b"), "vllm", False)  # full prefill: no speculator, the whole window fits
+    full = place(model_config("llama405b"), "vllm", False)  # full prefill: no speculator, the whole window fits
     assert full.max_model_len == 131072 and full.gpu_memory_utilization == pytest.approx(0.90)
 
 
@@ -298,7 +298,7 @@ def test_decode_budget_and_rows_keep_to_the_engines_window(monkeypatch):
     assert decode_budget(s, 4000, model, None) == 512
     assert decode_budget(s, 4000, model, None, window=4096) == 96  # never past what the engine accepts
     assert decode_budget(s, 4000, model, None, window=1 << 20) == 512  # nor past the model's own window
-    p = plan(model, "vllm", True, 65536 + 128 + 256)
+    p = place(model, "vllm", True, 65536 + 128 + 256)
     assert provenance(model, "vllm", None, p)["max_model_len"] == p.max_model_len < 131072
 
 
@@ -308,7 +308,7 @@ def test_the_planned_window_and_share_reach_the_engine(monkeypatch):
     from harness.models import loading as models
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    p = plan(model_config("llama405b"), "vllm", True, 65536 + 128 + 256)
+    p = place(model_config("llama405b"), "vllm", True, 65536 + 128 + 256)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the engine arguments of a GPU run
     monkeypatch.setattr(backends, "load", lambda model, with_base=True: models.LoadedModel(model, None, None, None))
     monkeypatch.setattr(models, "vllm_model", lambda cfg: (cfg.path, "auto"))

@@ -15,8 +15,8 @@ import pytest
 from harness.analysis.quality import summarize
 from harness.diagnostics import needle_depth
 from harness.rendering import plots
-from harness.rendering.html import failures, paper_tables
-from harness.rendering.report import build, write_all
+from harness.report.html import failures, paper_tables
+from harness.report.summary import build, write_all
 from harness.store import RunStore, record
 
 COMMON = {"timestamp": 1.7e9, "model": "m", "git_sha": "abc1234", "hardware": "cpu-x", "dtype": "float32",
@@ -187,7 +187,7 @@ def test_an_empty_folder_still_gets_a_page(tmp_path):
 def _browser_or_skip():
     """The browser test runs wherever Chromium and playwright are installed; CI sets
     SPECPREFILL_REQUIRE_BROWSER=1 so that a missing browser fails instead of skipping."""
-    from harness.rendering.browser import find_chromium
+    from harness.report.browser import find_chromium
 
     missing = []
     try:
@@ -205,7 +205,7 @@ def _browser_or_skip():
 
 def test_the_page_renders_in_a_real_browser(folder, tmp_path):
     _browser_or_skip()
-    from harness.rendering.browser import check_page
+    from harness.report.browser import check_page
 
     write_all(folder)
     shot = tmp_path / "report.png"
@@ -222,7 +222,7 @@ def test_the_page_renders_in_a_real_browser(folder, tmp_path):
 
 def test_a_broken_image_is_caught_by_the_browser_check(folder, tmp_path):
     _browser_or_skip()
-    from harness.rendering.browser import check_page
+    from harness.report.browser import check_page
 
     write_all(folder)
     page = folder / "report.html"

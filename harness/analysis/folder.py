@@ -1,7 +1,7 @@
 """One results folder analysed: its rows, read and normalized once, and every summary of them.
 
 :class:`Analysis` is what every reader is handed: the summary and ``report.html``
-(:mod:`harness.rendering.report`), the figures (:mod:`harness.rendering.plots`), the
+(:mod:`harness.report.summary`), the figures (:mod:`harness.rendering.plots`), the
 regression gate (:mod:`harness.regress.compare`), the paper tables (:mod:`harness.paper`)
 and the studies (:mod:`harness.studies`). None of them reads the store, normalizes rows or
 summarizes them on its own (``tests/test_analysis.py`` checks their source): they ask an

@@ -50,11 +50,11 @@ from harness.jobs.lifecycle import ModelJob, measured
 from harness.models.backends import make_backend
 from harness.models.catalog import ModelConfig, check_backend
 from harness.models.loading import check_before_start, check_runnable
-from harness.models.placement import plan as place
+from harness.models.placement import place
 from harness.prompts import sample_prompt
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
-from harness.rendering.report import write_all
+from harness.report.summary import write_all
 from harness.store import RunStore, check_layout, method_columns
 from harness.timing import flops, iteration_order
 from harness.types import Sample

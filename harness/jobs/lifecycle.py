@@ -123,7 +123,7 @@ def measured(row: dict[str, Any], fn: Callable[[], dict[str, Any]], hardware: st
 
 
 #: What a job kind refreshes once its rows are stored, given the results folder (the entry
-#: points pass :func:`harness.rendering.report.write_all`: the lifecycle does not render).
+#: points pass :func:`harness.report.summary.write_all`: the lifecycle does not render).
 Refresh = Callable[[Path], object]
 
 

@@ -57,7 +57,7 @@ from harness.models.backends import make_backend
 from harness.models.catalog import ModelConfig
 from harness.models.loading import check_before_start, check_runnable
 from harness.provenance import provenance
-from harness.rendering.report import write_all
+from harness.report.summary import write_all
 from harness.store import RunStore, check_layout, method_columns
 from specprefill.plan import Method
 

@@ -79,10 +79,10 @@ from harness.jobs import lifecycle as jobs
 from harness.jobs.lifecycle import ModelJob
 from harness.models.catalog import ModelConfig
 from harness.models.loading import check_before_start, check_runnable, vllm_model
-from harness.models.placement import plan as place
+from harness.models.placement import place
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
-from harness.rendering.report import write_all
+from harness.report.summary import write_all
 from harness.serving.front import FrontSettings
 from harness.serving.processes import SERVED_NAME, Servers, ServerStopped, log_tail, serving
 from harness.store import RunStore, check_layout, method_columns

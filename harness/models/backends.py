@@ -8,8 +8,7 @@ from hydra.errors import CompactHydraException
 
 from harness.models.catalog import ModelConfig, check_backend
 from harness.models.loading import LoadedModel, load, speculator_config, tokenizer_id, vllm_engine_args
-from harness.models.placement import Placement
-from harness.models.placement import plan as place
+from harness.models.placement import Placement, place
 from specprefill.backends import vllm as vllm_backend
 from specprefill.backends.transformers import TransformersBackend
 from specprefill.plan import Backend

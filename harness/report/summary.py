@@ -1,10 +1,10 @@
 """Summary tables and plots, read only from the results store (every kind of row).
 
-``python -m harness.rendering.report results/default`` rewrites, in that folder, ``summary.md``
+``python -m harness.report results/default`` rewrites, in that folder, ``summary.md``
 (one section per kind of row present: quality, latency, serving) with ``summary.csv``
 (quality), ``latency_summary.csv`` and ``qps_summary.csv``, the figures under
 ``<folder>/plots/`` (:mod:`harness.rendering.plots`) and ``report.html``, one self-contained page of
-all of it (:mod:`harness.rendering.html`). Every number comes from :mod:`harness.analysis`;
+all of it (:mod:`harness.report.html`). Every number comes from :mod:`harness.analysis`;
 this module and the renderers it calls only format and draw. Nothing here knows a method
 by name: ratios are taken against each row's ``reference_method`` (the config's
 ``reference``).
@@ -21,8 +21,8 @@ import pandas as pd
 
 from harness.analysis.folder import Analysis, analyze
 from harness.rendering import plots
-from harness.rendering.html import write_html
 from harness.rendering.tables import by_task_markdown, latency_markdown, numbers_md, speculator_note, to_markdown
+from harness.report.html import write_html
 
 
 @dataclass

@@ -8,7 +8,7 @@ folder is (or lies in) ``results/paper``, every failed or unsupported row groupe
 reason, jobs that failed as a whole, and each run's provenance (git SHA, versions,
 hardware, dtype, backend). No script runs on it.
 
-``make report out=<folder>`` writes it (``python -m harness.rendering.report <folder>``).
+``make report out=<folder>`` writes it (``python -m harness.report <folder>``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ console errors and uncaught page errors, any request that leaves the page's own 
 self-contained report makes none), whether every image decoded, which tables (by id) are
 on the page, and can save a full-page screenshot.
 
-``python -m harness.rendering.browser results/default/report.html --screenshot plots/reference/report.png``
+``python -m harness.report.browser results/default/report.html --screenshot plots/reference/report.png``
 prints the check and exits 1 when the page has errors or a broken image.
 """
 

@@ -1,187 +1,21 @@
-"""The transformers backend: every reach into model internals lives here.
-
-Written against ``transformers==5.19.0`` Llama-family models (``LlamaForCausalLM`` and
-architectures sharing its attention layout). ``tests/test_backend_transformers.py``
-fails when an upgrade changes what this module relies on:
-
-* ``LlamaAttention.forward`` receives ``hidden_states`` (post input-norm) and
-  ``position_embeddings=(cos, sin)`` as keyword arguments, and computes its query as
-  ``q_proj`` -> ``apply_rotary_pos_emb`` (no query norm): we recompute the query of the
-  rows we need from those inputs in a forward hook.
-* The ``DynamicCache`` stores post-RoPE keys at ``cache.layers[i].keys``
-  ``[batch, kv_heads, seq, d]``.
-* ``create_causal_mask`` treats non-contiguous ``position_ids`` *without* a cache and
-  *without* an attention mask as packed sequences (no attention across the gaps). We
-  always pass an explicit 2-D attention mask, so the kept tokens see each other; its
-  length is the cache's length plus the new tokens (a KV press may have shortened the
-  cache). A 4-D mask (``[batch, 1, q, kv]``, float, additive) is passed to attention as
-  is: a conversation's revived tokens, prefilled after later ones, attend by position
-  (:func:`position_mask`).
-* ``DynamicCache.crop(-n)`` drops the last n entries (a conversation's decoded tokens,
-  the speculator's look-ahead).
-* ``LlamaModel.forward`` no longer passes ``cache_position`` to the attention layers
-  (transformers 5.3 removed it); kvpress's hooks read it, so
-  :func:`cache_positions_restored` gives it back as 4.56-5.2 computed it.
+"""The transformers backend itself: a base model, its tokenizer and a speculator; prefill of a
+method's plans, decoding, scoring and a conversation's turns. What it relies on in
+transformers is listed in :mod:`specprefill.backends.transformers`.
 """
 
 from __future__ import annotations
 
-import copy
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
-from specprefill.flops import Shape, speculator_flops
+from specprefill.backends.transformers.capture import capture_batch
+from specprefill.backends.transformers.hooks import cache_size, early_exit_view, position_mask
 from specprefill.plan import Generation, Plan, SpeculatorCapture
 from specprefill.token_map import RULES, check_offsets
-
-TESTED_TRANSFORMERS = "5.19.0"
-
-
-def _rope(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    q_rot, _ = apply_rotary_pos_emb(q, q, cos, sin)
-    return q_rot
-
-
-def attention_layers(model: Any) -> list[Any]:
-    """The self-attention modules of a Llama-style ``*ForCausalLM``, in layer order."""
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is None:
-        raise TypeError(f"{type(model).__name__} has no .model.layers; only Llama-style decoders are supported")
-    n = getattr(inner, "config", model.config).num_hidden_layers
-    out = []
-    for layer in list(layers)[:n]:
-        attn = getattr(layer, "self_attn", None)
-        if attn is None or not hasattr(attn, "q_proj") or hasattr(attn, "q_norm"):
-            raise TypeError(
-                f"layer {type(layer).__name__} is not a Llama-style attention layer (q_proj, no q_norm); "
-                f"SpecPrefill's query capture supports Llama-family models with transformers=={TESTED_TRANSFORMERS}"
-            )
-        out.append(attn)
-    return out
-
-
-@contextmanager
-def capture_last_queries(model: Any) -> Iterator[list[list[torch.Tensor]]]:
-    """Record, for every forward of ``model``, each layer's post-RoPE query of the last row.
-
-    Yields ``captured[layer]``: a list with one ``[batch, heads, 1, d]`` tensor per forward.
-    Only the last row is recomputed (``q_proj`` of one token), so the cost is negligible.
-    """
-    layers = attention_layers(model)
-    captured: list[list[torch.Tensor]] = [[] for _ in layers]
-    handles = []
-
-    def make_hook(i: int) -> Any:
-        def hook(module: Any, args: tuple, kwargs: dict, output: object) -> None:
-            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            cos, sin = kwargs["position_embeddings"]
-            h = hidden[:, -1:, :]
-            b = h.shape[0]
-            q = module.q_proj(h).view(b, 1, -1, module.head_dim).transpose(1, 2)
-            captured[i].append(_rope(q, cos[:, -1:], sin[:, -1:]).detach())
-
-        return hook
-
-    try:
-        for i, attn in enumerate(layers):
-            handles.append(attn.register_forward_hook(make_hook(i), with_kwargs=True))
-        yield captured
-    finally:
-        for h in handles:
-            h.remove()
-
-
-@contextmanager
-def cache_positions_restored(model: Any) -> Iterator[None]:
-    """Give every attention layer of ``model`` the ``cache_position`` keyword transformers
-    4.56-5.2 passed (``arange(past, past + q_len)``, ``past`` the cache's length before the
-    forward), for hooks written against those versions (kvpress's presses). A forward
-    pre-hook on the decoder stack reads the cache's length; one on each attention layer
-    adds the keyword where the caller gave none. Removed on exit."""
-    inner = model.model
-    past = [0]
-
-    def stack_pre(module: Any, args: tuple, kwargs: dict) -> None:
-        cache = kwargs.get("past_key_values")
-        past[0] = int(cache.get_seq_length()) if cache is not None else 0
-
-    def attn_pre(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        if kwargs.get("cache_position") is not None:
-            return None
-        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-        kwargs["cache_position"] = torch.arange(past[0], past[0] + hidden.shape[1], device=hidden.device)
-        return args, kwargs
-
-    handles = [inner.register_forward_pre_hook(stack_pre, with_kwargs=True)]
-    try:
-        for attn in attention_layers(model):
-            handles.append(attn.register_forward_pre_hook(attn_pre, with_kwargs=True))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def cache_size(cache: Any) -> tuple[int, int]:
-    """(tokens held, the most over layers; bytes of keys and values over all layers) of a
-    ``DynamicCache``."""
-    tokens, nbytes = 0, 0
-    for layer in cache.layers:
-        for t in (layer.keys, layer.values):
-            if isinstance(t, torch.Tensor) and t.numel():
-                nbytes += t.numel() * t.element_size()
-        if isinstance(layer.keys, torch.Tensor) and layer.keys.dim() == 4:
-            tokens = max(tokens, int(layer.keys.shape[2]))
-    return tokens, nbytes
-
-
-def early_exit_view(base: Any, num_layers: int) -> Any:
-    """The base model's first ``num_layers`` layers + final norm + LM head, sharing weights.
-
-    No parameter is copied: the view holds the same modules. Its look-ahead tokens come
-    from early-exit logits (final norm and LM head applied after layer ``num_layers``).
-    """
-    total = base.config.num_hidden_layers
-    if not 1 <= num_layers <= total:
-        raise ValueError(f"self_layers:{num_layers} is invalid for a {total}-layer base; allowed: 1..{total}")
-    cfg = copy.deepcopy(base.config)
-    cfg.num_hidden_layers = num_layers
-    inner = copy.copy(base.model)
-    inner._modules = dict(base.model._modules)
-    inner.layers = nn.ModuleList(list(base.model.layers)[:num_layers])
-    inner.config = cfg
-    view = copy.copy(base)
-    view._modules = dict(base._modules)
-    view.model = inner
-    view.config = cfg
-    return view
-
-
-def position_mask(cached: torch.Tensor, new: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The attention mask for prefilling tokens at positions ``new`` into a cache holding
-    positions ``cached`` (in cache order): query i may attend key j iff key j's position
-    <= query i's. When every new position follows the cache, in order, that is the causal
-    mask, returned in its fast form (the 2-D all-ones mask transformers turns into it);
-    otherwise a float ``[1, 1, q, cached + q]`` additive mask (0 or the dtype's
-    minimum), which transformers passes to attention as is."""
-    q = int(new.numel())
-    last = int(cached.max()) if cached.numel() else -1
-    if q and int(new[0]) > last and bool((new[1:] > new[:-1]).all()):
-        return torch.ones(1, int(cached.numel()) + q, dtype=torch.long)
-    keys = torch.cat([cached, new])
-    allowed = keys.unsqueeze(0) <= new.unsqueeze(1)  # [q, cached + q]
-    mask = torch.zeros(allowed.shape, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
 
 
 @dataclass
@@ -294,131 +128,12 @@ class TransformersBackend:
     def _capture_batch(
         self, model: Any, input_ids: torch.Tensor | Sequence[torch.Tensor], lookahead: int, cache: Any = None
     ) -> list[SpeculatorCapture]:
-        """Prefill ``model`` on B prompts at once (``[B, N]``, or B ``[n_i]`` tensors) and decode
-        ``lookahead - 1`` greedy tokens per prompt, capturing what SpecPrefill scores with.
-
-        Equal lengths: one (chunked) prefill of ``[B, N]``, whose last column is every
-        prompt's last token, where the query hook looks. Unequal lengths: each prompt's first
-        n_i - 1 tokens are prefilled right-padded to M = max n_i - 1 columns, at positions
-        0..M-1, with no padding mask: the padding comes after every real token of its row, so
-        causal attention already keeps it out of the real tokens, and SDPA keeps its fast
-        causal path (a left-padding mask costs ~30% more on CPU and the flash/GQA kernels on
-        GPU). Then every prompt's last token runs in one single-token step at its own position
-        n_i - 1, its 2-D mask showing it its own n_i - 1 tokens only: that step's query is the
-        captured one. No query ever has nothing to attend to, so the padding cannot make NaNs;
-        the last logits are checked finite anyway. Look-ahead token j of row i is decoded at
-        position n_i + j. Returns per row: ``queries`` ``[layers, heads, L, d]`` (last prompt
-        token, then the look-ahead tokens), ``keys`` ``[layers, kv_heads, n_i, d]`` (the
-        row's own prompt tokens only, padding and look-ahead excluded).
-
-        ``cache``: a cache already holding earlier tokens of one prompt (a conversation's, at
-        positions 0..P-1): the B = 1 prompt is its continuation, prefilled at P.., the keys
-        are every cached token's and the new ones', and the look-ahead tokens are dropped from
-        the cache afterwards."""
-        from transformers import DynamicCache
-
-        if isinstance(input_ids, torch.Tensor):
-            if input_ids.dim() != 2:
-                raise ValueError(f"input_ids of shape {tuple(input_ids.shape)}; allowed: [B, N] or a list of [n_i]")
-            rows = list(input_ids.unbind(0))
-        else:
-            rows = list(input_ids)
-        if not rows or any(r.dim() != 1 or r.shape[0] < 1 for r in rows):
-            raise ValueError(
-                f"prompt shapes {[tuple(r.shape) for r in rows]}; allowed: one or more 1-D prompts of >= 1 token"
-            )
-        vocab = model.get_input_embeddings().num_embeddings
-        if max(int(r.max()) for r in rows) >= vocab:  # another family's ids would index garbage, or crash
-            raise ValueError(
-                f"token ids up to {max(int(r.max()) for r in rows)} for a model of {vocab} embeddings: the ids come "
-                f"from another tokenizer; a speculator from another family needs its own tokenizer "
-                f"(TransformersBackend(speculator_tokenizer=...))"
-            )
-        lengths = [int(r.shape[0]) for r in rows]
-        b, n = len(rows), max(lengths)
-        if cache is not None and b != 1:
-            raise ValueError(f"a batch of {b} prompts with an existing cache; allowed: one prompt continuing it")
-        past = int(cache.get_seq_length()) if cache is not None else 0
-        shape = Shape.of(model.config)
-        self.method_flops += sum(speculator_flops(shape, past + k, lookahead) for k in lengths)  # padding not counted
-        if past:  # what the cache holds was read before
-            self.method_flops -= speculator_flops(shape, past, 1)
-        ragged = min(lengths) != n
-        m = n - 1 if ragged else n  # prefilled columns
-        ids = torch.zeros(b, m, dtype=torch.int64)  # [B, M]: row i's first n_i - 1 tokens, then padding
-        for i, r in enumerate(rows):
-            ids[i, : lengths[i] - 1 if ragged else n] = r[:-1] if ragged else r
-        ids = ids.to(self.device)
-        lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)  # [B]
-        mask = torch.ones(b, past + m, dtype=torch.int64, device=self.device)  # nothing to hide in the prefill
-        kept_cache = cache is not None
-        cache = cache if kept_cache else DynamicCache(config=model.config)
-        generated: list[list[int]] = [[] for _ in range(b)]
-        chunk = self.prefill_chunk or m
-        with capture_last_queries(model) as captured:
-            for start in range(0, m, chunk):
-                end = min(m, start + chunk)
-                for per_layer in captured:  # only the prompt's last row (the last chunk's) counts
-                    per_layer.clear()
-                out = model(
-                    input_ids=ids[:, start:end],
-                    position_ids=torch.arange(past + start, past + end, device=self.device)
-                    .unsqueeze(0)
-                    .expand(b, end - start),
-                    attention_mask=mask[:, : past + end],
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-            if ragged:  # the last tokens: [B, 1] at positions n_i - 1, each seeing its row's n_i - 1 tokens and itself
-                for per_layer in captured:
-                    per_layer.clear()
-                own = torch.arange(m, device=self.device).unsqueeze(0) < (lens - 1).unsqueeze(1)  # [B, M]
-                mask = torch.cat([own.to(torch.int64), mask.new_ones(b, 1)], dim=1)
-                last = torch.stack([r[-1] for r in rows]).to(self.device)
-                out = model(
-                    input_ids=last.unsqueeze(1),
-                    position_ids=(lens - 1).unsqueeze(1),
-                    attention_mask=mask,
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-            if not bool(torch.isfinite(out.logits[:, -1]).all()):
-                bad = (~torch.isfinite(out.logits[:, -1])).any(-1).nonzero().flatten().tolist()
-                raise FloatingPointError(
-                    f"the speculator gave non-finite logits for the prompts of {[lengths[i] for i in bad]} tokens "
-                    f"(batch rows {bad}): an overflow in {next(model.parameters()).dtype}?"
-                )
-            # Keys of the prompt only (later look-ahead steps append to the cache), gathered on the first
-            # device when the model's layers are spread over several: [B, layers, kv_heads, M (+1), d].
-            p = m + 1 if ragged else n
-            keys = torch.stack([layer.keys[:, :, : past + p, :].to(self.device) for layer in cache.layers], dim=1)  # type: ignore[union-attr,index]
-            for step in range(lookahead - 1):
-                nxt = out.logits[:, -1].argmax(-1)  # [B]
-                for row, t in zip(generated, nxt.tolist(), strict=True):
-                    row.append(int(t))
-                mask = torch.cat([mask, mask.new_ones(b, 1)], dim=1)
-                out = model(
-                    input_ids=nxt.unsqueeze(1),
-                    position_ids=(lens + past + step).unsqueeze(1),
-                    attention_mask=mask,
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-        if kept_cache and lookahead > 1:  # the look-ahead tokens leave a kept cache
-            cache.crop(-(lookahead - 1))
-        queries = torch.stack(
-            [torch.cat([q.to(self.device) for q in per_layer], dim=2) for per_layer in captured], dim=1
-        )  # [B, layers, H, L, d]
+        """:func:`~specprefill.backends.transformers.capture.capture_batch` on this backend's
+        device and chunking, its FLOPs counted in :attr:`method_flops`."""
+        captures, flops = capture_batch(model, input_ids, lookahead, self.device, self.prefill_chunk, cache)
+        self.method_flops += flops
         self._sync()
-        if not ragged:
-            return [SpeculatorCapture(queries[i], keys[i], generated[i]) for i in range(b)]
-        return [  # row i's keys: its first n_i - 1 columns and its last token's (column M)
-            SpeculatorCapture(queries[i], torch.cat([keys[i, :, :, : k - 1], keys[i, :, :, m:]], dim=2), generated[i])
-            for i, k in enumerate(lengths)
-        ]
+        return captures
 
     @torch.inference_mode()
     def prefill(self, plans: Sequence[Plan], decode_tokens: int = 0) -> float:

@@ -1,0 +1,3 @@
+from harness.report.summary import main
+
+main()
