@@ -97,14 +97,25 @@ class LegacyCacheLM(torch.nn.Module):
         self.model = model
         self.config: Any = model.config
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                past_key_values: Any = None, use_cache: bool = True, **kwargs: Any) -> Any:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        use_cache: bool = True,
+        **kwargs: Any,
+    ) -> Any:
         from transformers.cache_utils import Cache, DynamicCache
 
         if past_key_values is not None and not isinstance(past_key_values, Cache):
             past_key_values = DynamicCache(ddp_cache_data=[(k, v) for k, v in past_key_values], config=self.config)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
-                         use_cache=use_cache, **kwargs)  # fmt: skip
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            **kwargs,
+        )
         if isinstance(out.past_key_values, Cache):
             out.past_key_values = [(layer.keys, layer.values) for layer in out.past_key_values.layers]  # type: ignore[union-attr]
         return out
@@ -144,8 +155,12 @@ def compressor(model_path: str, llmlingua2: bool, dtype: str = "bfloat16") -> An
     if llmlingua2:
         check_llmlingua2_model(model_path)
     try:
-        pc = PromptCompressor(model_name=model_path, device_map=device, use_llmlingua2=llmlingua2,
-                              model_config={"trust_remote_code": False, "torch_dtype": getattr(torch, dtype)})  # fmt: skip
+        pc = PromptCompressor(
+            model_name=model_path,
+            device_map=device,
+            use_llmlingua2=llmlingua2,
+            model_config={"trust_remote_code": False, "torch_dtype": getattr(torch, dtype)},
+        )
     except OSError as e:  # hub id without network, or a folder that is not there
         raise RuntimeError(
             f"{'llmlingua2' if llmlingua2 else 'llmlingua'} needs the model {model_path!r}, which could not be "

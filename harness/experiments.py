@@ -144,7 +144,7 @@ def gpu_hours(v: Variant) -> float | None:
     )
 
 
-def plan_text(exp: Experiment, variant: str, out: Path, kind: str = "experiment") -> str:
+def describe(exp: Experiment, variant: str, out: Path, kind: str = "experiment") -> str:
     """What a run of the variant does: its GPUs, the GPU-hours estimate, each command line and
     each command that cannot run with its reason."""
     v = variant_of(exp, variant)
@@ -182,7 +182,7 @@ def run(name: str, variant: str, dry_run: bool, root: Path = RESULTS) -> int:
         raise SystemExit(f"experiment {name!r} is a paper table: make paper table={name.removeprefix(PAPER_PREFIX)}")
     exp = load(name)
     out = root / exp.name / variant
-    print(plan_text(exp, variant, out), flush=True)
+    print(describe(exp, variant, out), flush=True)
     return 1 if run_commands(exp, variant, out, dry_run) else 0
 
 

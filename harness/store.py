@@ -163,7 +163,7 @@ class EvalRecord(RunRecord):
     kv_tokens: int | None = None
     kv_bytes: int | None = None
     #: A conversation's turn (a multi-turn benchmark; None elsewhere): its index from 1, the
-    #: method's policy over turns (:mod:`specprefill.multiturn`), the tokens the base
+    #: method's policy over turns (:mod:`specprefill.conversation`), the tokens the base
     #: prefilled this turn and those of them revived from earlier turns. On these rows
     #: ``prompt_tokens`` is the conversation so far and ``kept_tokens`` what the base holds.
     turn: int | None = None

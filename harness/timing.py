@@ -114,8 +114,11 @@ def _cpu_mhz(cpus: set[int]) -> float | None:
             now.append(int(f.read_text()) / 1000)
     if not now:
         with contextlib.suppress(OSError):
-            now = [float(x.split(":")[1]) for x in Path("/proc/cpuinfo").read_text().splitlines()
-                   if x.startswith("cpu MHz")]  # fmt: skip
+            now = [
+                float(x.split(":")[1])
+                for x in Path("/proc/cpuinfo").read_text().splitlines()
+                if x.startswith("cpu MHz")
+            ]
     return sum(now) / len(now) if now else None
 
 

@@ -108,7 +108,7 @@ class SpecPrefill(Method):
 @dataclass(frozen=True)
 class SpecPrefillFrozen(SpecPrefill):
     """SpecPrefill over a conversation with turn 1's selection frozen: later turns append
-    their new tokens whole (:mod:`specprefill.multiturn`, policy ``frozen``). On one prompt
+    their new tokens whole (:mod:`specprefill.conversation`, policy ``frozen``). On one prompt
     it is SpecPrefill."""
 
     turn_policy: ClassVar[str | None] = "frozen"
@@ -119,7 +119,7 @@ class SpecPrefillFrozen(SpecPrefill):
 class SpecPrefillRevival(SpecPrefill):
     """SpecPrefill over a conversation with KV revival: the speculator re-scores the whole
     conversation for each new question and the base prefills the newly selected earlier
-    tokens at their original positions, then the new turn (:mod:`specprefill.multiturn`,
+    tokens at their original positions, then the new turn (:mod:`specprefill.conversation`,
     policy ``revival``). On one prompt it is SpecPrefill."""
 
     turn_policy: ClassVar[str | None] = "revival"

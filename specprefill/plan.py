@@ -214,7 +214,7 @@ class Method(ABC):
     #: Whether the method reads the base model's own attention (``Backend.base_capture``:
     #: GemFilter), which only a backend holding the base in this process exposes.
     reads_base: ClassVar[bool] = False
-    #: How the method carries over a conversation's turns (:mod:`specprefill.multiturn`:
+    #: How the method carries over a conversation's turns (:mod:`specprefill.conversation`:
     #: ``prefix_cache``, ``reselect``, ``frozen``, ``revival``); None: no multi-turn form.
     turn_policy: ClassVar[str | None] = None
 

@@ -307,7 +307,7 @@ LIST_COMMA = [
 
 @pytest.mark.parametrize("config,typed,runs", LIST_COMMA, ids=[f"{c} {t}" for c, t, _ in LIST_COMMA])
 def test_the_comma_form_of_a_list_valued_key_is_the_list(config, typed, runs):
-    from harness.cli import checked_overrides
+    from harness.command_line import checked_overrides
 
     assert checked_overrides(config, [typed], compose_check=False) == [runs]
     # an explicit sweep of lists stays a sweep (each job one list), and so does any other key's comma list
@@ -317,7 +317,7 @@ def test_the_comma_form_of_a_list_valued_key_is_the_list(config, typed, runs):
 
 @pytest.mark.parametrize("typed", ["grid=[1,256],[1,512]", "grid=1,256"])
 def test_the_comma_form_of_a_grid_is_refused_in_one_line(typed):
-    from harness.cli import checked_overrides
+    from harness.command_line import checked_overrides
 
     with pytest.raises(ValueError, match=r"a comma list is a sweep .* allowed: 'grid=\[\[1,256\]") as e:
         checked_overrides("latency", [typed], compose_check=False)
@@ -330,7 +330,7 @@ def test_every_list_valued_key_of_every_entry_point_is_known():
     """A list-valued key added later must be given a comma rule (LIST_KEYS or POINT_LIST_KEYS)."""
     from omegaconf import DictConfig, ListConfig
 
-    from harness.cli import LIST_KEYS, POINT_LIST_KEYS
+    from harness.command_line import LIST_KEYS, POINT_LIST_KEYS
 
     def lists(node, prefix=""):
         for k in node:
@@ -424,7 +424,7 @@ HYDRA_REFUSALS = [
 def test_what_hydra_refuses_is_one_line_naming_the_key_and_what_is_allowed(args, line):
     import re
 
-    from harness.cli import checked_overrides
+    from harness.command_line import checked_overrides
 
     with pytest.raises(ValueError) as e:
         checked_overrides("config", args)

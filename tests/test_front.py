@@ -183,7 +183,7 @@ def test_planner_batch_of_unequal_prompts_plans_each_as_alone(tiny_llama):
 
 
 def test_the_fronts_speculator_is_chunked_as_placement_planned():
-    """The front builds its speculator where the vLLM backend does (harness.models.backends), so it
+    """The front builds its speculator where the vLLM backend does (harness.models.factory), so it
     prefills model.speculator_chunk tokens at a time: the memory placement planned for it."""
     import dataclasses
 

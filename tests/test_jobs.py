@@ -60,7 +60,7 @@ class FakeJob:
     def config(self):
         return {"kind": "fake"}
 
-    def plan_text(self):
+    def describe(self):
         return "plan"
 
     @contextlib.contextmanager

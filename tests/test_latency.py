@@ -359,7 +359,7 @@ def test_several_methods_share_one_reference_and_one_aa_check(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     job = _lat(tmp_path, "method=specprefill", "also=[truncate,random]", "grid=[[1,96]]", "warmup=1", "iters=4")
     assert [n for n, _ in job.timed] == ["full", "aa_check", "specprefill", "truncate", "random"]
-    assert "truncate" in job.plan_text() and job.folder != _lat(tmp_path, "method=specprefill").folder
+    assert "truncate" in job.describe() and job.folder != _lat(tmp_path, "method=specprefill").folder
     rows = RunStore(lat.execute(job)).read()
     assert len(rows) == 5 * 5 and set(rows["keep_rate"].dropna()) == {0.3}
     for _, it in rows.groupby("iteration"):
@@ -434,7 +434,7 @@ def test_dry_run_plans_without_loading(monkeypatch, tmp_path):
     monkeypatch.setattr(models, "load_tokenizer", boom)
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="latency", overrides=["model=synth8b", "grid=[[4,131072],[128,4096]]"])
-    text = lat.prepare(lat.LatencyConfig.from_hydra(cfg)).plan_text()
+    text = lat.prepare(lat.LatencyConfig.from_hydra(cfg)).describe()
     assert "synth8b" in text and "batch=4 length=131072" in text and "batch=128 length=4096" in text
     assert "GiB" in text and "full {} vs specprefill" not in text and "specprefill" in text
 

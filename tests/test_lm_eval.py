@@ -156,8 +156,8 @@ def test_lm_eval_folder_depends_on_the_tasks_and_the_method(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_lm():
     from harness.lm_eval.model import SpecPrefillLM
-    from harness.models.backends import make_backend
     from harness.models.catalog import model_config
+    from harness.models.factory import make_backend
     from specprefill import SpecPrefill
 
     model = model_config("tiny-random")

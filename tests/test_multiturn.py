@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from harness.analysis.folder import analyze_rows
 from harness.registry import build_method
 from specprefill.backends.transformers import TransformersBackend, position_mask
-from specprefill.multiturn import ConversationRun, check_multiturn
+from specprefill.conversation import ConversationRun, check_multiturn
 from specprefill.plan import Prompt, full_plan
 from tests.conftest import CharTokenizer
 
@@ -348,7 +348,7 @@ def test_policies_run_turn_by_turn_in_one_job_side_by_side(tmp_path, monkeypatch
     policies = ["specprefill_frozen", "specprefill_revival"]
     job = prepare(EvalConfig.from_hydra(_cfg("method=full", f"also=[{','.join(policies)}]", "keep=0.25", *common,
                                             f"out={tmp_path / 'together'}")))  # fmt: skip
-    assert "specprefill_revival" in job.plan_text()
+    assert "specprefill_revival" in job.describe()
     df = pd.read_parquet(execute(job) / "rows.parquet")
     assert len(df) == 2 * 4 * 3 and set(df["status"]) == {"ok"} and set(df["method"]) == {"full", *policies}
     for _, turn in df.groupby(["unit", "turn"]):

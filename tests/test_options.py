@@ -164,11 +164,11 @@ def test_every_field_of_every_model_benchmark_and_job_schema_is_declared():
 
 def _front_door(config_name: str, module: str, overrides: list[str]) -> None:
     """What a command line goes through before anything loads: the override check
-    (:func:`harness.cli.checked_overrides`, Hydra's refusals in one line), Hydra's
+    (:func:`harness.command_line.checked_overrides`, Hydra's refusals in one line), Hydra's
     composition, then the job's ``validate``."""
     import importlib
 
-    from harness.cli import checked_overrides
+    from harness.command_line import checked_overrides
 
     overrides = checked_overrides(config_name, overrides)  # composes in its own Hydra context
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):

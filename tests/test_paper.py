@@ -188,7 +188,7 @@ def test_a_command_that_cannot_run_in_its_table_is_named_not_launched_and_not_co
     counted = dataclasses.replace(v, commands=[dataclasses.replace(c, cannot_run="") for c in v.commands])
     alone = dataclasses.replace(v, commands=[c for c in v.commands if not c.cannot_run])
     assert experiments.gpu_hours(v) == experiments.gpu_hours(alone) < experiments.gpu_hours(counted)
-    text = cli.plan_text(exp, "paper", tmp_path)
+    text = cli.describe(exp, "paper", tmp_path)
     assert f"minference: cannot run in this table (not launched, no GPU-hours counted): {mi.cannot_run}" in text
     assert f"{experiments.gpu_hours(v):.1f} GPU-hours" in text
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -304,16 +304,16 @@ def test_decode_budget_and_rows_keep_to_the_engines_window(monkeypatch):
 
 def test_the_planned_window_and_share_reach_the_engine(monkeypatch):
     import specprefill.backends.vllm as vllm_backend
-    from harness.models import backends
+    from harness.models import factory
     from harness.models import loading as models
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     p = place(model_config("llama405b"), "vllm", True, 65536 + 128 + 256)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the engine arguments of a GPU run
-    monkeypatch.setattr(backends, "load", lambda model, with_base=True: models.LoadedModel(model, None, None, None))
+    monkeypatch.setattr(factory, "load", lambda model, with_base=True: models.LoadedModel(model, None, None, None))
     monkeypatch.setattr(models, "vllm_model", lambda cfg: (cfg.path, "auto"))
     seen: dict = {}
     monkeypatch.setattr(vllm_backend, "VLLMBackend", lambda **kw: seen.update(kw) or "engine")
-    assert backends.make_backend(model_config("llama405b"), "vllm", True, p) == "engine"
+    assert factory.make_backend(model_config("llama405b"), "vllm", True, p) == "engine"
     assert seen["max_model_len"] == p.max_model_len == 65536 + 128 + 256
     assert seen["gpu_memory_utilization"] == p.gpu_memory_utilization

@@ -219,9 +219,9 @@ def test_the_server_command_disables_prefix_caching(monkeypatch, tmp_path):
 def test_dry_run_prints_the_plan_and_starts_nothing(capsys):
 
     job = prepare(_cfg("method=specprefill", "keep=0.1"))
-    text = job.plan_text()
+    text = job.describe()
     assert "a specprefill front" in text and "poisson" in text and "qps-specprefill-" in text
-    assert "front" not in prepare(_cfg("method=full")).plan_text().split(";")[0]
+    assert "front" not in prepare(_cfg("method=full")).describe().split(";")[0]
 
 
 @pytest.mark.slow
@@ -351,8 +351,8 @@ def test_a_server_that_dies_mid_rate_stops_the_run_cleanly_and_the_rate_is_measu
 def test_a_served_engine_without_the_position_hook_is_refused(tmp_path, monkeypatch):
     """`vllm serve` answering the canary the same at any positions (no hook, or Model Runner
     V2) is refused in one line before any rate runs; one that moves with them is recorded."""
-    from harness.models.backends import EngineRefused
     from harness.models.catalog import model_config
+    from harness.models.factory import EngineRefused
 
     log = tmp_path / "vllm_serve.log"
     log.write_text("INFO ... Using V2 Model Runner\n")

@@ -63,7 +63,7 @@ def test_replica_on_vllm_with_two_cpu_ranks_equals_transformers(smollm2_tokenize
     processes) equals the transformers backend's, at keep 1.0 and 0.3 (original positions)."""
     import dataclasses
 
-    from harness.models.backends import make_backend
+    from harness.models.factory import make_backend
     from specprefill import FullPrefill, Prompt, SpecPrefill
 
     cfg = model_config("llama70b-replica", max_context=2048)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.models import backends, loading, transports
+from harness.models import factory, loading, transports
 from harness.models.catalog import model_config
 from harness.models.transports import Transport
 
@@ -125,11 +125,11 @@ def test_a_model_not_fetched_fails_before_anything_loads(tmp_path, monkeypatch):
 def test_a_speculator_from_another_family_is_refused_on_vllm(monkeypatch):
     cfg = model_config("qwen2.5-coder-1.5b", speculator="model:smollm2-135m")
     fake = loading.LoadedModel(cfg, None, object(), object(), speculator_tokenizer=object())
-    monkeypatch.setattr(backends, "load", lambda model, with_base=True: fake)
+    monkeypatch.setattr(factory, "load", lambda model, with_base=True: fake)
     with pytest.raises(
         ValueError, match=r"another tokenizer than model 'qwen2.5-coder-1.5b': .* backend=transformers only"
     ):
-        backends.speculator_backend(cfg)
+        factory.speculator_backend(cfg)
 
 
 def test_the_dry_run_names_the_transport_and_a_model_speculator_on_the_cpu():

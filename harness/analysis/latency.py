@@ -67,14 +67,52 @@ from harness.analysis.rows import AA_METHOD, LATENCY_POINT, normalize
 from harness.analysis.stats import MIN_PAIRS, Estimate, paired_ratio_ci
 
 COLUMNS = [
-    "model", "backend", "prompt_source", "batch", "length", "method", "keep_rate", "n", "pairs", "failed",
-    "ttft_median_s", "ttft_p90_s", "ttft_p99_s", "method_median_s", "base_prefill_median_s", "kept_fraction",
-    "speedup", "speedup_lo", "speedup_hi", "ideal_speedup", "ideal_ttft_s", "efficiency", "ideal_engine_speedup",
-    "efficiency_engine", "aa_speedup",
-    "aa_speedup_lo", "aa_speedup_hi", "aa_ok", "anomaly", "loaded", "foreign_cpu", "loadavg_1m", "flags",
-    "comparable", "kv_mib", "decode_s_per_token", "e2e_speedup", "e2e_speedup_lo", "e2e_speedup_hi", "reference",
-    "is_reference", "method_name", "speculator", "dtype", "method_options",
-]  # fmt: skip
+    "model",
+    "backend",
+    "prompt_source",
+    "batch",
+    "length",
+    "method",
+    "keep_rate",
+    "n",
+    "pairs",
+    "failed",
+    "ttft_median_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "method_median_s",
+    "base_prefill_median_s",
+    "kept_fraction",
+    "speedup",
+    "speedup_lo",
+    "speedup_hi",
+    "ideal_speedup",
+    "ideal_ttft_s",
+    "efficiency",
+    "ideal_engine_speedup",
+    "efficiency_engine",
+    "aa_speedup",
+    "aa_speedup_lo",
+    "aa_speedup_hi",
+    "aa_ok",
+    "anomaly",
+    "loaded",
+    "foreign_cpu",
+    "loadavg_1m",
+    "flags",
+    "comparable",
+    "kv_mib",
+    "decode_s_per_token",
+    "e2e_speedup",
+    "e2e_speedup_lo",
+    "e2e_speedup_hi",
+    "reference",
+    "is_reference",
+    "method_name",
+    "speculator",
+    "dtype",
+    "method_options",
+]
 
 #: The A/A check fails when its interval excludes 1.0 and its value is further than this from
 #: 1.0: a 95 % interval excludes the truth once in twenty runs, and a 2 % order effect on a
@@ -197,8 +235,9 @@ def _flags(entry: dict[str, Any], pair_rows: pd.DataFrame, all_rows: pd.DataFram
     entry["anomaly"] = words
     if words:
         flags.append(words)
-    aa = Estimate(entry.get("aa_speedup", math.nan), entry.get("aa_speedup_lo", math.nan),
-                  entry.get("aa_speedup_hi", math.nan), 0)  # fmt: skip
+    aa = Estimate(
+        entry.get("aa_speedup", math.nan), entry.get("aa_speedup_lo", math.nan), entry.get("aa_speedup_hi", math.nan), 0
+    )
     if np.isfinite(aa.value):
         entry["aa_ok"] = not aa_fails(aa)
         if not entry["aa_ok"]:
@@ -246,24 +285,18 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
         item = dict(zip([*LATENCY_POINT, "label", "is_reference"], key, strict=True))
         good = g[g["status"] == "ok"]
         entry: dict[str, Any] = {k: item[k] for k in LATENCY_POINT}
-        entry.update(method=item["label"], method_name=item["method"], n=len(good),
-                     failed=int((g["status"] != "ok").sum()), reference=item["reference_method"],
-                     is_reference=bool(item["is_reference"]))  # fmt: skip
+        entry.update(
+            method=item["label"],
+            method_name=item["method"],
+            n=len(good),
+            failed=int((g["status"] != "ok").sum()),
+            reference=item["reference_method"],
+            is_reference=bool(item["is_reference"]),
+        )
         if good.empty:
             out.append(entry)
             continue
-        st = _stats(good["ttft_s"])
-        entry.update(
-            ttft_median_s=st["median"], ttft_p90_s=st["p90"], ttft_p99_s=st["p99"],
-            method_median_s=float(good["method_s"].median()), base_prefill_median_s=float(good["base_prefill_s"].median()),
-            kept_fraction=float(good["kept_fraction"].mean()),
-            kv_mib=float(pd.to_numeric(good.get("kv_bytes"), errors="coerce").median()) / 2**20
-            if "kv_bytes" in good else float("nan"),
-        )  # fmt: skip
-        if decoded and pd.to_numeric(good.get("decode_s"), errors="coerce").notna().any():
-            entry["decode_s_per_token"] = float(
-                (pd.to_numeric(good["decode_s"], errors="coerce") / pd.to_numeric(good["decode_tokens"])).median()
-            )
+        entry.update(_timings(good, decoded))
         runs = [k for k in good.groupby(by_run).groups if k in refs]
         if item["is_reference"]:
             entry.update(speedup=1.0, ideal_speedup=1.0, efficiency=1.0, comparable=True, flags="", anomaly="")
@@ -272,8 +305,9 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
             entry.update(load_of(good))
             out.append(entry)
             continue
-        per_run = {k: run_speedup(refs[k], _by_iteration(gr, gr["ttft_s"])) for k, gr in good.groupby(by_run)
-                   if k in refs}  # fmt: skip
+        per_run = {
+            k: run_speedup(refs[k], _by_iteration(gr, gr["ttft_s"])) for k, gr in good.groupby(by_run) if k in refs
+        }
         e = point_speedup(list(per_run.values()))
         ideal = float(good["ideal_speedup"].median())
         entry["ideal_speedup"] = ideal
@@ -284,10 +318,9 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
                 a = aa[run]
                 entry.update(aa_speedup=a.value, aa_speedup_lo=a.lo, aa_speedup_hi=a.hi)
         if "decode_s_per_token" in entry:
-            e2e = point_speedup([
-                run_speedup(ref_e2e[k], _by_iteration(gr, _e2e(gr)))
-                for k, gr in good.groupby(by_run) if k in ref_e2e
-            ])  # fmt: skip
+            e2e = point_speedup(
+                [run_speedup(ref_e2e[k], _by_iteration(gr, _e2e(gr))) for k, gr in good.groupby(by_run) if k in ref_e2e]
+            )
             if e2e is not None:
                 entry.update(e2e_speedup=e2e.value, e2e_speedup_lo=e2e.lo, e2e_speedup_hi=e2e.hi)
         on_two = _num(good, "speculator_flop_rate").notna().any() and _num(good, "flops_speculator").gt(0).any()
@@ -301,10 +334,35 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
         pair_rows = pd.concat([good, *(ref_rows[k] for k in runs)])
         _flags(entry, pair_rows, pd.concat([all_by_run[k] for k in runs]) if runs else g)
         out.append(entry)
-    df = pd.DataFrame(out).reindex(columns=COLUMNS)
+    return _with_ideal_ttft(pd.DataFrame(out).reindex(columns=COLUMNS))
+
+
+def _timings(good: pd.DataFrame, decoded: bool) -> dict[str, Any]:
+    """A point's ok timed rows: TTFT median/p90/p99, the method's own and the base's
+    prefill medians, the kept fraction, the KV held and, where decoded, time per token."""
+    st = _stats(good["ttft_s"])
+    kv = pd.to_numeric(good["kv_bytes"], errors="coerce").median() / 2**20 if "kv_bytes" in good else math.nan
+    out: dict[str, Any] = {
+        "ttft_median_s": st["median"],
+        "ttft_p90_s": st["p90"],
+        "ttft_p99_s": st["p99"],
+        "method_median_s": float(good["method_s"].median()),
+        "base_prefill_median_s": float(good["base_prefill_s"].median()),
+        "kept_fraction": float(good["kept_fraction"].mean()),
+        "kv_mib": float(kv),
+    }
+    if decoded and pd.to_numeric(good.get("decode_s"), errors="coerce").notna().any():
+        out["decode_s_per_token"] = float(
+            (pd.to_numeric(good["decode_s"], errors="coerce") / pd.to_numeric(good["decode_tokens"])).median()
+        )
+    return out
+
+
+def _with_ideal_ttft(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with empty flags as "" and the ideal TTFT: the reference's median at the
+    point over the method's ideal speedup."""
     df["anomaly"] = df["anomaly"].fillna("")
     df["flags"] = df["flags"].fillna("")
-    # the ideal TTFT: the reference's median at the point over the method's ideal speedup
     at = ["model", "backend", "dtype", "prompt_source", "batch", "length", "reference"]
     ref = df[df["is_reference"].astype(bool)].groupby(at, dropna=False)["ttft_median_s"].first()
     base = ref.reindex(pd.MultiIndex.from_frame(df[at])).to_numpy(dtype=float)

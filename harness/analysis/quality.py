@@ -61,7 +61,7 @@ e2e_s          macro mean of ``ttft_s + max_new_tokens * decode_s / output_token
                rate over the whole budget (an answer that stops early is not faster)
 e2e_speedup    the reference's e2e_s over the point's, paired by sample, between runs like speedup
 prefilled_tokens  a conversation turn's tokens the base prefilled that turn (multi-turn rows;
-               :mod:`specprefill.multiturn`), macro mean; ``revived_tokens`` those of them
+               :mod:`specprefill.conversation`), macro mean; ``revived_tokens`` those of them
                revived from earlier turns
 difference     the gate: macro mean of per-sample paired differences, candidate - baseline
 ============== ============================================================================

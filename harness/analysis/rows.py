@@ -36,7 +36,7 @@ REFERENCE_KEEP = 1.0
 #: must read 1.0 (:mod:`harness.analysis.latency`).
 AA_METHOD = "aa_check"
 #: Multi-turn policies that keep the speculator's cache of the whole conversation beside the
-#: base's (``specprefill/multiturn.py``: KV revival), recorded as ``speculator_kv_bytes``.
+#: base's (``specprefill/conversation.py``: KV revival), recorded as ``speculator_kv_bytes``.
 SECOND_CACHE_POLICIES = ("revival",)
 #: What identifies a point of eval rows: a method with its options at a keep rate, on a
 #: model (and speculator), benchmark (and its options) and length, in a dtype and backend,

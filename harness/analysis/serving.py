@@ -57,11 +57,15 @@ def summarize_qps_rates(rows: pd.DataFrame) -> pd.DataFrame:
     rows = normalize(rows)
     for key, g in rows.groupby([*QPS_POINT, "rate"], dropna=False, sort=True):
         first = g.iloc[0]
-        per.append({
-            **dict(zip([*QPS_POINT, "rate"], key, strict=True)), **point_stats(g), "is_reference": bool(first["is_reference"]),
-            "request_throughput": first["request_throughput"],
-            **{k: bool(first[k]) for k in ("pass_timeout_rule", "pass_ttft_slo", "passed")},
-        })  # fmt: skip
+        per.append(
+            {
+                **dict(zip([*QPS_POINT, "rate"], key, strict=True)),
+                **point_stats(g),
+                "is_reference": bool(first["is_reference"]),
+                "request_throughput": first["request_throughput"],
+                **{k: bool(first[k]) for k in ("pass_timeout_rule", "pass_ttft_slo", "passed")},
+            }
+        )
     return pd.DataFrame(per)
 
 
@@ -81,8 +85,12 @@ def summarize_qps(rows: pd.DataFrame) -> pd.DataFrame:
             ok = pts[pts[col]]["rate"]
             return float(ok.max()) if len(ok) else 0.0
 
-        best.update(max_qps=highest("passed"), max_qps_timeout_rule=highest("pass_timeout_rule"),
-                    max_qps_ttft_slo=highest("pass_ttft_slo"), rates_tested=len(pts))  # fmt: skip
+        best.update(
+            max_qps=highest("passed"),
+            max_qps_timeout_rule=highest("pass_timeout_rule"),
+            max_qps_ttft_slo=highest("pass_ttft_slo"),
+            rates_tested=len(pts),
+        )
         # The highest rate tried passed: the search ran out of points, the true max is higher.
         best["max_qps_censored"] = bool(pts.loc[pts["rate"].idxmax(), "passed"])
         at = pts[pts["rate"] == best["max_qps"]]

@@ -56,7 +56,7 @@ class Benchmark(ABC):
     #: so it cannot silently change the run's hash; a bad value is refused in one line).
     allowed_options: ClassVar[dict[str, Allowed]] = {}
     #: Whether a sample is a conversation of several turns (``turns(sample)``, one row per
-    #: turn, methods by their multi-turn policy: :mod:`specprefill.multiturn`).
+    #: turn, methods by their multi-turn policy: :mod:`specprefill.conversation`).
     multiturn: ClassVar[bool] = False
 
     def __init__(self, cfg: BenchmarkConfig) -> None:

@@ -47,8 +47,8 @@ from harness.diagnostics import needle_depth, needle_kept, needle_tokens
 from harness.dryrun import requirements_text
 from harness.jobs import lifecycle as jobs
 from harness.jobs.lifecycle import ModelJob, measured
-from harness.models.backends import make_backend
 from harness.models.catalog import ModelConfig, check_backend
+from harness.models.factory import make_backend
 from harness.models.loading import check_before_start, check_runnable
 from harness.models.placement import place
 from harness.prompts import sample_prompt
@@ -58,8 +58,8 @@ from harness.report.summary import write_all
 from harness.store import RunStore, check_layout, method_columns
 from harness.timing import flops, iteration_order
 from harness.types import Sample
+from specprefill.conversation import ConversationRun, check_multiturn
 from specprefill.flops import Shape
-from specprefill.multiturn import ConversationRun, check_multiturn
 from specprefill.plan import Backend, Generation, Method
 
 
@@ -135,7 +135,7 @@ class EvalJob(ModelJob):
             "config_hash": self.config_hash,
         }
 
-    def plan_text(self) -> str:
+    def describe(self) -> str:
         c = self.cfg
         prompts = c.benchmark.limit * len(self.benchmark.tasks)  # at most: a task may have fewer samples
         work = [(prompts, longest_prompt(c.model, c.benchmark))]
@@ -358,7 +358,7 @@ def run_conversation(
     job: EvalJob, backend: Backend, tokenizer: Any, sample: Sample, hardware: str
 ) -> list[dict[str, Any]]:
     """The rows of one conversation (a multi-turn benchmark's sample): one per turn and
-    method, each turn run by the method's multi-turn policy (:mod:`specprefill.multiturn`).
+    method, each turn run by the method's multi-turn policy (:mod:`specprefill.conversation`).
     With several methods (config ``also``) every turn is run by each in an order turned over
     from turn to turn (recorded, ``order``), so their TTFTs are side by side; each follows its
     own answers. A turn that fails is recorded and ends that method's conversation (its later
@@ -438,6 +438,6 @@ def main(cfg: DictConfig) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
-    from harness import cli
+    from harness import command_line
 
-    cli.main(main, "config")  # the command line checked first: one line for what Hydra would refuse
+    command_line.main(main, "config")  # the command line checked first: one line for what Hydra would refuse

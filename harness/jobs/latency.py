@@ -90,8 +90,8 @@ from harness.config import (
 from harness.dryrun import requirements_text
 from harness.jobs import lifecycle as jobs
 from harness.jobs.lifecycle import ModelJob, measured
-from harness.models.backends import make_backend
 from harness.models.catalog import BYTES_PER_PARAM, ModelConfig
+from harness.models.factory import make_backend
 from harness.models.loading import check_before_start, check_runnable
 from harness.models.placement import place
 from harness.prompts import random_prompts, sample_prompt
@@ -248,7 +248,7 @@ class LatencyJob(ModelJob):
             "config_hash": self.config_hash,
         }
 
-    def plan_text(self) -> str:
+    def describe(self) -> str:
         """What a run would do and need, without loading anything (``dry_run=true``)."""
         c, m = self.cfg, self.cfg.model
         names = " vs ".join(f"{x.name} {json.dumps(x.options())}" for x in reversed(self.methods))
@@ -553,6 +553,6 @@ def main(cfg: DictConfig) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
-    from harness import cli
+    from harness import command_line
 
-    cli.main(main, "latency")  # the command line checked first: one line for what Hydra would refuse
+    command_line.main(main, "latency")  # the command line checked first: one line for what Hydra would refuse

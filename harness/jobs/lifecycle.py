@@ -81,7 +81,7 @@ class Job(Protocol):
         """What ``config.yaml`` records."""
         ...
 
-    def plan_text(self) -> str:
+    def describe(self) -> str:
         """The dry run's plan."""
         ...
 
@@ -155,7 +155,7 @@ def main(job: Job, dry_run: bool, allow_failures: bool | None, refresh: Refresh 
     (``allow_failures`` None: the rows' failures are measurements, QPS's failed requests, and
     never fail the command)."""
     if dry_run:
-        print(job.plan_text())
+        print(job.describe())
         return None
     folder = execute(job, refresh)
     return None if allow_failures is None else finish(folder, allow_failures)

@@ -53,8 +53,8 @@ from harness.config import (
 from harness.jobs import lifecycle as jobs
 from harness.jobs.lifecycle import measured
 from harness.lm_eval.data import LOCAL_TASKS, packaged_ruler_data, tokenizer_source
-from harness.models.backends import make_backend
 from harness.models.catalog import ModelConfig
+from harness.models.factory import make_backend
 from harness.models.loading import check_before_start, check_runnable
 from harness.provenance import provenance
 from harness.report.summary import write_all
@@ -95,7 +95,7 @@ class LMEvalJob:
             "config_hash": self.config_hash,
         }
 
-    def plan_text(self) -> str:
+    def describe(self) -> str:
         return (
             f"[dry run] lm-eval {list(self.tasks)} limit={self.limit} {self.model.name} {self.method.name} "
             f"{json.dumps(self.method.options())} backend={self.backend} -> {self.folder}"
@@ -351,6 +351,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    from harness import cli
+    from harness import command_line
 
-    cli.main(main, "lm_eval")  # the command line checked first: one line for what Hydra would refuse
+    command_line.main(main, "lm_eval")  # the command line checked first: one line for what Hydra would refuse

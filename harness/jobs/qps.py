@@ -188,7 +188,7 @@ class QPSJob(ModelJob):
             "config_hash": self.config_hash,
         }
 
-    def plan_text(self) -> str:
+    def describe(self) -> str:
         c, q = self.cfg, self.cfg.qps
         search = (
             f"rates {list(q.rates)}"
@@ -525,13 +525,13 @@ def main(cfg: DictConfig) -> None:
     with config_errors():
         job = prepare(QPSConfig.from_hydra(cfg))
     if not cfg.dry_run:
-        print(job.plan_text())  # the plan before the servers' minutes (the dry run prints it alone)
+        print(job.describe())  # the plan before the servers' minutes (the dry run prints it alone)
         # SIGTERM (a scheduler's kill) unwinds like Ctrl-C, so the servers are stopped.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     jobs.main(job, bool(cfg.dry_run), None, write_all)
 
 
 if __name__ == "__main__":
-    from harness import cli
+    from harness import command_line
 
-    cli.main(main, "qps")  # the command line checked first: one line for what Hydra would refuse
+    command_line.main(main, "qps")  # the command line checked first: one line for what Hydra would refuse

@@ -48,8 +48,8 @@ from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
 from harness.config import CONF, ConfigError, check_parts, check_prompt_scope, container
-from harness.models.backends import make_backend
 from harness.models.catalog import ModelConfig
+from harness.models.factory import make_backend
 from specprefill.plan import Backend, Method, Plan, Prompt
 
 #: What a method that shortens the context takes as the context of an lm-eval prompt.
@@ -169,8 +169,10 @@ def parts_from_model_args(
     methods = sorted(q.stem for q in (CONF / "method").glob("*.yaml"))
     if method not in methods:  # before Hydra, whose missing-config error is a page
         close = difflib.get_close_matches(str(method), methods, n=1)
-        raise ValueError(f"method={method!r}; allowed: a conf/method name {methods}"
-                         + (f"; did you mean {close[0]!r}?" if close else ""))  # fmt: skip
+        raise ValueError(
+            f"method={method!r}; allowed: a conf/method name {methods}"
+            + (f"; did you mean {close[0]!r}?" if close else "")
+        )
     from harness.registry import method_option_names
 
     unknown = sorted(set(options) - method_option_names(method))
@@ -221,9 +223,18 @@ class SpecPrefillLM(LM):
         **options: Any,
     ) -> None:
         model_cfg, built, backend_name = parts_from_model_args(
-            pretrained=pretrained, method=method, keep=keep, lookahead=lookahead, backend=backend,
-            speculator=speculator, dtype=dtype, revision=revision, max_length=max_length, model=model, **options,
-        )  # fmt: skip
+            pretrained=pretrained,
+            method=method,
+            keep=keep,
+            lookahead=lookahead,
+            backend=backend,
+            speculator=speculator,
+            dtype=dtype,
+            revision=revision,
+            max_length=max_length,
+            model=model,
+            **options,
+        )
         backend_obj = make_backend(model_cfg, backend_name, built.needs_speculator)
         self._setup(model_cfg, built, backend_name, backend_obj, batch_size)
 

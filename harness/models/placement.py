@@ -164,8 +164,9 @@ def speculator_prefill_bytes(arch: dict[str, Any], n: int, chunk: int | None = N
     """:class:`PrefillMemory` of a bf16 speculator over ``n`` prompt tokens, prefilled
     ``chunk`` tokens at a time (None: one forward)."""
     b = 2
-    d, inter, heads, kv = (arch[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                              "num_key_value_heads"))  # fmt: skip
+    d, inter, heads, kv = (
+        arch[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+    )
     hd = arch.get("head_dim") or d // heads
     layers = arch["num_hidden_layers"]
     c = min(n, chunk or n)
@@ -185,8 +186,9 @@ def _kv_shape(arch: dict[str, Any]) -> tuple[int, int, int]:
     return int(arch["num_hidden_layers"]), int(arch["num_key_value_heads"]), int(hd)
 
 
-def kv_bytes_per_page(arch: dict[str, Any], tensor_parallel: int = 1, pipeline_parallel: int = 1,
-                      dtype_bytes: int = 2) -> int:  # fmt: skip
+def kv_bytes_per_page(
+    arch: dict[str, Any], tensor_parallel: int = 1, pipeline_parallel: int = 1, dtype_bytes: int = 2
+) -> int:
     """Bytes of one KV-cache page (:data:`KV_BLOCK_TOKENS` tokens) on one GPU of a vLLM engine:
     keys and values of the layers of one pipeline stage, the KV heads of one tensor-parallel
     rank (``max(1, heads // tp)``, vLLM's ``ModelConfig.get_num_kv_heads``: replicated when a
@@ -197,8 +199,9 @@ def kv_bytes_per_page(arch: dict[str, Any], tensor_parallel: int = 1, pipeline_p
     return KV_BLOCK_TOKENS * stage_layers * max(1, kv // tensor_parallel) * hd * 2 * dtype_bytes
 
 
-def kv_cache_bytes(arch: dict[str, Any], tokens: int, tensor_parallel: int = 1, pipeline_parallel: int = 1,
-                   dtype_bytes: int = 2) -> int:  # fmt: skip
+def kv_cache_bytes(
+    arch: dict[str, Any], tokens: int, tensor_parallel: int = 1, pipeline_parallel: int = 1, dtype_bytes: int = 2
+) -> int:
     """Bytes per GPU a vLLM engine must have for the KV cache of one sequence of ``tokens``
     tokens before it starts (``check_enough_kv_cache_memory``): whole pages, plus the null
     page its block pool holds back."""
@@ -466,8 +469,23 @@ class _Engine:
             return _Window(util, window, None, self.kv(window), act)
         if self.kv(need) <= room:
             return _Window(util, need, window, self.kv(need), act)
-        raise ValueError(_no_room(m, gpus, self.gpu_gib, self.detected, self.per_gpu, act, self.kv(need),
-                                  self.kv(window), need, engine, util, gpu0, self.longest_fitting(need, act)))  # fmt: skip
+        raise ValueError(
+            _no_room(
+                m,
+                gpus,
+                self.gpu_gib,
+                self.detected,
+                self.per_gpu,
+                act,
+                self.kv(need),
+                self.kv(window),
+                need,
+                engine,
+                util,
+                gpu0,
+                self.longest_fitting(need, act),
+            )
+        )
 
     def longest_fitting(self, need: int, act: float) -> int:
         """The longest run that fits (its speculator shrinks with it), in whole KV blocks."""
@@ -479,9 +497,21 @@ class _Engine:
         return lo - lo % KV_BLOCK_TOKENS
 
 
-def _no_room(model: ModelConfig, gpus: int, gpu_gib: float, detected: bool, weights: float, act: float,
-             kv_need: float, kv_window: float, need: int, engine: float, util: float, gpu0: float,
-             fits: int) -> str:  # fmt: skip
+def _no_room(
+    model: ModelConfig,
+    gpus: int,
+    gpu_gib: float,
+    detected: bool,
+    weights: float,
+    act: float,
+    kv_need: float,
+    kv_window: float,
+    need: int,
+    engine: float,
+    util: float,
+    gpu0: float,
+    fits: int,
+) -> str:
     """The refusal of a run whose longest sequence's KV cache does not fit beside the rest (GiB per GPU)."""
     total = weights + act + kv_need
     larger = math.ceil(max(total / MAX_UTILIZATION, total + gpu0 + RESERVE_GIB))

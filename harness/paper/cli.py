@@ -38,13 +38,13 @@ def command_lines(exp: Experiment, variant: str, root: Path = RESULTS, dry_run: 
     return experiments.command_lines(exp, variant, folder(exp.table, variant, root), dry_run)
 
 
-def plan_text(exp: Experiment, variant: str, root: Path = RESULTS) -> str:
-    return experiments.plan_text(exp, variant, folder(exp.table, variant, root), kind="paper table")
+def describe(exp: Experiment, variant: str, root: Path = RESULTS) -> str:
+    return experiments.describe(exp, variant, folder(exp.table, variant, root), kind="paper table")
 
 
 def run(table: str, variant: str, dry_run: bool, root: Path = RESULTS) -> int:
     exp = load_experiment(table)
-    print(plan_text(exp, variant, root), flush=True)
+    print(describe(exp, variant, root), flush=True)
     if experiments.run_commands(exp, variant, folder(exp.table, variant, root), dry_run):
         return 1
     if not dry_run:

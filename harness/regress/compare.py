@@ -77,8 +77,9 @@ def quality(base: Analysis, cand: Analysis, tol: float) -> tuple[list[Comparison
         rc = Point(ref_rows) if ref_rows is not None else None
         tasks = sorted(set(pb.tasks) & set(pc.tasks))
         cats = {name: [t for t in ts if t in tasks] for name, ts in categories(gb).items()}
-        wheres = [(t, [[t]]) for t in tasks] + ([("ALL", all_parts(tasks, {k: v for k, v in cats.items() if v}))]
-                                                if len(tasks) > 1 else [])  # fmt: skip
+        wheres = [(t, [[t]]) for t in tasks] + (
+            [("ALL", all_parts(tasks, {k: v for k, v in cats.items() if v}))] if len(tasks) > 1 else []
+        )
         for where, parts in wheres:
             d, mb, mc = paired_difference(pc, pb, "score", parts)
             if d.n == 0:
@@ -160,12 +161,16 @@ def speed(
     lb, lc = base.ok("latency"), cand.ok("latency")
     if lb.empty or lc.empty:
         missing = " and ".join(w for w, d in (("baseline", lb), ("candidate", lc)) if d.empty)
-        notes.append(f"Speed NOT compared: no latency rows in the {missing}" +
-                     (" (eval TTFTs, between runs, compared below)" if eval_speed else " (quality only)"))  # fmt: skip
+        notes.append(
+            f"Speed NOT compared: no latency rows in the {missing}"
+            + (" (eval TTFTs, between runs, compared below)" if eval_speed else " (quality only)")
+        )
     failed_aa = _aa_failures(cand)
     if failed_aa:
-        notes.append("A/A check FAILED in the candidate (the reference timed against itself must read 1.0): "
-                     + "; ".join(failed_aa))  # fmt: skip
+        notes.append(
+            "A/A check FAILED in the candidate (the reference timed against itself must read 1.0): "
+            + "; ".join(failed_aa)
+        )
     sources = (("eval", _eval_speedups, POINT),) if eval_speed else ()
     for kind, fn, keys in (*sources, ("latency", _latency_speedups, LATENCY_POINT)):
         sb, sc = fn(base), fn(cand)
@@ -260,8 +265,11 @@ def gate(
     elif aa_failed or any(r.verdict == "not comparable" for r in v.rows):
         n = sum(r.verdict == "not comparable" for r in v.rows)
         v.code = INCOMPARABLE
-        v.note = "cannot compare speed: " + ("the candidate's A/A check failed" if aa_failed else
-                                              f"{n} speed point{'s' if n != 1 else ''} flagged unsafe")  # fmt: skip
+        v.note = "cannot compare speed: " + (
+            "the candidate's A/A check failed"
+            if aa_failed
+            else f"{n} speed point{'s' if n != 1 else ''} flagged unsafe"
+        )
     elif v.only and require_all:
         v.code, v.note = INCOMPARABLE, "cannot compare: points present in only one folder (--require-all)"
     elif any("predate the paired" in n for n in v.speed_notes):

@@ -75,9 +75,11 @@ def render_text(v: Verdict, all_points: bool = False) -> str:
     if pairs:
         lines.append("Shared by the points: " + ", ".join(common) if common else "")
         width = min(48, max(len(lab) for lab, _ in pairs))
-        shown = [("Points", "regressed|improved|same|not comparable")] if all_points else [
-            ("REGRESSED", "regressed"), ("NOT COMPARABLE", "not comparable"), ("Improved", "improved")
-        ]  # fmt: skip
+        shown = (
+            [("Points", "regressed|improved|same|not comparable")]
+            if all_points
+            else [("REGRESSED", "regressed"), ("NOT COMPARABLE", "not comparable"), ("Improved", "improved")]
+        )
         for title, verdicts in shown:
             sel = [(lab, r) for lab, r in pairs if r.verdict in verdicts.split("|")]
             if sel:

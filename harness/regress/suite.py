@@ -101,15 +101,19 @@ def run_suite(
     if baseline is not None:
         base_dir = baseline / "rows" if (baseline / "rows").is_dir() else baseline
         if read_folder(base_dir, "baseline").rows.empty:  # refused now, not after the suite's minutes
-            raise Refused(f"baseline folder {base_dir} holds no rows; give a folder of results (a candidate's, or "
-                          f"results/baseline/<class>/rows)")  # fmt: skip
+            raise Refused(
+                f"baseline folder {base_dir} holds no rows; give a folder of results (a candidate's, or "
+                f"results/baseline/<class>/rows)"
+            )
     elif not baselines.is_dir():
         raise Refused(f"baselines folder {baselines} does not exist")
     else:
         base_dir = baselines / cls / "rows"
         if base_dir.exists() and read_folder(base_dir, "baseline").rows.empty:
-            raise Refused(f"baseline folder {base_dir} holds no rows (a broken accept?); restore it from git, or "
-                          f"remove it and accept a new baseline")  # fmt: skip
+            raise Refused(
+                f"baseline folder {base_dir} holds no rows (a broken accept?); restore it from git, or "
+                f"remove it and accept a new baseline"
+            )
     claim_candidate(candidate)
     wrote: dict[str, list[str]] = {}  # run folder -> the suite command that wrote it
     for cmd in commands:
@@ -245,14 +249,18 @@ def check_candidate(candidate: Path) -> dict:
     if not candidate.is_dir():
         raise Refused(f"candidate folder {candidate} does not exist; run make regress first")
     if not (candidate / MARKER).is_file():
-        raise Refused(f"{candidate} is not a folder the gate made (no {MARKER} in it); only the suite's own output "
-                      f"(make regress) can become a baseline")  # fmt: skip
+        raise Refused(
+            f"{candidate} is not a folder the gate made (no {MARKER} in it); only the suite's own output "
+            f"(make regress) can become a baseline"
+        )
     try:
         doc = json.loads((candidate / SUITE_RECORD).read_text())
         suite, sha, runs = Path(doc["suite"]), str(doc["suite_sha256"]), list(doc["runs"])
     except FileNotFoundError:
-        raise Refused(f"{candidate}: the suite did not finish there (no {SUITE_RECORD}: a failed or killed "
-                      f"make regress); run it again") from None  # fmt: skip
+        raise Refused(
+            f"{candidate}: the suite did not finish there (no {SUITE_RECORD}: a failed or killed "
+            f"make regress); run it again"
+        ) from None
     except (ValueError, KeyError, TypeError) as e:
         raise Refused(f"{candidate / SUITE_RECORD} is damaged ({type(e).__name__}); run make regress again") from None
     if not suite.is_file() or _sha256(suite) != sha:
@@ -260,8 +268,9 @@ def check_candidate(candidate: Path) -> dict:
     have = run_folders(candidate)
     if have != sorted(runs):
         extra, gone = sorted(set(have) - set(runs)), sorted(set(runs) - set(have))
-        raise Refused(f"{candidate} no longer holds what the suite wrote (added {extra}, missing {gone}); run make "
-                      f"regress again")  # fmt: skip
+        raise Refused(
+            f"{candidate} no longer holds what the suite wrote (added {extra}, missing {gone}); run make regress again"
+        )
     for run in runs:
         if read_folder(candidate / run, "candidate").rows.empty:
             raise Refused(f"candidate run folder {candidate / run} holds no rows; run make regress again")

@@ -28,8 +28,13 @@ EXIT_CODES = {
     REFUSED: "refused before comparing: a missing or empty folder, a corrupt file or a candidate folder the gate did not "
     "make",
 }
-VERDICT_NAMES = {OK: "pass", REGRESSED: "regressed", INCOMPARABLE: "not comparable", NO_BASELINE: "no baseline",
-                 REFUSED: "refused"}  # fmt: skip
+VERDICT_NAMES = {
+    OK: "pass",
+    REGRESSED: "regressed",
+    INCOMPARABLE: "not comparable",
+    NO_BASELINE: "no baseline",
+    REFUSED: "refused",
+}
 
 
 class Refused(Exception):

@@ -68,15 +68,17 @@ class PageCheck:
         return not (self.console_errors or self.page_errors or self.outside_requests or self.broken_images)
 
     def describe(self) -> str:
-        return "\n".join([
-            f"title: {self.title}",
-            f"images: {len(self.images)} ({len(self.broken_images)} broken: {self.broken_images})",
-            f"tables: {', '.join(self.tables) or '-'}",
-            f"console errors: {self.console_errors or 'none'}",
-            f"page errors: {self.page_errors or 'none'}",
-            f"requests leaving the page: {self.outside_requests or 'none'}",
-            f"page height: {self.height} px" + (f"; screenshot: {self.screenshot}" if self.screenshot else ""),
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                f"title: {self.title}",
+                f"images: {len(self.images)} ({len(self.broken_images)} broken: {self.broken_images})",
+                f"tables: {', '.join(self.tables) or '-'}",
+                f"console errors: {self.console_errors or 'none'}",
+                f"page errors: {self.page_errors or 'none'}",
+                f"requests leaving the page: {self.outside_requests or 'none'}",
+                f"page height: {self.height} px" + (f"; screenshot: {self.screenshot}" if self.screenshot else ""),
+            ]
+        )
 
 
 def check_page(

@@ -209,8 +209,25 @@ def failures(rows: pd.DataFrame) -> pd.DataFrame:
 
 def provenance(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per run: what produced its rows and where."""
-    cols = ["run_id", "kind", "model", "model_weights", "method", "speculator", "backend", "dtype", "hardware",
-            "git_sha", "versions", "rows", "ok", "failed", "unsupported", "from", "to"]  # fmt: skip
+    cols = [
+        "run_id",
+        "kind",
+        "model",
+        "model_weights",
+        "method",
+        "speculator",
+        "backend",
+        "dtype",
+        "hardware",
+        "git_sha",
+        "versions",
+        "rows",
+        "ok",
+        "failed",
+        "unsupported",
+        "from",
+        "to",
+    ]
     if rows.empty:
         return pd.DataFrame(columns=cols)
     out = []
@@ -221,20 +238,31 @@ def provenance(rows: pd.DataFrame) -> pd.DataFrame:
         except (TypeError, ValueError):
             v = {}
         stamp = pd.to_datetime(g["timestamp"].astype(float), unit="s")
-        out.append({
-            "run_id": run, "kind": first["kind"], "model": first.get("model"),
-            "model_weights": first.get("model_weights"), "method": " + ".join(dict.fromkeys(g["method"].astype(str))),
-            # the reference runs none (its rows' speculator is blank once normalized)
-            "speculator": ", ".join(sorted({str(x) for x in g.get("speculator", pd.Series(dtype=object)).dropna()} - {""}))
-            or "-",
-            "backend": first.get("backend"), "dtype": first.get("dtype"),
-            "hardware": " | ".join(sorted(set(g["hardware"].dropna().astype(str)))),
-            "git_sha": " ".join(sorted(set(g["git_sha"].dropna().astype(str)))),
-            "versions": ", ".join(f"{k} {v[k]}" for k in KEY_PACKAGES if k in v),
-            "rows": len(g), "ok": int((g["status"] == "ok").sum()), "failed": int((g["status"] == "failed").sum()),
-            "unsupported": int((g["status"] == "unsupported").sum()),
-            "from": f"{stamp.min():%Y-%m-%d %H:%M}", "to": f"{stamp.max():%Y-%m-%d %H:%M}",
-        })  # fmt: skip
+        out.append(
+            {
+                "run_id": run,
+                "kind": first["kind"],
+                "model": first.get("model"),
+                "model_weights": first.get("model_weights"),
+                "method": " + ".join(dict.fromkeys(g["method"].astype(str))),
+                # the reference runs none (its rows' speculator is blank once normalized)
+                "speculator": ", ".join(
+                    sorted({str(x) for x in g.get("speculator", pd.Series(dtype=object)).dropna()} - {""})
+                )
+                or "-",
+                "backend": first.get("backend"),
+                "dtype": first.get("dtype"),
+                "hardware": " | ".join(sorted(set(g["hardware"].dropna().astype(str)))),
+                "git_sha": " ".join(sorted(set(g["git_sha"].dropna().astype(str)))),
+                "versions": ", ".join(f"{k} {v[k]}" for k in KEY_PACKAGES if k in v),
+                "rows": len(g),
+                "ok": int((g["status"] == "ok").sum()),
+                "failed": int((g["status"] == "failed").sum()),
+                "unsupported": int((g["status"] == "unsupported").sum()),
+                "from": f"{stamp.min():%Y-%m-%d %H:%M}",
+                "to": f"{stamp.max():%Y-%m-%d %H:%M}",
+            }
+        )
     return pd.DataFrame(out, columns=cols)
 
 
@@ -262,6 +290,26 @@ def _markdown(md: str) -> Markup:
     return Markup(html)
 
 
+#: The "At a glance" table's columns: each point's ALL line.
+GLANCE = ["model", "benchmark", "length", "method", "keep_rate", "n", "failed", "unsupported", "score", "retention",
+          "speedup", "ideal_speedup", "kept_fraction", "needle_kept"]  # fmt: skip
+
+
+def _quality_tables(s: pd.DataFrame) -> tuple[Markup | None, Markup | None, Markup | None]:
+    """The quality summary's tables: every line, each point's ALL line ("At a glance") and
+    the score per task where there is more than one task (None where there is no summary)."""
+    if s.empty:
+        return None, None, None
+    quality = html_table(format_summary(s), "quality-summary", highlight_all=True)
+    glance = html_table(format_summary(s[s["task"] == "ALL"], GLANCE), "at-a-glance")
+    wide = score_by_task(s)
+    tasks = [c for c in wide.columns if c not in ("model", "benchmark", "length", "method", "keep_rate", "ALL")]
+    if len(tasks) <= 1:
+        return quality, glance, None
+    wide["keep_rate"] = wide["keep_rate"].map(lambda v: "-" if pd.isna(v) else f"{v:g}")
+    return quality, glance, html_table(wide, "score-per-task")
+
+
 def render(
     report: Analysis,
     drawn: list[tuple[str, Path]],
@@ -275,20 +323,8 @@ def render(
         {"title": title, "caption": CAPTIONS.get(p.name, ""), "data": base64.b64encode(p.read_bytes()).decode()}
         for title, p in drawn
     ]
-    quality = by_task = latency = qps = qps_rates = None
-    glance = None
-    if not s.empty:
-        quality = html_table(format_summary(s), "quality-summary", highlight_all=True)
-        keep = ["model", "benchmark", "length", "method", "keep_rate", "n", "failed", "unsupported", "score",
-                "retention", "speedup", "ideal_speedup", "kept_fraction", "needle_kept"]  # fmt: skip
-        glance = html_table(format_summary(s[s["task"] == "ALL"], keep), "at-a-glance")
-        wide = score_by_task(s)
-        if (
-            len([c for c in wide.columns if c not in ("model", "benchmark", "length", "method", "keep_rate", "ALL")])
-            > 1
-        ):
-            wide["keep_rate"] = wide["keep_rate"].map(lambda v: "-" if pd.isna(v) else f"{v:g}")
-            by_task = html_table(wide, "score-per-task")
+    quality, glance, by_task = _quality_tables(s)
+    latency = qps = qps_rates = None
     if not report.latency.empty:
         latency = html_table(format_latency(report.latency), "latency-summary")
     if not report.qps.empty:

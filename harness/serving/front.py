@@ -50,8 +50,8 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from harness.models.backends import speculator_backend
 from harness.models.catalog import ModelConfig
+from harness.models.factory import speculator_backend
 from harness.registry import build_method
 from specprefill.backends.vllm import extra_args
 from specprefill.plan import Prompt

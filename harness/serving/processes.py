@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.config import RunFailures
-from harness.models.backends import EngineRefused
 from harness.models.catalog import ModelConfig
+from harness.models.factory import EngineRefused
 from harness.models.loading import load_tokenizer, vllm_engine_args
 from harness.models.placement import Placement
 from harness.serving.front import FrontSettings
@@ -52,10 +52,21 @@ def serve_command(
     uses (the planned share of each GPU and window: :class:`~harness.models.placement.Placement`)."""
     args = vllm_engine_args(model, utilization, max_model_len)  # also sets vLLM's CPU environment defaults
     cmd = [
-        sys.executable, "-m", "harness.serving.vllm_cli", "serve", str(args.pop("model_path")),
-        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
-        "--no-enable-prefix-caching", "--uvicorn-log-level", "warning",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "harness.serving.vllm_cli",
+        "serve",
+        str(args.pop("model_path")),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        SERVED_NAME,
+        "--no-enable-prefix-caching",
+        "--uvicorn-log-level",
+        "warning",
+    ]
     for k, v in args.items():
         flag = "--" + k.replace("_", "-")
         if isinstance(v, bool):
@@ -221,9 +232,18 @@ def serving(
         flog, requests_log = logs / "front.log", logs / "front_requests.jsonl"
         requests_log.unlink(missing_ok=True)
         cmd = [
-            sys.executable, "-m", "harness.serving.front", "--spec", str(spec), "--upstream", base_url,
-            "--port", str(fport), "--log", str(requests_log),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "harness.serving.front",
+            "--spec",
+            str(spec),
+            "--upstream",
+            base_url,
+            "--port",
+            str(fport),
+            "--log",
+            str(requests_log),
+        ]
         with flog.open("w") as f:
             procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
         wait_ready(f"http://127.0.0.1:{fport}", procs[-1], flog, timeout_s, f"{method.name} front")

@@ -40,8 +40,14 @@ def random_llama(shape: dict[str, Any], dtype: torch.dtype, device: torch.device
     """A random Llama of ``shape`` with Llama-3.1's rope scaling, built on the device in ``dtype``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192, "rope_theta": 500000.0}  # fmt: skip
+    rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+    }
     cfg = LlamaConfig(**shape, max_position_embeddings=131072, rope_parameters=rope)
     torch.manual_seed(seed)
     previous = torch.get_default_dtype()
@@ -111,8 +117,15 @@ def latency_grid(
             for slot, j in enumerate(point_order(it, len(methods), warmup, iters)):
                 name, m = methods[j]
                 t0 = time.perf_counter()
-                row: dict[str, Any] = {"method": name, "keep_rate": m.options().get("keep_rate"), "batch": batch,
-                                       "length": length, "iteration": it, "warmup": it < warmup, "order": slot}  # fmt: skip
+                row: dict[str, Any] = {
+                    "method": name,
+                    "keep_rate": m.options().get("keep_rate"),
+                    "batch": batch,
+                    "length": length,
+                    "iteration": it,
+                    "warmup": it < warmup,
+                    "order": slot,
+                }
                 try:
                     row.update(measure(m, prompts, backend), status="ok")
                 except Exception as e:  # out of memory at one point: recorded, the grid goes on
@@ -123,13 +136,34 @@ def latency_grid(
                 rows.append(row)
             print(f"  {batch}x{length} iteration {it} done", flush=True)
     df = pd.DataFrame(rows)
-    common = {"run_id": "gpu-check", "model": model, "backend": getattr(backend, "name", "transformers"),
-              "prompt_source": "random", "reference_method": "full", "method_options": "{}",
-              "config_hash": "gpu-check", "dtype": "x"}  # fmt: skip
+    common = {
+        "run_id": "gpu-check",
+        "model": model,
+        "backend": getattr(backend, "name", "transformers"),
+        "prompt_source": "random",
+        "reference_method": "full",
+        "method_options": "{}",
+        "config_hash": "gpu-check",
+        "dtype": "x",
+    }
     df = df.assign(**common)
     s = analyze_rows(None, df.assign(kind="latency")).latency
-    cols = ["batch", "length", "method", "keep_rate", "n", "failed", "ttft_median_s", "method_median_s",
-            "base_prefill_median_s", "kept_fraction", "speedup", "ideal_speedup", "efficiency", "flags"]  # fmt: skip
+    cols = [
+        "batch",
+        "length",
+        "method",
+        "keep_rate",
+        "n",
+        "failed",
+        "ttft_median_s",
+        "method_median_s",
+        "base_prefill_median_s",
+        "kept_fraction",
+        "speedup",
+        "ideal_speedup",
+        "efficiency",
+        "flags",
+    ]
     table = s[cols].astype(object).map(lambda v: f"{v:.3f}" if isinstance(v, float) else v)
     failed = df[df["status"] != "ok"]
     notes = "".join(f"- {r['batch']}x{r['length']} {r['method']}: {r['error']}\n" for _, r in failed.iterrows())

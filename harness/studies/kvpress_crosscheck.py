@@ -54,9 +54,19 @@ SETTINGS = {"agnostic": False, "aware": True}
 def run_ours(out: Path, model: str, presses: list[str], keeps: list[float], limit: int, setting: str) -> None:
     keep = ",".join(f"{k:g}" for k in keeps)
     for name in presses:  # one command per press: each takes its own query_aware option
-        cmd = [sys.executable, "-m", "harness.jobs.eval", f"model={model}", f"method={name}", f"keep={keep}",
-               f"method.query_aware={str(SETTINGS[setting]).lower()}", f"limit={limit}", "length=4096",
-               f"tasks=[{','.join(TASKS)}]", f"out={out}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "harness.jobs.eval",
+            f"model={model}",
+            f"method={name}",
+            f"keep={keep}",
+            f"method.query_aware={str(SETTINGS[setting]).lower()}",
+            f"limit={limit}",
+            "length=4096",
+            f"tasks=[{','.join(TASKS)}]",
+            f"out={out}",
+        ]
         run_job(cmd)
 
 
@@ -79,10 +89,23 @@ def run_theirs(model: str, presses: list[str], keeps: list[float], limit: int, s
                 # the question inside the context (query-aware) or after it (question=)
                 context = s.instruction + s.context + (s.question if aware else "")
                 with cache_positions_restored(lm.base), attention_patched():  # kvpress's pipeline as kvpress runs it
-                    answer = pipe(context, question="" if aware else s.question, answer_prefix=s.answer_prefix,
-                                  press=press, max_new_tokens=s.max_new_tokens)["answer"]  # fmt: skip
-                out.append({"method": name, "keep_rate": keep, "task": s.task, "sample_id": s.sample_id,
-                            "prediction": str(answer), "score": bench.score(s, str(answer))})  # fmt: skip
+                    answer = pipe(
+                        context,
+                        question="" if aware else s.question,
+                        answer_prefix=s.answer_prefix,
+                        press=press,
+                        max_new_tokens=s.max_new_tokens,
+                    )["answer"]
+                out.append(
+                    {
+                        "method": name,
+                        "keep_rate": keep,
+                        "task": s.task,
+                        "sample_id": s.sample_id,
+                        "prediction": str(answer),
+                        "score": bench.score(s, str(answer)),
+                    }
+                )
     return pd.DataFrame(out)
 
 
@@ -104,8 +127,10 @@ def paired_rows(ours: pd.DataFrame, theirs: pd.DataFrame) -> pd.DataFrame:
 def table(pairs: pd.DataFrame) -> str:
     """Per press and keep: each side's macro mean score over the tasks, and kvpress's minus
     ours, paired (the analysis layer's estimators), with the share of identical answers."""
-    lines = ["| press | keep | n | ours | kvpress pipeline | kvpress − ours (paired) | same answer |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| press | keep | n | ours | kvpress pipeline | kvpress − ours (paired) | same answer |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for (name, keep), m in pairs.groupby(["method", "keep_rate"]):
         o = m.rename(columns={"score_ours": "score"})
         t = m.rename(columns={"score_kvpress": "score"})

@@ -39,8 +39,14 @@ TASKS = {
 def run_both(out: Path, limit: int, model: str) -> None:
     common = [f"model={model}", "method=full", "keep=1", f"limit={limit}", "length=4096"]
     ours = [sys.executable, "-m", "harness.jobs.eval", *common, f"tasks=[{','.join(TASKS)}]", f"out={out / 'ours'}"]
-    theirs = [sys.executable, "-m", "harness.jobs.lm_eval", *common, f"tasks=[{','.join(TASKS.values())}]",
-              f"out={out / 'lm-eval'}"]  # fmt: skip
+    theirs = [
+        sys.executable,
+        "-m",
+        "harness.jobs.lm_eval",
+        *common,
+        f"tasks=[{','.join(TASKS.values())}]",
+        f"out={out / 'lm-eval'}",
+    ]
     for cmd in (ours, theirs):
         run_job(cmd)
 

@@ -3,7 +3,7 @@ policy keep on turns 2-4, at what TTFT?
 
 The multi-turn benchmark (:mod:`harness.benchmarks.multiturn`: RULER's niah_multikey_1 at
 ``--length``, four needles with different keys, one key asked per turn), ``--limit``
-conversations, one ``make eval`` job per keep running every policy (:mod:`specprefill.multiturn`)
+conversations, one ``make eval`` job per keep running every policy (:mod:`specprefill.conversation`)
 turn by turn (``method=full also=[...]``):
 
 * ``full``: full prefill with a prefix cache (turn k prefills only its new tokens), the reference;

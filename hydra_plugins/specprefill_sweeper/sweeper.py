@@ -11,7 +11,7 @@ it ignores) run once; points that differ in anything but the method's shorthands
 ``lookahead``: what a method may ignore) all run, even into one run folder (``tasks``,
 ``limit``, ``grid`` and ``rates`` choose rows of a folder, not the folder). The comma form
 of a list-valued key (``tasks=a,b``) is the list, as on the command line
-(:func:`harness.cli.list_form`).
+(:func:`harness.command_line.list_form`).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class ValidatingSweeper(BasicSweeper):
 
     def split_arguments(self, overrides: list[Override], max_batch_size: int | None) -> list[list[list[str]]]:  # type: ignore[override]
         """Hydra's split into jobs, after the comma form of a list-valued key became the list."""
-        from harness.cli import list_form  # deferred: Hydra imports every plugin when any app starts
+        from harness.command_line import list_form  # deferred: Hydra imports every plugin when any app starts
 
         parser = OverridesParser.create()
         as_lists = []
@@ -135,7 +135,7 @@ class ValidatingSweeper(BasicSweeper):
         batch = super().get_job_batch()
         if not self.validate:
             return batch
-        from harness.cli import describe  # deferred: Hydra imports every plugin when any app starts
+        from harness.command_line import describe  # deferred: Hydra imports every plugin when any app starts
         from harness.config import check_explicit  # deferred: Hydra imports every plugin when any app starts
 
         assert self.hydra_context is not None and self.config is not None

@@ -58,10 +58,19 @@ TEMPLATES: dict[str, str] = {
 }
 
 MAX_NEW_TOKENS: dict[str, int] = {
-    "passkey": 6, "number_string": 12, "kv_retrieval": 50, "longbook_sum_eng": 1200, "longbook_choice_eng": 40,
-    "longbook_qa_eng": 40, "longbook_qa_chn": 40, "longdialogue_qa_eng": 40, "math_find": 3, "math_calc": 30000,
-    "code_run": 5, "code_debug": 5,
-}  # fmt: skip
+    "passkey": 6,
+    "number_string": 12,
+    "kv_retrieval": 50,
+    "longbook_sum_eng": 1200,
+    "longbook_choice_eng": 40,
+    "longbook_qa_eng": 40,
+    "longbook_qa_chn": 40,
+    "longdialogue_qa_eng": 40,
+    "math_find": 3,
+    "math_calc": 30000,
+    "code_run": 5,
+    "code_debug": 5,
+}
 
 CATEGORY: dict[str, str] = {
     **dict.fromkeys(["passkey", "number_string", "kv_retrieval"], "retrieval"),
@@ -163,8 +172,14 @@ class InfiniteBench(Benchmark):
         return max(MAX_NEW_TOKENS[t] for t in self.tasks)
 
     def options(self) -> dict[str, Any]:
-        return {**super().options(), "truncate_len": self.truncate_len, "chat": self.chat, "hub_id": self.hub_id,
-                "revision": self.revision, "scorer": self.scorer}  # fmt: skip
+        return {
+            **super().options(),
+            "truncate_len": self.truncate_len,
+            "chat": self.chat,
+            "hub_id": self.hub_id,
+            "revision": self.revision,
+            "scorer": self.scorer,
+        }
 
     def source(self, task: str) -> Source:
         return Source(self.hub_id, None, task, self.revision, self.data_dir, task)

@@ -55,21 +55,52 @@ PROMPTS: dict[str, str] = {
 }
 
 MAX_NEW_TOKENS: dict[str, int] = {
-    "narrativeqa": 128, "qasper": 128, "multifieldqa_en": 64, "multifieldqa_zh": 64, "hotpotqa": 32,
-    "2wikimqa": 32, "musique": 32, "dureader": 128, "gov_report": 512, "qmsum": 512, "multi_news": 512,
-    "vcsum": 512, "trec": 64, "triviaqa": 32, "samsum": 128, "lsht": 64, "passage_count": 32,
-    "passage_retrieval_en": 32, "passage_retrieval_zh": 32, "lcc": 64, "repobench-p": 64,
-}  # fmt: skip
+    "narrativeqa": 128,
+    "qasper": 128,
+    "multifieldqa_en": 64,
+    "multifieldqa_zh": 64,
+    "hotpotqa": 32,
+    "2wikimqa": 32,
+    "musique": 32,
+    "dureader": 128,
+    "gov_report": 512,
+    "qmsum": 512,
+    "multi_news": 512,
+    "vcsum": 512,
+    "trec": 64,
+    "triviaqa": 32,
+    "samsum": 128,
+    "lsht": 64,
+    "passage_count": 32,
+    "passage_retrieval_en": 32,
+    "passage_retrieval_zh": 32,
+    "lcc": 64,
+    "repobench-p": 64,
+}
 
 METRIC: dict[str, str] = {
-    "narrativeqa": "qa_f1_score", "qasper": "qa_f1_score", "multifieldqa_en": "qa_f1_score",
-    "multifieldqa_zh": "qa_f1_zh_score", "hotpotqa": "qa_f1_score", "2wikimqa": "qa_f1_score",
-    "musique": "qa_f1_score", "dureader": "rouge_zh_score", "gov_report": "rouge_score", "qmsum": "rouge_score",
-    "multi_news": "rouge_score", "vcsum": "rouge_zh_score", "trec": "classification_score",
-    "triviaqa": "qa_f1_score", "samsum": "rouge_score", "lsht": "classification_score",
-    "passage_retrieval_en": "retrieval_score", "passage_count": "count_score",
-    "passage_retrieval_zh": "retrieval_zh_score", "lcc": "code_sim_score", "repobench-p": "code_sim_score",
-}  # fmt: skip
+    "narrativeqa": "qa_f1_score",
+    "qasper": "qa_f1_score",
+    "multifieldqa_en": "qa_f1_score",
+    "multifieldqa_zh": "qa_f1_zh_score",
+    "hotpotqa": "qa_f1_score",
+    "2wikimqa": "qa_f1_score",
+    "musique": "qa_f1_score",
+    "dureader": "rouge_zh_score",
+    "gov_report": "rouge_score",
+    "qmsum": "rouge_score",
+    "multi_news": "rouge_score",
+    "vcsum": "rouge_zh_score",
+    "trec": "classification_score",
+    "triviaqa": "qa_f1_score",
+    "samsum": "rouge_score",
+    "lsht": "classification_score",
+    "passage_retrieval_en": "retrieval_score",
+    "passage_count": "count_score",
+    "passage_retrieval_zh": "retrieval_zh_score",
+    "lcc": "code_sim_score",
+    "repobench-p": "code_sim_score",
+}
 
 CATEGORY: dict[str, str] = {
     **dict.fromkeys(["narrativeqa", "qasper", "multifieldqa_en", "multifieldqa_zh"], "single-doc QA"),
@@ -83,9 +114,20 @@ CATEGORY: dict[str, str] = {
 NO_CHAT = ("trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p")
 DATASETS = tuple(PROMPTS)
 E_DATASETS = (
-    "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "gov_report", "multi_news", "trec", "triviaqa",
-    "samsum", "passage_count", "passage_retrieval_en", "lcc", "repobench-p",
-)  # fmt: skip
+    "qasper",
+    "multifieldqa_en",
+    "hotpotqa",
+    "2wikimqa",
+    "gov_report",
+    "multi_news",
+    "trec",
+    "triviaqa",
+    "samsum",
+    "passage_count",
+    "passage_retrieval_en",
+    "lcc",
+    "repobench-p",
+)
 TRUNCATIONS = ("middle", "none", "left", "context_only")
 FIELDS = ("input", "context", "answers", "length", "all_classes")
 

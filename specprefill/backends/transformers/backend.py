@@ -203,9 +203,13 @@ class TransformersBackend:
         for step in range(n):
             mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype, device=self.device)], dim=1)
             out = self.base(
-                input_ids=nxt, position_ids=pos + step, attention_mask=mask, past_key_values=cache, use_cache=True,
+                input_ids=nxt,
+                position_ids=pos + step,
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=True,
                 logits_to_keep=1,
-            )  # fmt: skip
+            )
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
             decoded.append(nxt)
         self._sync()

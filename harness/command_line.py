@@ -44,16 +44,31 @@ from specprefill.options import Allowed, declarations
 
 #: Keys whose value is a list of names or numbers: the comma form is that list.
 LIST_KEYS = (
-    "tasks", "benchmark.tasks", "benchmark.default_tasks", "rates", "qps.rates", "method.force_tokens", "also",
-)  # fmt: skip
+    "tasks",
+    "benchmark.tasks",
+    "benchmark.default_tasks",
+    "rates",
+    "qps.rates",
+    "method.force_tokens",
+    "also",
+)
 #: Keys whose value is a list of lists: the comma form is refused.
 POINT_LIST_KEYS = ("grid",)
 #: Each entry point's config and its schema: what a key allows is said from the schema's
 #: declaration (:mod:`specprefill.options`), as the job's own checks say it.
 CONFIG_SCHEMAS = {"config": EvalSchema, "latency": LatencySchema, "qps": QPSSchema, "lm_eval": LMEvalSchema}
 #: Hydra flags after which the command prints, or composes another config: not composed here.
-PRINT_OR_ELSEWHERE = ("help", "hydra_help", "cfg", "info", "shell_completion", "config_path", "config_name",
-                      "config_dir", "experimental_rerun")  # fmt: skip
+PRINT_OR_ELSEWHERE = (
+    "help",
+    "hydra_help",
+    "cfg",
+    "info",
+    "shell_completion",
+    "config_path",
+    "config_name",
+    "config_dir",
+    "experimental_rerun",
+)
 TYPE_WORDS = {"Integer": "an int", "Float": "a number", "Boolean": "true or false", "String": "a string"}
 
 
