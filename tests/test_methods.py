@@ -49,6 +49,7 @@ def offline(stem: str, lm: str, clf: str) -> dict:
         "longllmlingua": {"model_path": lm, "dtype": "float32"},
         "llmlingua2": {"model_path": clf, "dtype": "float32"},
         "gemfilter": {"filter_layer": 1},
+        "specpc": {"starting_layer_index": 0},
     }.get(stem, {})
 
 

@@ -421,6 +421,11 @@ class VLLMBackend:
             raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
         return self.speculator_backend.speculate(input_ids, lookahead)  # type: ignore[no-any-return]
 
+    def speculate_window(self, input_ids: torch.Tensor, window: int) -> SpeculatorCapture:
+        if self.speculator_backend is None:
+            raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
+        return self.speculator_backend.speculate_window(input_ids, window)  # type: ignore[no-any-return]
+
     def speculate_batch(self, input_ids: torch.Tensor, lookahead: int) -> list[SpeculatorCapture]:
         if self.speculator_backend is None:
             raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from specprefill.backends.transformers.capture import capture_batch
+from specprefill.backends.transformers.capture import capture_batch, capture_window
 from specprefill.backends.transformers.hooks import cache_size, early_exit_view, position_mask
 from specprefill.plan import Generation, Plan, SpeculatorCapture
 from specprefill.token_map import RULES, check_offsets
@@ -123,6 +123,19 @@ class TransformersBackend:
         if self.speculator is None:
             raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
         return self._capture_batch(self.speculator, input_ids, lookahead)
+
+    @torch.inference_mode()
+    def speculate_window(self, input_ids: torch.Tensor, window: int) -> SpeculatorCapture:
+        """The speculator's prefill of one prompt with the queries of its last ``window``
+        tokens (:func:`~specprefill.backends.transformers.capture.capture_window`)."""
+        if self.speculator is None:
+            raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
+        if self.speculator_tokenizer is not None:
+            raise ValueError("a window capture needs a speculator sharing the base's tokenizer; this one has its own")
+        cap, flops = capture_window(self.speculator, input_ids, window, self.device, self.prefill_chunk)
+        self.method_flops += flops
+        self._sync()
+        return cap
 
     @torch.inference_mode()
     def _capture_batch(

@@ -66,15 +66,23 @@ def padded(rows: list[torch.Tensor], ragged: bool) -> torch.Tensor:
 
 
 def prefill_chunks(
-    model: Any, ids: torch.Tensor, mask: torch.Tensor, cache: Any, past: int, chunk: int, captured: list[list]
+    model: Any,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    cache: Any,
+    past: int,
+    chunk: int,
+    captured: list[list],
+    keep_earlier: bool = False,
 ) -> Any:
     """Prefill ``ids`` ``[B, M]`` into ``cache`` at positions past.., ``chunk`` columns per
-    forward; the captured queries are the last chunk's. Returns the last forward's output."""
+    forward; the captured queries are the last chunk's (``keep_earlier``: every chunk's).
+    Returns the last forward's output."""
     b, m = ids.shape
     out = None
     for start in range(0, m, chunk):
         end = min(m, start + chunk)
-        for per_layer in captured:  # only the prompt's last row (the last chunk's) counts
+        for per_layer in captured if not keep_earlier else ():  # only the last chunk's rows count
             per_layer.clear()
         out = model(
             input_ids=ids[:, start:end],
@@ -207,3 +215,28 @@ def capture_batch(
         ],
         flops,
     )
+
+
+def capture_window(
+    model: Any, input_ids: torch.Tensor, window: int, device: torch.device, prefill_chunk: int | None = None
+) -> tuple[SpeculatorCapture, int]:
+    """One prompt's prefill (``[n]``; nothing decoded): the post-RoPE queries of its last
+    ``window`` tokens, ``[layers, heads, window, d]``, and every token's keys, ``[layers,
+    kv_heads, n, d]`` (what SpecPC scores with, baselines/specpc.py), with the pass's FLOPs."""
+    from transformers import DynamicCache
+
+    (row,) = checked_prompts(model, input_ids.unsqueeze(0))
+    n = int(row.shape[0])
+    if not 1 <= window <= n:
+        raise ValueError(f"window={window} for a prompt of {n} tokens; allowed: 1 .. {n}")
+    ids = row.unsqueeze(0).to(device)
+    mask = torch.ones(1, n, dtype=torch.int64, device=device)
+    cache = DynamicCache(config=model.config)
+    with capture_last_queries(model, rows=window) as captured:
+        out = prefill_chunks(model, ids, mask, cache, 0, prefill_chunk or n, captured, keep_earlier=True)
+    check_finite(model, out, [n])
+    queries = torch.stack(
+        [torch.cat([q.to(device) for q in per_layer], dim=2)[0, :, -window:] for per_layer in captured]
+    )
+    keys = torch.stack([layer.keys[0, :, :n, :].to(device) for layer in cache.layers])  # type: ignore[union-attr,index]
+    return SpeculatorCapture(queries, keys, []), capture_flops(model, [n], 0, 1)

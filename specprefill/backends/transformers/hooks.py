@@ -46,11 +46,12 @@ def attention_layers(model: Any) -> list[Any]:
 
 
 @contextmanager
-def capture_last_queries(model: Any) -> Iterator[list[list[torch.Tensor]]]:
-    """Record, for every forward of ``model``, each layer's post-RoPE query of the last row.
+def capture_last_queries(model: Any, rows: int = 1) -> Iterator[list[list[torch.Tensor]]]:
+    """Record, for every forward of ``model``, each layer's post-RoPE queries of the last
+    ``rows`` rows (all of a forward's where it has fewer).
 
-    Yields ``captured[layer]``: a list with one ``[batch, heads, 1, d]`` tensor per forward.
-    Only the last row is recomputed (``q_proj`` of one token), so the cost is negligible.
+    Yields ``captured[layer]``: a list with one ``[batch, heads, r, d]`` tensor per forward.
+    Only those rows are recomputed (``q_proj`` of ``rows`` tokens), so the cost is negligible.
     """
     layers = attention_layers(model)
     captured: list[list[torch.Tensor]] = [[] for _ in layers]
@@ -60,10 +61,10 @@ def capture_last_queries(model: Any) -> Iterator[list[list[torch.Tensor]]]:
         def hook(module: Any, args: tuple, kwargs: dict, output: object) -> None:
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             cos, sin = kwargs["position_embeddings"]
-            h = hidden[:, -1:, :]
-            b = h.shape[0]
-            q = module.q_proj(h).view(b, 1, -1, module.head_dim).transpose(1, 2)
-            captured[i].append(_rope(q, cos[:, -1:], sin[:, -1:]).detach())
+            h = hidden[:, -rows:, :]
+            b, r = h.shape[0], h.shape[1]
+            q = module.q_proj(h).view(b, r, -1, module.head_dim).transpose(1, 2)
+            captured[i].append(_rope(q, cos[:, -r:], sin[:, -r:]).detach())
 
         return hook
 

@@ -1,0 +1,148 @@
+"""``specpc``: the draft model's attention drops prompt tokens (SpecPC; Galim et al., "Draft-based
+Approximate Inference for LLMs", arXiv 2506.08373; code: furiosa-ai/draft-based-approx-llm,
+``draft_approx_llm/specpc/``, read at commit d79e404).
+
+As the authors' code does it:
+
+1. The draft (the model config's speculator) prefills the whole prompt; at every layer from
+   ``starting_layer_index`` (0-based; 8 in their configs) the attention of the last
+   ``window_size`` prompt tokens (64) over every prompt token is computed (scaled dot
+   products of the post-RoPE queries and keys, the window causal among itself, softmax in
+   float32 cast back to the model's dtype), weighted by ``linspace(0, 1, window)`` over the
+   queries (``weighted_query``), and reduced over heads and queries, then over layers, by
+   ``reduction_type`` (``max``; ``mean`` is their sum). With ``lookahead_tokens: 1`` (every
+   config of theirs) the draft's ``generate`` runs the prefill only, so nothing else adds.
+2. The scores are pooled (``pool_type`` max, ``kernel_size`` 64 for their Qwen pair, 32 for
+   Llama; zero padding, centred), the top ``C`` positions taken in order of score, each
+   expanded by ``neighbor_tokens`` offsets ordered by distance (0, -1, +1, -2, ...), the
+   window put first, duplicates dropped in that order, cut to ``C`` and sorted. ``C`` is
+   ``max_capacity_prompt`` (tokens, window included: 1024 / 2048 / 3072 in the paper) or,
+   where it is null, ``ceil(N * keep_rate)`` (the harness's keep sweeps).
+3. The target prefills the kept tokens at contiguous positions 0..C-1 (their ``generate`` on
+   the gathered ids); ``position_mode: original`` is a named deviation.
+
+Deviations, each an option recorded in the rows: ``position_mode``; ties between offsets
+-k and +k in the neighbour order are broken with a stable sort (negative first; theirs is
+``argsort`` without ``stable``, unspecified). ``lookahead_tokens`` other than 1 is refused:
+the look-ahead tokens' attention would need their own keys, which the capture does not keep.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from specprefill.core import num_kept
+from specprefill.options import KEEP, Allowed, option
+from specprefill.plan import POSITION_MODES, Backend, Method, Plan, Prompt, kept_plan, register_method
+
+POOL_TYPES = ("max", "avg", "mean")
+
+
+def _pool(kind: str, s: torch.Tensor, kernel: int) -> torch.Tensor:
+    """``s`` ``[1, 1, n]`` pooled over ``kernel`` (stride 1), zero-padded to keep its length, centred."""
+    padded = F.pad(s, ((kernel - 1) // 2, kernel - 1 - (kernel - 1) // 2))
+    if kind == "max":
+        return F.max_pool1d(padded, kernel_size=kernel, stride=1)
+    return F.avg_pool1d(padded, kernel_size=kernel, stride=1)
+
+
+def specpc_scores(
+    queries: torch.Tensor, keys: torch.Tensor, starting_layer: int = 8, weighted: bool = True, reduction: str = "max"
+) -> torch.Tensor:
+    """Per prompt token, the draft's window attention to it: ``queries`` ``[layers, heads, w,
+    d]`` (post-RoPE, the last w prompt tokens), ``keys`` ``[layers, kv_heads, N, d]`` ->
+    ``[N]`` (step 1 of the module's doc)."""
+    layers, heads, w, d = queries.shape
+    if starting_layer >= layers:
+        raise ValueError(
+            f"starting_layer_index={starting_layer}: the draft has {layers} layer(s); allowed: 0 .. {layers - 1}"
+        )
+    per_layer = []
+    for layer in range(starting_layer, layers):
+        q = queries[layer]
+        k = keys[layer].repeat_interleave(heads // keys.shape[1], dim=0)  # [H, N, d]: transformers' repeat_kv
+        n = k.shape[1]
+        attn = torch.matmul(q, k.transpose(1, 2)) / math.sqrt(d)  # [H, w, N]
+        future = torch.ones(w, w, dtype=torch.bool, device=q.device).triu(1)  # the window's later tokens
+        attn[:, :, n - w :] += torch.where(future, torch.finfo(attn.dtype).min, 0.0).to(attn.dtype)
+        attn = torch.softmax(attn, dim=-1, dtype=torch.float32).to(q.dtype)
+        if w > 1 and weighted:
+            attn = attn * torch.linspace(0, 1, w, device=q.device, dtype=attn.dtype)[None, :, None]
+        per_layer.append(attn.amax(dim=(0, 1)) if reduction == "max" else attn.sum(dim=(0, 1)))
+    stacked = torch.stack(per_layer)
+    return stacked.amax(0) if reduction == "max" else stacked.sum(0)
+
+
+def _unique(ind: torch.Tensor) -> torch.Tensor:
+    """``ind`` without repeats, in order of first appearance (``pandas.unique``, as theirs)."""
+    return torch.as_tensor(pd.unique(ind.cpu().numpy()), dtype=torch.int64)
+
+
+def specpc_select(
+    scores: torch.Tensor,
+    capacity: int,
+    window: int,
+    kernel: int = 64,
+    pool: str | None = "max",
+    neighbors: int | None = 64,
+) -> torch.Tensor:
+    """The kept positions, sorted (step 2 of the module's doc)."""
+    n = int(scores.shape[0])
+    if window > n:
+        raise ValueError(f"window_size={window} is longer than the prompt ({n} tokens); allowed: <= {n}")
+    s = scores.reshape(1, 1, n)
+    if pool is not None:
+        s = _pool(pool, s, kernel)
+    s = s.reshape(n)
+    ind = s.topk(capacity, sorted=True).indices if capacity < n else torch.arange(n)
+    nb = kernel if neighbors is None else neighbors
+    if nb > 0:
+        adj = torch.arange(-((nb - 1) // 2), nb - 1 - (nb - 1) // 2 + 1)
+        adj = adj[adj.abs().argsort(stable=True)]
+        ind = _unique((ind.cpu()[:, None] + adj).reshape(-1).clamp(0, n - 1))
+    ind = _unique(torch.cat([torch.arange(n - window, n), ind.cpu()]))[:capacity]
+    return ind.sort().values
+
+
+@register_method("specpc")
+@dataclass(frozen=True)
+class SpecPC(Method):
+    needs_speculator: ClassVar[bool] = True
+
+    keep_rate: float = option(0.3, KEEP)
+    max_capacity_prompt: int | None = option(
+        None, Allowed(int, ge=1, null=True, note="tokens kept, window included; null: ceil(N * keep_rate)")
+    )
+    window_size: int = option(64, Allowed(int, ge=1))
+    kernel_size: int = option(64, Allowed(int, ge=1, note="64 for the paper's Qwen pair, 32 for Llama"))
+    pool_type: str | None = option("max", Allowed(str, choices=POOL_TYPES, null=True))
+    neighbor_tokens: int | None = option(64, Allowed(int, ge=0, null=True, note="null: kernel_size"))
+    reduction_type: str = option("max", Allowed(str, choices=("max", "mean")))
+    lookahead_tokens: int = option(1, Allowed(int, choices=(1,), note="the paper's setting"))
+    starting_layer_index: int = option(8, Allowed(int, ge=0, note="0-based draft layer"))
+    weighted_query: bool = option(True, Allowed(bool))
+    position_mode: str = option("contiguous", Allowed(str, choices=POSITION_MODES))
+
+    def plan(self, prompt: Prompt, backend: Backend) -> Plan:
+        t0 = time.perf_counter()
+        window = int(self.window_size)
+        if window > prompt.n:
+            raise ValueError(
+                f"window_size={window} is longer than the prompt ({prompt.n} tokens); allowed: <= {prompt.n}"
+            )
+        cap = backend.speculate_window(prompt.input_ids, window)
+        t1 = time.perf_counter()
+        scores = specpc_scores(
+            cap.queries, cap.keys, int(self.starting_layer_index), bool(self.weighted_query), str(self.reduction_type)
+        )
+        capacity = int(self.max_capacity_prompt or num_kept(prompt.n, float(self.keep_rate)))
+        kept = specpc_select(scores, capacity, window, int(self.kernel_size), self.pool_type, self.neighbor_tokens)
+        t2 = time.perf_counter()
+        return kept_plan(prompt, kept, self.position_mode, {"speculator_s": t1 - t0, "selection_s": t2 - t1})

@@ -1,0 +1,110 @@
+"""SpecPC (baselines/specpc.py) against independent statements of the authors' algorithm
+(furiosa-ai/draft-based-approx-llm, draft_approx_llm/specpc/, commit d79e404): the scores
+from the draft's own attention weights (eager attention, ``output_attentions``), the
+selection from a hand-worked example."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from baselines.specpc import specpc_scores, specpc_select
+from harness.models.catalog import model_config
+from harness.models.loading import load
+from harness.registry import build_method
+from specprefill.backends.transformers import TransformersBackend, attention_layers
+from specprefill.backends.transformers.capture import capture_window
+from specprefill.plan import Prompt
+
+
+def test_selection_keeps_the_window_and_the_spikes_neighbourhood():
+    """n=200, window 8, pool and neighbours 5, capacity 17, one spike at 100: pooled, the
+    spike covers 98..102; their neighbourhoods are 96..104 (9 tokens), the window 192..199
+    (8): 17, the capacity, so nothing else."""
+    scores = torch.zeros(200)
+    scores[100] = 1.0
+    kept = specpc_select(scores, 17, 8, kernel=5, pool="max", neighbors=5).tolist()
+    assert kept == [*range(96, 105), *range(192, 200)]
+    # a smaller capacity cuts the neighbourhood, nearest offsets first (0, -1, +1, -2, +2: ties
+    # negative first), the window always whole; unpooled, the spike alone is the top score
+    kept = specpc_select(scores, 11, 8, kernel=5, pool=None, neighbors=5).tolist()
+    assert kept == [99, 100, 101, *range(192, 200)]
+    assert specpc_select(scores, 12, 8, kernel=5, pool=None, neighbors=5).tolist()[:4] == [98, 99, 100, 101]
+    assert specpc_select(scores, 500, 8, kernel=5).tolist() == list(range(200))  # capacity >= n: every token
+    with pytest.raises(ValueError, match="window_size=300 is longer than the prompt"):
+        specpc_select(scores, 17, 300)
+
+
+@pytest.fixture(scope="module")
+def backend(smollm2_tokenizer):
+    lm = load(model_config("tiny-random", max_context=8192))
+    return TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
+
+
+def _by_hand(model, ids: torch.Tensor, window: int, start: int) -> torch.Tensor:
+    """The authors' score from the model's own attention weights (eager attention): the
+    last ``window`` rows of each layer's softmax from ``start`` on, weighted linspace(0, 1)
+    over the rows, max over heads and rows, then over layers."""
+    # The eager attention's own weights, taken from each layer's output (transformers'
+    # output_attentions recorder mixes two models of one class in a process).
+    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}
+    before = {k: c._attn_implementation for k, c in configs.items()}
+    weights: list[torch.Tensor] = []
+    hooks = [a.register_forward_hook(lambda m, i, o: weights.append(o[1])) for a in attention_layers(model)]
+    for c in configs.values():
+        c._attn_implementation = "eager"
+    try:
+        with torch.inference_mode():
+            model(input_ids=ids[None])
+    finally:
+        for k, c in configs.items():
+            c._attn_implementation = before[k]
+        for h in hooks:
+            h.remove()
+    assert len(weights) == model.config.num_hidden_layers and all(w is not None for w in weights)
+    per_layer = []
+    for attn in weights[start:]:
+        a = attn[0, :, -window:, :].float()  # [H, w, N]: causal over the window already
+        a = a * torch.linspace(0, 1, window)[None, :, None]
+        per_layer.append(a.amax(dim=(0, 1)))
+    return torch.stack(per_layer).amax(0)
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_scores_are_the_drafts_window_attention(backend, chunk):
+    """From the window capture (chunked or not) the scores equal those computed from the
+    draft's attention weights themselves; on a deeper model (the tiny base), from a later
+    layer on too."""
+    backend.prefill_chunk = chunk
+    try:
+        ids = torch.randint(0, 1000, (40,))
+        cap = backend.speculate_window(ids, 8)
+    finally:
+        backend.prefill_chunk = None
+    assert cap.queries.shape[2] == 8 and cap.keys.shape[2] == 40
+    got = specpc_scores(cap.queries, cap.keys, starting_layer=0)
+    assert torch.allclose(got.float(), _by_hand(backend.speculator, ids, 8, 0), atol=1e-6)
+    layers = backend.speculator.config.num_hidden_layers
+    with pytest.raises(ValueError, match=rf"starting_layer_index={layers}: the draft has {layers} layer"):
+        specpc_scores(cap.queries, cap.keys, starting_layer=layers)
+    with torch.inference_mode():  # as the backend captures
+        base, _ = capture_window(backend.base, ids, 8, backend.device, chunk)
+    assert base.queries.shape[0] >= 2  # a model with layers to skip
+    for start in (0, 1):
+        got = specpc_scores(base.queries, base.keys, starting_layer=start)
+        assert torch.allclose(got.float(), _by_hand(backend.base, ids, 8, start), atol=1e-6)
+
+
+def test_the_method_keeps_its_token_budget_at_contiguous_positions(backend):
+    ids = torch.randint(0, 1000, (300,))
+    prompt = Prompt(input_ids=ids)
+    m = build_method("specpc", {"keep_rate": 0.3, "max_capacity_prompt": 100, "window_size": 16,
+                                "kernel_size": 8, "neighbor_tokens": 8, "starting_layer_index": 0})  # fmt: skip
+    plan = m.plan(prompt, backend)
+    assert plan.k == 100 and plan.kept_indices is not None
+    assert plan.kept_indices[-16:].tolist() == list(range(284, 300))  # the window, whole
+    assert plan.position_ids.tolist() == list(range(100)) and plan.next_position == 100
+    by_keep = build_method("specpc", {"keep_rate": 0.2, "starting_layer_index": 0, "window_size": 16})
+    assert by_keep.plan(prompt, backend).k == 60  # ceil(300 * 0.2)
+    with pytest.raises(ValueError, match="lookahead_tokens=2"):
+        build_method("specpc", {"lookahead_tokens": 2})
