@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 
 from specprefill.core import num_kept
-from specprefill.options import KEEP, Allowed, option
+from specprefill.options import KEEP, KEEP_TOKENS, Allowed, option
 from specprefill.plan import (
     POSITION_MODES,
     Backend,
@@ -43,6 +43,7 @@ class GemFilter(Method):
     reads_base: ClassVar[bool] = True  # its filter layer is the base's own: transformers backend only
 
     keep_rate: float = option(0.3, KEEP)
+    keep_tokens: int | None = option(None, KEEP_TOKENS)
     filter_layer: int = option(13, Allowed(int, ge=1, note="1-based layer of the base model"))
     position_mode: str = option("contiguous", Allowed(str, choices=POSITION_MODES))
 
@@ -58,7 +59,7 @@ class GemFilter(Method):
         cap = backend.base_capture(prompt.input_ids, self.filter_layer)
         t1 = time.perf_counter()
         scores = gemfilter_scores(cap.queries[-1, :, 0], cap.keys[-1])
-        kept = torch.sort(torch.topk(scores, num_kept(prompt.n, float(self.keep_rate))).indices).values
+        kept = torch.sort(torch.topk(scores, num_kept(prompt.n, self.keep_for(prompt.n))).indices).values
         t2 = time.perf_counter()
         return kept_plan(
             prompt, kept.to(torch.int64), self.position_mode, {"filter_s": t1 - t0, "selection_s": t2 - t1}

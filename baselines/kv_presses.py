@@ -10,7 +10,9 @@ attention layers (``kvpress/presses/base_press.py``), which compress the cache i
 the forward that prefills from position 0 and leave every later forward alone. Budget:
 kvpress's ``compression_ratio`` is the fraction *removed*; our ``keep_rate`` is the fraction
 kept, so ``keep_rate=0.1`` is ``compression_ratio=0.9`` (both recorded in every row: the
-options and ``compression_ratio``).
+options and ``compression_ratio``); with ``keep_tokens`` the ratio is set per prompt so
+that the cache holds ``keep_tokens`` entries, the part prefilled uncompressed after the
+press included.
 
 Two settings, distinct rows (option ``query_aware``), both as kvpress's pipeline
 (``KVPressTextGenerationPipeline.preprocess``) lays out a prompt: what the press compresses
@@ -57,11 +59,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from specprefill.backends.transformers import cache_positions_restored
-from specprefill.options import FLAG, KEEP, SEED, Allowed, option
+from specprefill.options import FLAG, KEEP, KEEP_TOKENS, SEED, Allowed, option
 from specprefill.plan import Backend, Method, Plan, Prompt, full_plan, register_method
 
 #: The attribute :meth:`KVPress.applied` sets on the base model while its press is on.
 APPLIED = "_kvpress_applied"
+#: ... and the press object itself (its ratio set per prompt under ``keep_tokens``).
+PRESS = "_kvpress_press"
 #: kvpress's wrapped attention functions by name, taken out of transformers' registry after
 #: the import (:func:`kvpress_module`) and put back only inside :func:`attention_patched`.
 _WRAPPED: dict[str, Any] = {}
@@ -158,6 +162,7 @@ class KVPress(Method):
     #: The kvpress class this method applies.
     press_class: ClassVar[str]
     keep_rate: float = option(0.3, KEEP)
+    keep_tokens: int | None = option(None, KEEP_TOKENS)
     query_aware: bool = option(True, Allowed(bool, note="the press sees the question"))
     compress_tail: bool = option(False, Allowed(bool, note="also compress the chat tail and answer prefix"))
 
@@ -179,7 +184,7 @@ class KVPress(Method):
         kvpress = kvpress_module()
 
         extra = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name in ("keep_rate", "query_aware", "compress_tail"):
+        for name in ("keep_rate", "keep_tokens", "query_aware", "compress_tail"):
             extra.pop(name)
         return getattr(kvpress, self.press_class)(compression_ratio=self.compression_ratio, **extra)
 
@@ -196,10 +201,12 @@ class KVPress(Method):
         press = self.press()
         with cache_positions_restored(base), attention_patched(), press(base):
             setattr(base, APPLIED, self)
+            setattr(base, PRESS, press)
             try:
                 yield
             finally:
                 delattr(base, APPLIED)
+                delattr(base, PRESS)
 
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:
         base: Any = getattr(backend, "base", None)
@@ -210,10 +217,15 @@ class KVPress(Method):
                 f"{self.name}; runners enter method.applied(backend) around the method's turn"
             )
         plan = full_plan(prompt)
-        if self.query_aware and self.compress_tail:
-            return plan
-        split = question_end if self.query_aware else question_start
-        return dataclasses.replace(plan, prefix=split(prompt, backend.tokenizer))
+        if not (self.query_aware and self.compress_tail):
+            split = question_end if self.query_aware else question_start
+            plan = dataclasses.replace(plan, prefix=split(prompt, backend.tokenizer))
+        if self.keep_tokens is not None:  # a budget in tokens: the cache holds that many, the uncompressed rest too
+            pressed = plan.prefix if plan.prefix is not None and 0 < plan.prefix < plan.k else plan.k
+            kept = max(1, min(pressed, int(self.keep_tokens) - (plan.k - pressed)))
+            # kvpress keeps int(n * (1 - ratio)) entries: half a token above the count, so float error cannot drop one
+            getattr(base, PRESS).compression_ratio = 1.0 - (kept + 0.5) / pressed
+        return plan
 
 
 @register_method("snapkv")

@@ -43,7 +43,7 @@ import torch
 from baselines.rag import chunk
 from harness.models.catalog import cache_root, resolve_dtype
 from specprefill.core import num_kept
-from specprefill.options import KEEP, Allowed, option
+from specprefill.options import KEEP, KEEP_TOKENS, Allowed, option
 from specprefill.plan import (
     Backend,
     Method,
@@ -189,6 +189,7 @@ class _Lingua(Method):
     scope: ClassVar[str] = "context"
     llmlingua2: ClassVar[bool] = False
     keep_rate: float = option(0.3, KEEP)
+    keep_tokens: int | None = option(None, KEEP_TOKENS)
     model_path: str | None = option(None, Allowed(str, null=True, note="null: the default compressor"))
     chunking: str = option("none", Allowed(str, choices=CHUNKINGS))
     chunk_words: int = option(100, Allowed(int, ge=1))
@@ -216,7 +217,7 @@ class _Lingua(Method):
         t0 = time.perf_counter()
         tok = backend.tokenizer
         ctx_tokens = len(tok(prompt.context, add_special_tokens=False).input_ids)
-        budget = num_kept(prompt.n, float(self.keep_rate)) - (prompt.n - ctx_tokens)
+        budget = num_kept(prompt.n, self.keep_for(prompt.n)) - (prompt.n - ctx_tokens)
         docs = split_context(prompt.context, self.chunking, self.chunk_words)
         if ctx_tokens == 0 or budget >= ctx_tokens or not docs:  # nothing to compress (and empty input crashes it)
             return text_plan(prompt, backend, prompt.context, {"compressor_s": time.perf_counter() - t0})

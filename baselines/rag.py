@@ -23,7 +23,7 @@ import torch
 
 from harness.benchmarks.text import sent_tokenize
 from specprefill.core import num_kept
-from specprefill.options import KEEP, Allowed, option
+from specprefill.options import KEEP, KEEP_TOKENS, Allowed, option
 from specprefill.plan import (
     Backend,
     Method,
@@ -80,6 +80,7 @@ class _Rag(Method):
 
     scope: ClassVar[str] = "query_aware_context"
     keep_rate: float = option(0.3, KEEP)
+    keep_tokens: int | None = option(None, KEEP_TOKENS)
     chunking: str = option("sentences", Allowed(str, choices=CHUNKINGS))
     chunk_words: int = option(100, Allowed(int, ge=1))
     order: str = option("document", Allowed(str, choices=ORDERS))
@@ -94,7 +95,7 @@ class _Rag(Method):
             return text_plan(prompt, backend, prompt.context, {"retriever_s": time.perf_counter() - t0})
         tok = backend.tokenizer
         ctx_tokens = len(tok(prompt.context, add_special_tokens=False).input_ids)
-        budget = num_kept(prompt.n, float(self.keep_rate)) - (prompt.n - ctx_tokens)
+        budget = num_kept(prompt.n, self.keep_for(prompt.n)) - (prompt.n - ctx_tokens)
         sizes = [len(ids) for ids in tok(chunks, add_special_tokens=False).input_ids]
         scores = self.score(prompt.question or prompt.instruction, chunks)
         chosen, used = [], 0

@@ -39,10 +39,20 @@ import torch
 import torch.nn.functional as F
 
 from specprefill.core import num_kept
-from specprefill.options import KEEP, Allowed, option
+from specprefill.options import KEEP, KEEP_TOKENS, Allowed, option
 from specprefill.plan import POSITION_MODES, Backend, Method, Plan, Prompt, kept_plan, register_method
 
 POOL_TYPES = ("max", "avg", "mean")
+
+
+def check_one_budget(max_capacity_prompt: int | None, keep_tokens: int | None) -> None:
+    """Refuse two token budgets (the authors' ``max_capacity_prompt`` and the harness's
+    ``keep_tokens``), naming both."""
+    if max_capacity_prompt is not None and keep_tokens is not None:
+        raise ValueError(
+            f"max_capacity_prompt={max_capacity_prompt} and keep_tokens={keep_tokens}: two token budgets; allowed: "
+            f"one of them (keep_tokens is max_capacity_prompt for every prompt)"
+        )
 
 
 def _pool(kind: str, s: torch.Tensor, kernel: int) -> torch.Tensor:
@@ -117,6 +127,7 @@ class SpecPC(Method):
     needs_speculator: ClassVar[bool] = True
 
     keep_rate: float = option(0.3, KEEP)
+    keep_tokens: int | None = option(None, KEEP_TOKENS)
     max_capacity_prompt: int | None = option(
         None, Allowed(int, ge=1, null=True, note="tokens kept, window included; null: ceil(N * keep_rate)")
     )
@@ -130,6 +141,9 @@ class SpecPC(Method):
     weighted_query: bool = option(True, Allowed(bool))
     position_mode: str = option("contiguous", Allowed(str, choices=POSITION_MODES))
 
+    def __post_init__(self) -> None:
+        check_one_budget(self.max_capacity_prompt, self.keep_tokens)
+
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:
         t0 = time.perf_counter()
         window = int(self.window_size)
@@ -142,7 +156,7 @@ class SpecPC(Method):
         scores = specpc_scores(
             cap.queries, cap.keys, int(self.starting_layer_index), bool(self.weighted_query), str(self.reduction_type)
         )
-        capacity = int(self.max_capacity_prompt or num_kept(prompt.n, float(self.keep_rate)))
+        capacity = int(self.max_capacity_prompt or num_kept(prompt.n, self.keep_for(prompt.n)))
         kept = specpc_select(scores, capacity, window, int(self.kernel_size), self.pool_type, self.neighbor_tokens)
         t2 = time.perf_counter()
         return kept_plan(prompt, kept, self.position_mode, {"speculator_s": t1 - t0, "selection_s": t2 - t1})

@@ -31,10 +31,10 @@ from harness import hub
 from harness.benchmarks.base import BenchmarkConfig
 from harness.models.catalog import BACKENDS, ModelConfig, check_backend, parse_speculator
 from harness.models.placement import WINDOW_MARGIN, layer_count
-from harness.registry import build_method
+from harness.registry import build_method, method_names, method_option_names
 from harness.store import RunStore
-from specprefill.options import FLAG, SEED, Allowed, check_options, option
-from specprefill.plan import Method
+from specprefill.options import FLAG, KEEP_TOKENS, SEED, Allowed, check_options, option
+from specprefill.plan import Method, method_class
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -63,6 +63,7 @@ class CommonSchema:
     method: Any = option(MISSING, GROUP)
     keep: float = option(0.3, Allowed(float, gt=0, le=1, what="a fraction", note="of prompt tokens the base prefills"))
     lookahead: int = option(1, Allowed(int, ge=1, note="SpecPrefill look-ahead steps; 1 = the last prompt token"))
+    keep_tokens: int | None = option(None, KEEP_TOKENS)  # a budget in tokens, instead of keep, for every method
     out: str = option("results/default", Allowed(str, note="a folder"))
     backend: str = option("transformers", Allowed(str, choices=BACKENDS))
     reference: str = option("full", Allowed(str, note="a conf/method name"))  # ratios are taken against it
@@ -159,10 +160,13 @@ def check_common(c: dict[str, Any]) -> None:
     (0, 1] (even for full prefill, which ignores it: a typo must not pass silently),
     ``lookahead`` >= 1, ``allow_failures`` a bool, ``out`` a writable folder."""
     shared = {"keep": c.get("keep"), "lookahead": c.get("lookahead"), "allow_failures": c.get("allow_failures", False)}
+    if c.get("keep_tokens") is not None:
+        shared["keep_tokens"] = c["keep_tokens"]
     try:  # their declarations (CommonSchema): also where no schema composed them (lm-eval's model args)
         check_options(CommonSchema, shared)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    check_token_budget(c.get("keep_tokens"), c.get("method"))
     ref = c.get("reference")
     methods = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
     if ref is not None and ref not in methods:
@@ -172,6 +176,24 @@ def check_common(c: dict[str, Any]) -> None:
             + (f"; did you mean {close[0]!r}?" if close else "")
         )
     check_out(c["out"])
+
+
+def check_token_budget(tokens: int | None, method: Any) -> None:
+    """``keep_tokens=N``: refused in one line for a method that takes no token budget (its
+    options have no ``keep_tokens``: MInference prefills every token); full prefill, the
+    reference, ignores it as it ignores ``keep``."""
+    if tokens is None or not isinstance(method, dict) or "name" not in method:
+        return
+    name = str(method["name"])
+    if name not in method_names():
+        return  # the method's own check names it
+    if method_class(name).identity or "keep_tokens" in method_option_names(name):
+        return
+    budgeted = sorted(p.stem for p in (CONF / "method").glob("*.yaml") if "keep_tokens" in p.read_text())
+    raise ConfigError(
+        f"keep_tokens={tokens}: method {method['name']!r} takes no token budget; allowed: keep_tokens with one of "
+        f"{budgeted} (or full, which ignores it)"
+    )
 
 
 def check_model_fits(model: Any, methods: list[Any], longest_prompt: int) -> None:
@@ -497,14 +519,19 @@ def model_from(c: dict[str, Any]) -> ModelConfig:
 
 
 def method_spec(method: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(name, options) of a composed ``conf/method`` entry."""
+    """(name, options) of a composed ``conf/method`` entry. With a budget in tokens
+    (``keep_tokens``) the keep fraction is 1 (no fraction: the tokens are the budget), so a
+    sweep over ``keep`` beside it maps to one run folder, run once."""
     opts = dict(method)
+    if opts.get("keep_tokens") is not None and "keep_rate" in opts:
+        opts["keep_rate"] = 1.0
     return str(opts.pop("name")), opts
 
 
-def method_conf(name: str, keep: float, lookahead: int) -> tuple[str, dict[str, Any]]:
-    """(name, options) of ``conf/method/<name>.yaml`` with the ``keep`` and ``lookahead``
-    shorthands filled in: for a second method in one job (the reference of a latency run)."""
+def method_conf(name: str, keep: float, lookahead: int, keep_tokens: int | None = None) -> tuple[str, dict[str, Any]]:
+    """(name, options) of ``conf/method/<name>.yaml`` with the ``keep``, ``lookahead`` and
+    ``keep_tokens`` shorthands filled in: for a second method in one job (the reference of a
+    latency run)."""
     path = CONF / "method" / f"{name}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in path.parent.glob("*.yaml"))
@@ -512,7 +539,8 @@ def method_conf(name: str, keep: float, lookahead: int) -> tuple[str, dict[str, 
         raise ValueError(
             f"unknown method config {name!r}; allowed: {known}" + (f"; did you mean {close[0]!r}?" if close else "")
         )
-    cfg = OmegaConf.merge({"keep": keep, "lookahead": lookahead}, {"m": OmegaConf.load(path)})
+    shorthands = {"keep": keep, "lookahead": lookahead, "keep_tokens": keep_tokens}
+    cfg = OmegaConf.merge(shorthands, {"m": OmegaConf.load(path)})
     assert isinstance(cfg, DictConfig)
     return method_spec(container(cfg)["m"])
 

@@ -115,9 +115,12 @@ class RunRecord:
     method_options: str  # JSON of every option of the method
     reference_method: str  # the method ratios are taken against (config ``reference``)
     #: The method's budget as a fraction of the prompt (None: a method without one, the
-    #: reference); every other option is in ``method_options`` only (rows before 2026-12-04
-    #: also copied SpecPrefill's into their own columns).
+    #: reference, or a budget in tokens); every other option is in ``method_options`` only
+    #: (rows before 2026-12-04 also copied SpecPrefill's into their own columns).
     keep_rate: float | None
+    #: The method's budget in tokens where one was asked (``keep_tokens=``; None otherwise): the
+    #: requested; what it achieved is ``kept_tokens`` (prompt methods) or ``kv_tokens`` (KV).
+    keep_tokens: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -279,16 +282,17 @@ class QPSRecord(RunRecord):
 
 
 def method_columns(method: Any, reference: str) -> dict[str, Any]:
-    """The method fields of a row: name, scope, every option (JSON; the keep rate, which
-    every budgeted method has, in its own column too), and the reference method ratios
-    are taken against."""
+    """The method fields of a row: name, scope, every option (JSON; the budget, which every
+    budgeted method has, in its own column too: ``keep_rate``, or ``keep_tokens`` where that
+    replaces it), and the reference method ratios are taken against."""
     opts = method.options()
     return {
         "method": method.name,
         "scope": method.scope,
         "method_options": json.dumps(opts, sort_keys=True),
         "reference_method": reference,
-        "keep_rate": opts.get("keep_rate"),
+        "keep_rate": opts.get("keep_rate") if opts.get("keep_tokens") is None else None,
+        "keep_tokens": opts.get("keep_tokens"),
     }
 
 

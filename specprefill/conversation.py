@@ -64,6 +64,11 @@ def check_multiturn(method: Method, backend: str) -> None:
             f"backend={backend!r} on a multi-turn benchmark: the per-turn caches are the transformers backend's "
             f"(a serving engine's prefix cache is its own); allowed: backend=transformers"
         )
+    if getattr(method, "keep_tokens", None) is not None:
+        raise ValueError(
+            f"method {method.name!r} with keep_tokens={method.keep_tokens}: a conversation's turns grow, and its "  # type: ignore[attr-defined]
+            f"policies select a fraction of each; allowed: keep_tokens=null (keep=) on a multi-turn benchmark"
+        )
     if method.turn_policy in ("frozen", "revival") and getattr(method, "position_mode", "original") != "original":
         raise ValueError(
             f"method {method.name!r} with position_mode={method.position_mode!r}: a conversation keeps tokens at "  # type: ignore[attr-defined]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from specprefill.core import force_keep, select_tokens, token_importance
-from specprefill.options import KEEP, Allowed, option
+from specprefill.options import KEEP, KEEP_TOKENS, Allowed, option
 from specprefill.plan import (
     POSITION_MODES,
     Backend,
@@ -47,6 +47,7 @@ class SpecPrefill(Method):
     turn_policy: ClassVar[str | None] = "reselect"
 
     keep_rate: float = option(0.3, KEEP)
+    keep_tokens: int | None = option(None, KEEP_TOKENS)
     lookahead: int = option(8, Allowed(int, ge=1, note="look-ahead steps; 1 = the last prompt token"))
     pool_kernel: int | None = option(None, Allowed(int, ge=1, odd=True, null=True, note="null: no pooling"))
     chunk_size: int | None = option(None, Allowed(int, ge=1, null=True, note="null: token mode"))
@@ -94,7 +95,7 @@ class SpecPrefill(Method):
             importance = token_importance(cap.queries, cap.keys, self.pool_kernel)
             if maps is not None:
                 importance = maps[i].to_base(importance)
-            kept = select_tokens(importance, float(self.keep_rate), self.chunk_size)
+            kept = select_tokens(importance, self.keep_for(prompt.n), self.chunk_size)
             if self.force_keep_first or self.force_keep_last:
                 kept = force_keep(kept, prompt.n, self.force_keep_first, self.force_keep_last)
             timings = {"speculator_s": speculator_s, "selection_s": time.perf_counter() - t1}

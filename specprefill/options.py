@@ -122,6 +122,8 @@ class Allowed:
 
 #: ``keep_rate``: the fraction of prompt tokens (or KV entries) a method keeps.
 KEEP = Allowed(float, gt=0, le=1, note="the fraction of prompt tokens kept")
+#: A budget in tokens instead of the fraction (``keep_tokens=``); null: ``keep_rate``.
+KEEP_TOKENS = Allowed(int, ge=1, null=True, note="prompt tokens kept (capped at the prompt); null: keep_rate")
 #: A seed: any int.
 SEED = Allowed(int)
 #: A bool option.

@@ -45,6 +45,10 @@ class Prompt:
     tail: str = ""
     #: Whether tokenizing the prompt text adds special tokens (for methods that re-tokenize).
     add_special_tokens: bool = False
+    #: The tokens the answer may take (the task's ``max_new_tokens`` as the run budgets it),
+    #: for a method whose draft writes the answer ahead (SpecKV); None where no answer is
+    #: asked (a latency grid's prompts).
+    answer_tokens: int | None = None
 
     @property
     def n(self) -> int:
@@ -163,7 +167,7 @@ def check_position_mode(mode: str) -> None:
 
 class Backend(Protocol):
     """The backend that owns the models: what methods may ask of it (``tokenizer``,
-    ``speculate*``, ``base_capture``), and what the harness runs plans with
+    ``speculate*``, ``draft``, ``base_capture``), and what the harness runs plans with
     (``generate`` for eval, ``prefill`` for latency). ``method_flops`` counts the model
     FLOPs of the calls made on a method's behalf (speculator, early layers), for ideal
     speedups; the harness reads and resets it around a method's ``plan``. A backend that can
@@ -184,6 +188,8 @@ class Backend(Protocol):
     def speculate_batch(self, input_ids: torch.Tensor, lookahead: int) -> list[SpeculatorCapture]: ...
 
     def speculate_window(self, input_ids: torch.Tensor, window: int) -> SpeculatorCapture: ...
+
+    def draft(self, input_ids: torch.Tensor, max_new_tokens: int) -> list[int]: ...
 
     def base_capture(self, input_ids: torch.Tensor, num_layers: int) -> SpeculatorCapture: ...
 
@@ -224,6 +230,15 @@ class Method(ABC):
         """A method dataclass's own rules that tie options together (its fields were checked
         against their declarations first: :func:`register_method`). Defined here so that
         every method dataclass's ``__init__`` calls it."""
+
+    def keep_for(self, n: int) -> float:
+        """The fraction of a prompt of ``n`` tokens this method keeps: ``keep_tokens / n``
+        (capped at 1) where the method has a token budget set (``keep_tokens=``), else its
+        ``keep_rate``. ``num_kept(n, keep_for(n))`` is then exactly the budget."""
+        tokens = getattr(self, "keep_tokens", None)
+        if tokens is not None:
+            return min(1.0, int(tokens) / n)
+        return float(getattr(self, "keep_rate", 1.0))
 
     def options(self) -> dict[str, Any]:
         """The options recorded in every result row."""

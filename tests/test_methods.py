@@ -5,6 +5,7 @@ here says so with :class:`Unsupported`."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def backend(smollm2_tokenizer):
 @pytest.fixture(scope="module")
 def prompt(smollm2_info, smollm2_tokenizer):
     s = ruler.generate("qa_1", 2048, 1, smollm2_info.fmt, smollm2_info.count)[0]
-    return sample_prompt(s, smollm2_tokenizer)[0]
+    return dataclasses.replace(sample_prompt(s, smollm2_tokenizer)[0], answer_tokens=4)  # as the eval job sets it
 
 
 def offline(stem: str, lm: str, clf: str) -> dict:
@@ -68,8 +69,9 @@ def test_every_preset_plans_within_its_budget(stem, backend, prompt, small_lm, c
         assert not torch.cuda.is_available() and "CUDA" in str(e)  # MInference on a CPU machine
         return
     n, k = prompt.n, plan.k
-    if method.compresses_cache:  # a KV press prefills every token; its budget is the cache's
-        assert k == n and torch.equal(plan.input_ids, prompt.input_ids) and plan.next_position == n
+    if method.compresses_cache:  # a KV method prefills every token (SpecKV: then its draft); its budget is the cache's
+        assert k >= n and torch.equal(plan.input_ids[:n], prompt.input_ids) and plan.next_position == n
+        assert torch.equal(plan.position_ids[:n], torch.arange(n))
         return
     assert plan.input_ids.dtype == plan.position_ids.dtype == torch.int64 and plan.position_ids.shape == (k,)
     assert k >= 1 and plan.next_position >= int(plan.position_ids.max()) + 1
@@ -93,3 +95,32 @@ def test_every_preset_plans_within_its_budget(stem, backend, prompt, small_lm, c
     batch = method.plan_batch([prompt, prompt], backend)
     for b in batch:
         assert torch.equal(b.input_ids, plan.input_ids) and torch.equal(b.position_ids, plan.position_ids)
+
+
+@pytest.mark.parametrize(
+    "stem", [s for s in PRESETS if "keep_tokens" in (Path(CONF) / "method" / f"{s}.yaml").read_text()]
+)
+def test_a_token_budget_is_the_methods_budget(stem, backend, prompt, small_lm, classifier):  # noqa: F811
+    """``keep_tokens=300`` on a ~2K prompt: the methods that keep prompt tokens keep 300 (chunks
+    of 32 round up to whole chunks; a rewritten text within 2 % of the prompt of it), the KV
+    methods leave 300 entries in the cache (SpecKV: then the prompt's last token again)."""
+    name, options = method_conf(stem, 0.3, 1, 300)
+    assert options["keep_tokens"] == 300
+    method = build_method(name, {**options, **offline(stem, small_lm, classifier)})
+    try:
+        with method.applied(backend):
+            plan = method.plan(prompt, backend)
+            if method.compresses_cache:
+                backend.prefill([plan])
+    except Unsupported:
+        assert not torch.cuda.is_available()
+        return
+    if method.compresses_cache:
+        held = backend.last_kv[0]
+        expected = 301 if name == "speckv" else 300
+        assert held == expected or (name == "kvzip" and held == prompt.n), (stem, held)
+    elif plan.kept_indices is not None:
+        chunk = method.options().get("chunk_size")
+        assert (300 <= plan.k < 300 + chunk) if chunk else plan.k == 300, (stem, plan.k)
+    else:
+        assert plan.k <= 300 + 0.02 * prompt.n, (stem, plan.k)  # as a keep rate: the compressor's own rounding

@@ -41,12 +41,10 @@ def backend(smollm2_tokenizer):
     return TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
 
 
-def _by_hand(model, ids: torch.Tensor, window: int, start: int) -> torch.Tensor:
-    """The authors' score from the model's own attention weights (eager attention): the
-    last ``window`` rows of each layer's softmax from ``start`` on, weighted linspace(0, 1)
-    over the rows, max over heads and rows, then over layers."""
-    # The eager attention's own weights, taken from each layer's output (transformers'
-    # output_attentions recorder mixes two models of one class in a process).
+def eager_weights(model, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Each layer's attention probabilities ``[1, H, n, n]`` for ``ids`` in one plain forward,
+    from the eager attention's own output (transformers' output_attentions recorder mixes
+    two models of one class in a process)."""
     configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}
     before = {k: c._attn_implementation for k, c in configs.items()}
     weights: list[torch.Tensor] = []
@@ -62,8 +60,15 @@ def _by_hand(model, ids: torch.Tensor, window: int, start: int) -> torch.Tensor:
         for h in hooks:
             h.remove()
     assert len(weights) == model.config.num_hidden_layers and all(w is not None for w in weights)
+    return weights
+
+
+def _by_hand(model, ids: torch.Tensor, window: int, start: int) -> torch.Tensor:
+    """The authors' score from the model's own attention weights (eager attention): the
+    last ``window`` rows of each layer's softmax from ``start`` on, weighted linspace(0, 1)
+    over the rows, max over heads and rows, then over layers."""
     per_layer = []
-    for attn in weights[start:]:
+    for attn in eager_weights(model, ids)[start:]:
         a = attn[0, :, -window:, :].float()  # [H, w, N]: causal over the window already
         a = a * torch.linspace(0, 1, window)[None, :, None]
         per_layer.append(a.amax(dim=(0, 1)))

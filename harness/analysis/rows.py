@@ -3,7 +3,8 @@
 :func:`normalize` is the one place that
 
 * gives the reference its keep rate (:data:`REFERENCE_KEEP`: the reference prefills every
-  token; its rows store none);
+  token; its rows store none), and so a run with a budget in tokens (``keep_tokens``: no
+  fraction), whose label then names the budget;
 * blanks the reference's speculator (it runs none, so its point is the same whatever the
   model's speculator is);
 * fills the optional columns (``""`` where a row kind or an older row has none);
@@ -170,4 +171,8 @@ def normalize(rows: pd.DataFrame) -> pd.DataFrame:
         if not part.empty:  # the columns a table shows; the label carries the rest where runs differ
             shown = [k for k in point if k not in LABELLED]
             df.loc[part.index, "label"] = label_variants(part, shown)
+    if "keep_tokens" in df:  # a budget in tokens: keep_rate reads 1 (no fraction), the label says the budget
+        tokens = pd.to_numeric(df["keep_tokens"], errors="coerce")
+        has = tokens.notna()
+        df.loc[has, "label"] = df.loc[has, "label"] + " (" + tokens[has].astype(int).astype(str) + " tokens)"
     return df

@@ -97,7 +97,7 @@ class EvalConfig:
             backend=str(c["backend"]),
             out=Path(str(c["out"])),
             reference=str(c["reference"]),
-            also=tuple(method_conf(a, float(c["keep"]), int(c["lookahead"])) for a in also),
+            also=tuple(method_conf(a, float(c["keep"]), int(c["lookahead"]), c.get("keep_tokens")) for a in also),
         )
 
 
@@ -292,6 +292,7 @@ def run_sample(job: EvalJob, backend: Backend, tokenizer: Any, sample: Sample) -
     max_new = decode_budget(
         sample, prompt.n, job.cfg.model, job.cfg.benchmark.max_new_tokens_cap, job.placement.max_model_len
     )
+    prompt = dataclasses.replace(prompt, answer_tokens=max_new)
     # A method acting inside the model (MInference) patches it for this sample only, untimed.
     with job.method.applied(backend):
         backend.method_flops = 0

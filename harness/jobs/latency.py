@@ -186,7 +186,7 @@ class LatencyConfig:
         also = c["also"] or []
         if not isinstance(also, list) or not all(isinstance(a, str) for a in also):
             raise ValueError(f"also={also!r} is invalid; allowed: a list of method names, e.g. [knorm,snapkv]")
-        extra = tuple(method_conf(a, float(c["keep"]), int(c["lookahead"])) for a in also)
+        extra = tuple(method_conf(a, float(c["keep"]), int(c["lookahead"]), c.get("keep_tokens")) for a in also)
         grid = c["grid"]
         if not isinstance(grid, list) or not all(isinstance(p, list) for p in grid):
             raise ValueError(f"grid={grid!r} is invalid; allowed: a list of [batch, length] pairs, e.g. [[1,4096]]")

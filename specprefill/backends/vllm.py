@@ -426,6 +426,11 @@ class VLLMBackend:
             raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
         return self.speculator_backend.speculate_window(input_ids, window)  # type: ignore[no-any-return]
 
+    def draft(self, input_ids: torch.Tensor, max_new_tokens: int) -> list[int]:
+        if self.speculator_backend is None:
+            raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
+        return self.speculator_backend.draft(input_ids, max_new_tokens)  # type: ignore[no-any-return]
+
     def speculate_batch(self, input_ids: torch.Tensor, lookahead: int) -> list[SpeculatorCapture]:
         if self.speculator_backend is None:
             raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")

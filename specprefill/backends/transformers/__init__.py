@@ -33,6 +33,7 @@ from specprefill.backends.transformers.hooks import (
     cache_positions_restored,
     cache_size,
     capture_last_queries,
+    compressing_cache,
     early_exit_view,
     position_mask,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "cache_positions_restored",
     "cache_size",
     "capture_last_queries",
+    "compressing_cache",
     "early_exit_view",
     "position_mask",
 ]

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from specprefill.backends.transformers.capture import capture_batch, capture_window
+from specprefill.backends.transformers.capture import capture_batch, capture_window, draft_tokens
 from specprefill.backends.transformers.hooks import cache_size, early_exit_view, position_mask
 from specprefill.plan import Generation, Plan, SpeculatorCapture
 from specprefill.token_map import RULES, check_offsets
@@ -136,6 +136,25 @@ class TransformersBackend:
         self.method_flops += flops
         self._sync()
         return cap
+
+    @torch.inference_mode()
+    def draft(self, input_ids: torch.Tensor, max_new_tokens: int) -> list[int]:
+        """The speculator's greedy continuation of one prompt (``[n]``), up to
+        ``max_new_tokens`` tokens, its first EOS included (its own generation config's EOS
+        ids, else the base's), as ``generate`` writes it; its FLOPs counted in
+        :attr:`method_flops`."""
+        if self.speculator is None:
+            raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
+        if self.speculator_tokenizer is not None:
+            raise ValueError(
+                "a draft continuation needs a speculator sharing the base's tokenizer; this one has its own"
+            )
+        eos = getattr(getattr(self.speculator, "generation_config", None), "eos_token_id", None)
+        ids = {eos} if isinstance(eos, int) else set(eos or ()) or self.eos_ids
+        tokens, flops = draft_tokens(self.speculator, input_ids, max_new_tokens, sorted(ids), self.device)
+        self.method_flops += flops
+        self._sync()
+        return tokens
 
     @torch.inference_mode()
     def _capture_batch(

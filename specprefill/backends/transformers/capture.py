@@ -240,3 +240,44 @@ def capture_window(
     )
     keys = torch.stack([layer.keys[0, :, :n, :].to(device) for layer in cache.layers])  # type: ignore[union-attr,index]
     return SpeculatorCapture(queries, keys, []), capture_flops(model, [n], 0, 1)
+
+
+def draft_tokens(
+    model: Any,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    device: torch.device,
+    prefill_chunk: int | None = None,
+) -> tuple[list[int], int]:
+    """One prompt's (``[n]``) greedy continuation by ``model``, as transformers' ``generate``
+    gives it: up to ``max_new_tokens`` tokens, the first EOS included and nothing after it
+    (what SpecKV's draft writes, baselines/speckv.py), with the pass's FLOPs."""
+    from transformers import DynamicCache
+
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens}; allowed: >= 1")
+    (row,) = checked_prompts(model, input_ids.unsqueeze(0))
+    n = int(row.shape[0])
+    ids = row.unsqueeze(0).to(device)
+    mask = torch.ones(1, n, dtype=torch.int64, device=device)
+    cache = DynamicCache(config=model.config)
+    out = prefill_chunks(model, ids, mask, cache, 0, prefill_chunk or n, [])
+    check_finite(model, out, [n])
+    tokens: list[int] = []
+    eos = set(eos_ids)
+    while True:
+        nxt = int(out.logits[0, -1].argmax())
+        tokens.append(nxt)
+        if nxt in eos or len(tokens) == max_new_tokens:
+            break
+        mask = torch.cat([mask, mask.new_ones(1, 1)], dim=1)
+        out = model(
+            input_ids=torch.tensor([[nxt]], device=device),
+            position_ids=torch.tensor([[n + len(tokens) - 1]], device=device),
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    return tokens, capture_flops(model, [n], 0, len(tokens))

@@ -1,5 +1,6 @@
 """The hooks into a transformers model's attention layers: the queries SpecPrefill scores
-with (:func:`capture_last_queries`), the cache positions kvpress reads
+with (:func:`capture_last_queries`), a cache rewritten after its prefill
+(:func:`compressing_cache`: SpecKV), the cache positions kvpress reads
 (:func:`cache_positions_restored`), an early-exit view of the base's first layers, a
 cache's size and the 4-D mask of a conversation's revived tokens (:func:`position_mask`).
 What they rely on in transformers is listed in :mod:`specprefill.backends.transformers`.
@@ -72,6 +73,49 @@ def capture_last_queries(model: Any, rows: int = 1) -> Iterator[list[list[torch.
         for i, attn in enumerate(layers):
             handles.append(attn.register_forward_hook(make_hook(i), with_kwargs=True))
         yield captured
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextmanager
+def compressing_cache(model: Any, compress: Any) -> Iterator[None]:
+    """Let ``compress`` rewrite each attention layer's cache after the forward that prefills
+    it from empty (more than one token; every later forward is left alone), as kvpress's
+    presses do. ``compress(layer, queries, keys, values)`` gets the layer's index, a function
+    ``queries(r)`` giving its post-RoPE queries of the forward's last ``r`` rows ``[batch,
+    heads, r, d]`` (recomputed from the layer's inputs), and the cache's post-RoPE keys and
+    values ``[batch, kv_heads, seq, d]``; it returns the keys and values the cache holds from
+    then on. The forward's own output is untouched: each layer attended over its full keys
+    before its cache shrank. Removed on exit."""
+    layers = attention_layers(model)
+
+    def make_hook(i: int) -> Any:
+        def hook(module: Any, args: tuple, kwargs: dict, output: object) -> None:
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            cache = kwargs.get("past_key_values")
+            q_len = int(hidden.shape[1])
+            if cache is None or q_len < 2:
+                return
+            layer = cache.layers[i]
+            if int(layer.keys.shape[2]) != q_len:  # the cache held tokens before this forward
+                return
+            cos, sin = kwargs["position_embeddings"]
+
+            def queries(r: int) -> torch.Tensor:
+                h = hidden[:, -r:, :]
+                q = module.q_proj(h).view(h.shape[0], h.shape[1], -1, module.head_dim).transpose(1, 2)
+                return _rope(q, cos[:, -r:], sin[:, -r:])
+
+            layer.keys, layer.values = compress(i, queries, layer.keys, layer.values)
+
+        return hook
+
+    handles = []
+    try:
+        for i, attn in enumerate(layers):
+            handles.append(attn.register_forward_hook(make_hook(i), with_kwargs=True))
+        yield
     finally:
         for h in handles:
             h.remove()
