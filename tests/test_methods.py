@@ -69,6 +69,11 @@ def test_every_preset_plans_within_its_budget(stem, backend, prompt, small_lm, c
         assert not torch.cuda.is_available() and "CUDA" in str(e)  # MInference on a CPU machine
         return
     n, k = prompt.n, plan.k
+    if method.compresses_cache and getattr(method, "parts", ()):  # compose: the first part's plan, pressed after
+        kept = plan.kept_indices
+        assert kept is not None and k <= n and bool((kept[1:] > kept[:-1]).all())
+        assert torch.equal(plan.input_ids, prompt.input_ids[kept]) and plan.next_position == n
+        return
     if method.compresses_cache:  # a KV method prefills every token (SpecKV: then its draft); its budget is the cache's
         assert k >= n and torch.equal(plan.input_ids[:n], prompt.input_ids) and plan.next_position == n
         assert torch.equal(plan.position_ids[:n], torch.arange(n))
@@ -115,7 +120,9 @@ def test_a_token_budget_is_the_methods_budget(stem, backend, prompt, small_lm, c
     except Unsupported:
         assert not torch.cuda.is_available()
         return
-    if method.compresses_cache:
+    if getattr(method, "parts", ()):  # compose: the first part keeps 300 (whole chunks), the press half of them
+        assert 300 <= plan.k < 332 and backend.last_kv[0] < plan.k, (stem, plan.k, backend.last_kv)
+    elif method.compresses_cache:
         held = backend.last_kv[0]
         expected = 301 if name == "speckv" else 300
         assert held == expected or (name == "kvzip" and held == prompt.n), (stem, held)

@@ -84,7 +84,7 @@ class EvalConfig:
         c = container(cfg)
         check_keys(c, EvalSchema)
         check_common(c)
-        name, options = method_spec(c["method"])
+        name, options = method_spec(c["method"], int(c["lookahead"]))
         check_backend(str(c["backend"]))
         also = c.get("also") or []
         if not isinstance(also, list) or not all(isinstance(a, str) for a in also):

@@ -181,7 +181,7 @@ class LatencyConfig:
         c = container(cfg)
         check_keys(c, LatencySchema)
         check_common(c)
-        name, options = method_spec(c["method"])
+        name, options = method_spec(c["method"], int(c["lookahead"]))
         ref_name, ref_options = method_conf(str(c["reference"]), float(c["keep"]), int(c["lookahead"]))
         also = c["also"] or []
         if not isinstance(also, list) or not all(isinstance(a, str) for a in also):

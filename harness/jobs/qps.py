@@ -147,7 +147,7 @@ class QPSConfig:
         check_common(c)
         if c["backend"] != "vllm":
             raise ValueError(f"backend={c['backend']!r}; allowed: ['vllm'] (qps serves the base model on vllm serve)")
-        name, options = method_spec(c["method"])
+        name, options = method_spec(c["method"], int(c["lookahead"]))
         q = dict(c["qps"])
         for k in ("start_rate", "growth", "timeout_s", "ttft_p90_slo_s", "server_timeout_s", "point_timeout_s"):
             if isinstance(q.get(k), int) and not isinstance(q[k], bool):

@@ -1,0 +1,143 @@
+"""``compose``: a prompt-side method, then a KV press during the base's prefill of what it kept
+(``method=compose method.first=specprefill method.then=snapkv``): the prefill is the shorter
+one the first method plans, and decoding reads a cache the press shrank further.
+
+The budget split, both recorded in every row's options: ``keep_rate`` (or ``keep_tokens``) is
+the first method's, the fraction of the prompt it keeps; ``then_keep_rate`` is the press's,
+the fraction of those kept tokens its cache holds, so the cache holds about ``keep_rate *
+then_keep_rate`` of the prompt. ``first_options`` / ``then_options`` are each part's options
+(null in a config: its ``conf/method`` preset, resolved by the harness, budgets aside).
+
+The order of work, every part inside TTFT: the first method plans with no press on (its
+speculator's forward is never compressed, even when the speculator is the base's own first
+layers), then the press's hooks go on, and the base prefills the plan under them: the kept
+tokens up to the question's end compressed, the chat template's tail and the answer prefix
+after them uncompressed, as the press alone does (a method that rewrote the text: the whole
+plan compressed). ``speculator_s`` / ``selection_s`` (or the rewriter's own parts) are the
+first method's; the press's scoring is inside the base's prefill, as for a press alone.
+Needs the base in this process (backend ``transformers``): refused on vLLM before loading.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from baselines.kv_presses import APPLIED, PRESS, KVPress, question_end
+from specprefill.options import KEEP, KEEP_TOKENS, Allowed, option
+from specprefill.plan import (
+    Backend,
+    Method,
+    Plan,
+    Prompt,
+    build_method,
+    method_class,
+    register_method,
+    registered_methods,
+)
+
+#: The attribute :meth:`Compose.applied` sets on the base model: the open stack the press
+#: goes on in (:meth:`Compose.plan` enters it once the first method has planned).
+STACK = "_compose_stack"
+
+
+@register_method("compose")
+@dataclass(frozen=True)
+class Compose(Method):
+    acts_in_model: ClassVar[bool] = True
+    compresses_cache: ClassVar[bool] = True
+    #: The options naming the parts (the harness resolves their ``*_options`` from presets).
+    parts: ClassVar[tuple[str, ...]] = ("first", "then")
+
+    first: str = option("specprefill", Allowed(str, note="a method that keeps prompt tokens"))
+    then: str = option("snapkv", Allowed(str, note="a KV press"))
+    keep_rate: float = option(0.3, KEEP)
+    keep_tokens: int | None = option(None, KEEP_TOKENS)
+    then_keep_rate: float = option(0.5, Allowed(float, gt=0, le=1, note="of the first method's kept tokens"))
+    first_options: dict[str, Any] = option(allowed=Allowed(dict, null=True), factory=dict)
+    then_options: dict[str, Any] = option(allowed=Allowed(dict, null=True), factory=dict)
+
+    def __post_init__(self) -> None:
+        for part in self.parts:
+            if getattr(self, part) not in registered_methods():
+                raise ValueError(
+                    f"{part}={getattr(self, part)!r} is not a method; allowed: one of {registered_methods()}"
+                )
+        if not issubclass(method_class(self.then), KVPress):
+            raise ValueError(
+                f"then={self.then!r} is not a KV press; allowed: a kvpress method (snapkv, knorm, tova, ...)"
+            )
+        first = self.first_method()
+        then = self.then_method()
+        if first.compresses_cache or first.acts_in_model or first.identity or first.turn_policy == "revival":
+            raise ValueError(
+                f"first={self.first!r} does not keep prompt tokens before the prefill; allowed: a prompt-side method "
+                f"(specprefill, specpc, truncate, random, gemfilter, rag_bm25, rag_dense, the LLMLingua family)"
+            )
+        if not isinstance(then, KVPress):
+            raise ValueError(
+                f"then={self.then!r} is not a KV press; allowed: a kvpress method (snapkv, knorm, tova, ...)"
+            )
+        given = self.then_options or {}
+        if given.get("query_aware", True) is not True or given.get("compress_tail", False) is not False:
+            raise ValueError(
+                f"then_options={given}: the press compresses the kept tokens up to the question's end and the tail "
+                f"after it whole; allowed: query_aware true, compress_tail false"
+            )
+        object.__setattr__(self, "needs_speculator", first.needs_speculator)
+        object.__setattr__(self, "reads_base", first.reads_base)
+
+    def check_model(self, model: str, layers: int | None, max_context: int, longest_prompt: int) -> None:
+        self.first_method().check_model(model, layers, max_context, longest_prompt)
+        self.then_method().check_model(model, layers, max_context, longest_prompt)
+
+    def first_method(self) -> Method:
+        budget = {"keep_rate": self.keep_rate, "keep_tokens": self.keep_tokens}
+        return build_method(self.first, {**(self.first_options or {}), **budget})
+
+    def then_method(self) -> Method:
+        opts = {**(self.then_options or {}), "keep_rate": self.then_keep_rate, "query_aware": True}
+        return build_method(self.then, {**opts, "compress_tail": False})
+
+    @contextlib.contextmanager
+    def applied(self, backend: Backend) -> Iterator[None]:
+        """The first method's scope, and an open stack the press goes on in at :meth:`plan`;
+        everything closed on exit."""
+        base: Any = getattr(backend, "base", None)
+        with contextlib.ExitStack() as stack, self.first_method().applied(backend):
+            if base is not None:
+                setattr(base, STACK, stack)
+                stack.callback(delattr, base, STACK)
+            yield
+
+    def plan(self, prompt: Prompt, backend: Backend) -> Plan:
+        base: Any = getattr(backend, "base", None)
+        stack = getattr(base, STACK, None)
+        if stack is None:
+            raise RuntimeError(
+                f"{self.name}: plan() ran outside Compose.applied(backend) (or on a backend without the base model in "
+                f"this process); runners enter method.applied(backend) around the method's turn"
+            )
+        then = self.then_method()
+        on = getattr(base, APPLIED, None)
+        if on is not None and on != then:
+            raise RuntimeError(f"{self.name}: another press is on the base model: {on!r}")
+        if on is not None:  # planned before in this scope (a latency job's iterations): off for the first method
+            raise RuntimeError(
+                f"{self.name}: plan() ran twice in one applied() scope; the press would be on during the first "
+                f"method's planning; allowed: one plan per method.applied(backend)"
+            )
+        plan = self.first_method().plan(prompt, backend)  # no press on yet
+        stack.enter_context(then.applied(backend))
+        getattr(base, PRESS).compression_ratio = then.compression_ratio  # type: ignore[attr-defined]
+        kept = plan.kept_indices
+        end = question_end(prompt, backend.tokenizer) if kept is not None else None
+        if kept is None or end is None:
+            return plan
+        pressed = int(torch.count_nonzero(kept < end))
+        return dataclasses.replace(plan, prefix=pressed if 0 < pressed < plan.k else None)
