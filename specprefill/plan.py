@@ -129,6 +129,11 @@ class Generation:
     kv_bytes: int | None = None
 
 
+#: Method options added after results were first stored, with their defaults
+#: (:meth:`Method.options` leaves them out at these values).
+LATER_OPTIONS: dict[str, Any] = {"keep_tokens": None}
+
+
 class Unsupported(RuntimeError):
     """Raised by a method that cannot run on this hardware or setup; the runner records
     the sample as ``unsupported`` with the reason and goes on."""
@@ -241,8 +246,11 @@ class Method(ABC):
         return float(getattr(self, "keep_rate", 1.0))
 
     def options(self) -> dict[str, Any]:
-        """The options recorded in every result row."""
-        return dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
+        """The options recorded in every result row and in the run's identity; an option added
+        after runs were stored (:data:`LATER_OPTIONS`) only where it is not at its default, so
+        adding one orphans no stored run and changes no stored row's ``method_options``."""
+        d: dict[str, Any] = dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
+        return {k: v for k, v in d.items() if not (k in LATER_OPTIONS and v == LATER_OPTIONS[k])}
 
     def check_model(self, model: str, layers: int | None, max_context: int, longest_prompt: int) -> None:
         """Refuse, before anything loads, options the model's shape cannot take: a

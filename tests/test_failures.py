@@ -397,7 +397,7 @@ HYDRA_REFUSALS = [
     (["keep=0.1,"], r"^keep=0\.1, ends with a comma; allowed: keep=<a fraction in \(0, 1\] \(.*\)>, or keep=a,b"),
     (
         ["method=nonexistent"],
-        r"^method='nonexistent' is not in conf/method/; allowed: \['expected_attention', .*'full', .*'truncate'\]$",
+        r"^method='nonexistent' is not in conf/method/; allowed: \['compose', 'expected_attention', .*'full', .*'truncate'\]$",
     ),
     (["method=nonexistant_x", "model=tiny-random"], r"^method='nonexistant_x'.*allowed"),
     (

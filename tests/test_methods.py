@@ -19,7 +19,7 @@ from harness.models.loading import load
 from harness.prompts import sample_prompt
 from harness.registry import build_method, method_names
 from specprefill.backends.transformers import TransformersBackend
-from specprefill.plan import SCOPES, Unsupported
+from specprefill.plan import LATER_OPTIONS, SCOPES, Unsupported
 from tests.test_llmlingua import classifier, small_lm  # noqa: F401  (fixtures: tiny compressor models)
 
 PRESETS = sorted(p.stem for p in (Path(CONF) / "method").glob("*.yaml"))
@@ -60,8 +60,11 @@ def test_every_preset_plans_within_its_budget(stem, backend, prompt, small_lm, c
     given = {**options, **offline(stem, small_lm, classifier)}
     method = build_method(name, given)
     recorded = method.options()
-    assert method.scope in SCOPES and set(given) <= set(recorded)
-    assert all(recorded[k] == v for k, v in given.items() if v != "auto")  # `auto` dtypes are recorded resolved
+    later = {k for k, v in given.items() if k in LATER_OPTIONS and v == LATER_OPTIONS[k]}  # left out at defaults
+    assert method.scope in SCOPES and set(given) - later <= set(recorded) and not later & set(recorded)
+    assert all(
+        recorded[k] == v for k, v in given.items() if v != "auto" and k not in later
+    )  # `auto` dtypes are recorded resolved
     try:
         with method.applied(backend):  # as the runners plan: inside the method's hook
             plan = method.plan(prompt, backend)

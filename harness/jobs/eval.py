@@ -184,9 +184,11 @@ class EvalSession:
 
     @property
     def progress(self) -> str:
-        keep = self.job.method.options().get("keep_rate")
+        opts = self.job.method.options()
+        keep = f" keep_tokens={opts['keep_tokens']}" if opts.get("keep_tokens") is not None else ""
+        keep = keep or (f" keep={opts['keep_rate']}" if opts.get("keep_rate") is not None else "")
         b = self.job.cfg.benchmark
-        return f"{self.job.method.name}{f' keep={keep}' if keep is not None else ''} {b.name}-{b.length}"
+        return f"{self.job.method.name}{keep} {b.name}-{b.length}"
 
     def units(self) -> list[tuple[str, Sample]]:
         return [(f"{s.task}/{s.sample_id}", s) for s in self.samples]
