@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from baselines.kv_presses import APPLIED, PRESS, KVPress, question_end
+from baselines.kv_presses import APPLIED, KVPress, question_end
 from specprefill.options import KEEP, KEEP_TOKENS, Allowed, option
 from specprefill.plan import (
     Backend,
@@ -73,15 +73,11 @@ class Compose(Method):
                 f"then={self.then!r} is not a KV press; allowed: a kvpress method (snapkv, knorm, tova, ...)"
             )
         first = self.first_method()
-        then = self.then_method()
+        self.then_method()  # its options checked
         if first.compresses_cache or first.acts_in_model or first.identity or first.turn_policy == "revival":
             raise ValueError(
                 f"first={self.first!r} does not keep prompt tokens before the prefill; allowed: a prompt-side method "
                 f"(specprefill, specpc, truncate, random, gemfilter, rag_bm25, rag_dense, the LLMLingua family)"
-            )
-        if not isinstance(then, KVPress):
-            raise ValueError(
-                f"then={self.then!r} is not a KV press; allowed: a kvpress method (snapkv, knorm, tova, ...)"
             )
         given = self.then_options or {}
         if given.get("query_aware", True) is not True or given.get("compress_tail", False) is not False:
@@ -133,8 +129,7 @@ class Compose(Method):
                 f"method's planning; allowed: one plan per method.applied(backend)"
             )
         plan = self.first_method().plan(prompt, backend)  # no press on yet
-        stack.enter_context(then.applied(backend))
-        getattr(base, PRESS).compression_ratio = then.compression_ratio  # type: ignore[attr-defined]
+        stack.enter_context(then.applied(backend))  # its press built at then_keep_rate
         kept = plan.kept_indices
         end = question_end(prompt, backend.tokenizer) if kept is not None else None
         if kept is None or end is None:

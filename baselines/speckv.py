@@ -37,6 +37,7 @@ target's prefill of N + L + 1 tokens; the rows carry the cache left (``kv_tokens
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -228,8 +229,7 @@ class SpecKV(Method):
         draft = torch.tensor(backend.draft(prompt.input_ids, int(budget)), dtype=torch.int64)
         timings = {"speculator_s": time.perf_counter() - t0}
         if n <= cap:  # theirs: generated whole
-            plan = full_plan(prompt)
-            return Plan(plan.input_ids, plan.position_ids, n, plan.kept_indices, timings)
+            return dataclasses.replace(full_plan(prompt), timings=timings)
         lookahead = int(draft.shape[0])
         self._check_dense(n + lookahead, "the prompt and its draft")
         turn.length, turn.window, turn.capacity = n + lookahead, int(self.window_size) + lookahead + 1, cap

@@ -95,6 +95,12 @@ def _unique(ind: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(pd.unique(ind.cpu().numpy()), dtype=torch.int64)
 
 
+def check_window(window: int, n: int) -> None:
+    """Refuse a window longer than the prompt, naming both."""
+    if window > n:
+        raise ValueError(f"window_size={window} is longer than the prompt ({n} tokens); allowed: <= {n}")
+
+
 def specpc_select(
     scores: torch.Tensor,
     capacity: int,
@@ -105,8 +111,7 @@ def specpc_select(
 ) -> torch.Tensor:
     """The kept positions, sorted (step 2 of the module's doc)."""
     n = int(scores.shape[0])
-    if window > n:
-        raise ValueError(f"window_size={window} is longer than the prompt ({n} tokens); allowed: <= {n}")
+    check_window(window, n)
     s = scores.reshape(1, 1, n)
     if pool is not None:
         s = _pool(pool, s, kernel)
@@ -147,10 +152,7 @@ class SpecPC(Method):
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:
         t0 = time.perf_counter()
         window = int(self.window_size)
-        if window > prompt.n:
-            raise ValueError(
-                f"window_size={window} is longer than the prompt ({prompt.n} tokens); allowed: <= {prompt.n}"
-            )
+        check_window(window, prompt.n)  # before the speculator runs
         cap = backend.speculate_window(prompt.input_ids, window)
         t1 = time.perf_counter()
         scores = specpc_scores(

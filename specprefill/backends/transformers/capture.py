@@ -217,24 +217,39 @@ def capture_batch(
     )
 
 
+def prefill_one(
+    model: Any,
+    input_ids: torch.Tensor,
+    device: torch.device,
+    prefill_chunk: int | None,
+    captured: list[list],
+    keep_earlier: bool = False,
+) -> tuple[int, Any, Any]:
+    """One prompt's (``[n]``) chunked prefill into a fresh cache, its last logits checked
+    finite: (n, the cache, the last forward's output)."""
+    from transformers import DynamicCache
+
+    (row,) = checked_prompts(model, input_ids.unsqueeze(0))
+    n = int(row.shape[0])
+    mask = torch.ones(1, n, dtype=torch.int64, device=device)
+    cache = DynamicCache(config=model.config)
+    out = prefill_chunks(model, row.unsqueeze(0).to(device), mask, cache, 0, prefill_chunk or n, captured, keep_earlier)
+    check_finite(model, out, [n])
+    return n, cache, out
+
+
 def capture_window(
     model: Any, input_ids: torch.Tensor, window: int, device: torch.device, prefill_chunk: int | None = None
 ) -> tuple[SpeculatorCapture, int]:
     """One prompt's prefill (``[n]``; nothing decoded): the post-RoPE queries of its last
     ``window`` tokens, ``[layers, heads, window, d]``, and every token's keys, ``[layers,
     kv_heads, n, d]`` (what SpecPC scores with, baselines/specpc.py), with the pass's FLOPs."""
-    from transformers import DynamicCache
-
     (row,) = checked_prompts(model, input_ids.unsqueeze(0))
     n = int(row.shape[0])
     if not 1 <= window <= n:
         raise ValueError(f"window={window} for a prompt of {n} tokens; allowed: 1 .. {n}")
-    ids = row.unsqueeze(0).to(device)
-    mask = torch.ones(1, n, dtype=torch.int64, device=device)
-    cache = DynamicCache(config=model.config)
     with capture_last_queries(model, rows=window) as captured:
-        out = prefill_chunks(model, ids, mask, cache, 0, prefill_chunk or n, captured, keep_earlier=True)
-    check_finite(model, out, [n])
+        n, cache, _ = prefill_one(model, input_ids, device, prefill_chunk, captured, keep_earlier=True)
     queries = torch.stack(
         [torch.cat([q.to(device) for q in per_layer], dim=2)[0, :, -window:] for per_layer in captured]
     )
@@ -253,17 +268,10 @@ def draft_tokens(
     """One prompt's (``[n]``) greedy continuation by ``model``, as transformers' ``generate``
     gives it: up to ``max_new_tokens`` tokens, the first EOS included and nothing after it
     (what SpecKV's draft writes, baselines/speckv.py), with the pass's FLOPs."""
-    from transformers import DynamicCache
-
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}; allowed: >= 1")
-    (row,) = checked_prompts(model, input_ids.unsqueeze(0))
-    n = int(row.shape[0])
-    ids = row.unsqueeze(0).to(device)
+    n, cache, out = prefill_one(model, input_ids, device, prefill_chunk, [])
     mask = torch.ones(1, n, dtype=torch.int64, device=device)
-    cache = DynamicCache(config=model.config)
-    out = prefill_chunks(model, ids, mask, cache, 0, prefill_chunk or n, [])
-    check_finite(model, out, [n])
     tokens: list[int] = []
     eos = set(eos_ids)
     while True:

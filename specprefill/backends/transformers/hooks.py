@@ -46,6 +46,35 @@ def attention_layers(model: Any) -> list[Any]:
     return out
 
 
+def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
+    """An attention layer's input (post input-norm) from its forward's arguments."""
+    return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
+
+def _last_queries(module: Any, hidden: torch.Tensor, kwargs: dict, rows: int) -> torch.Tensor:
+    """The layer's post-RoPE queries of the forward's last ``rows`` rows (all where it has
+    fewer), ``[batch, heads, r, d]``, recomputed from its inputs (``q_proj`` of those rows)."""
+    cos, sin = kwargs["position_embeddings"]
+    h = hidden[:, -rows:, :]
+    b, r = h.shape[0], h.shape[1]
+    q = module.q_proj(h).view(b, r, -1, module.head_dim).transpose(1, 2)
+    return _rope(q, cos[:, -r:], sin[:, -r:])
+
+
+@contextmanager
+def _forward_hooks(model: Any, make_hook: Any) -> Iterator[None]:
+    """``make_hook(i)`` as a forward hook (with kwargs) on each attention layer ``i`` of
+    ``model`` for the body; removed on exit."""
+    handles = []
+    try:
+        for i, attn in enumerate(attention_layers(model)):
+            handles.append(attn.register_forward_hook(make_hook(i), with_kwargs=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 @contextmanager
 def capture_last_queries(model: Any, rows: int = 1) -> Iterator[list[list[torch.Tensor]]]:
     """Record, for every forward of ``model``, each layer's post-RoPE queries of the last
@@ -54,28 +83,16 @@ def capture_last_queries(model: Any, rows: int = 1) -> Iterator[list[list[torch.
     Yields ``captured[layer]``: a list with one ``[batch, heads, r, d]`` tensor per forward.
     Only those rows are recomputed (``q_proj`` of ``rows`` tokens), so the cost is negligible.
     """
-    layers = attention_layers(model)
-    captured: list[list[torch.Tensor]] = [[] for _ in layers]
-    handles = []
+    captured: list[list[torch.Tensor]] = [[] for _ in attention_layers(model)]
 
     def make_hook(i: int) -> Any:
         def hook(module: Any, args: tuple, kwargs: dict, output: object) -> None:
-            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            cos, sin = kwargs["position_embeddings"]
-            h = hidden[:, -rows:, :]
-            b, r = h.shape[0], h.shape[1]
-            q = module.q_proj(h).view(b, r, -1, module.head_dim).transpose(1, 2)
-            captured[i].append(_rope(q, cos[:, -r:], sin[:, -r:]).detach())
+            captured[i].append(_last_queries(module, _hidden(args, kwargs), kwargs, rows).detach())
 
         return hook
 
-    try:
-        for i, attn in enumerate(layers):
-            handles.append(attn.register_forward_hook(make_hook(i), with_kwargs=True))
+    with _forward_hooks(model, make_hook):
         yield captured
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextmanager
@@ -88,11 +105,10 @@ def compressing_cache(model: Any, compress: Any) -> Iterator[None]:
     values ``[batch, kv_heads, seq, d]``; it returns the keys and values the cache holds from
     then on. The forward's own output is untouched: each layer attended over its full keys
     before its cache shrank. Removed on exit."""
-    layers = attention_layers(model)
 
     def make_hook(i: int) -> Any:
         def hook(module: Any, args: tuple, kwargs: dict, output: object) -> None:
-            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            hidden = _hidden(args, kwargs)
             cache = kwargs.get("past_key_values")
             q_len = int(hidden.shape[1])
             if cache is None or q_len < 2:
@@ -100,25 +116,14 @@ def compressing_cache(model: Any, compress: Any) -> Iterator[None]:
             layer = cache.layers[i]
             if int(layer.keys.shape[2]) != q_len:  # the cache held tokens before this forward
                 return
-            cos, sin = kwargs["position_embeddings"]
-
-            def queries(r: int) -> torch.Tensor:
-                h = hidden[:, -r:, :]
-                q = module.q_proj(h).view(h.shape[0], h.shape[1], -1, module.head_dim).transpose(1, 2)
-                return _rope(q, cos[:, -r:], sin[:, -r:])
-
-            layer.keys, layer.values = compress(i, queries, layer.keys, layer.values)
+            layer.keys, layer.values = compress(
+                i, lambda r: _last_queries(module, hidden, kwargs, r), layer.keys, layer.values
+            )
 
         return hook
 
-    handles = []
-    try:
-        for i, attn in enumerate(layers):
-            handles.append(attn.register_forward_hook(make_hook(i), with_kwargs=True))
+    with _forward_hooks(model, make_hook):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextmanager
@@ -138,7 +143,7 @@ def cache_positions_restored(model: Any) -> Iterator[None]:
     def attn_pre(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         if kwargs.get("cache_position") is not None:
             return None
-        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        hidden = _hidden(args, kwargs)
         kwargs["cache_position"] = torch.arange(past[0], past[0] + hidden.shape[1], device=hidden.device)
         return args, kwargs
 
