@@ -17,7 +17,7 @@ MINFERENCE := minference==0.1.6.0
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=% gpu=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare experiment fetch-models speculator-depth speculator-family multiturn report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
+.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare experiment fetch-models speculator-depth speculator-family multiturn draft-family report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
 
 setup: $(if $(filter 1,$(gpu)),cuda-driver) $(VENV)/.installed $(if $(filter 1,$(gpu)),$(VENV)/.installed-gpu)
 
@@ -156,6 +156,14 @@ speculator-family: setup
 multiturn: setup
 	$(call only_vars,limit length keep model dry_run)
 	$(PY) -m harness.studies.multiturn $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(model),--model $(model)) $(if $(filter true,$(dry_run)),--dry-run)
+
+# The draft-based family side by side (needs make fetch-models first): full prefill, SpecPrefill,
+# SpecPC, SpecKV, SpecKV-PC and SpecPrefill + KeyDiff at one budget of keep_tokens (512) on
+# Qwen2.5-Coder-1.5B with its 0.5B draft, RULER 2K on three tasks x 10, then their TTFTs side by
+# side (results/draft-family/). The papers' own setting: make experiment name=draft_family dry_run=true.
+draft-family: setup
+	$(call only_vars,limit length keep_tokens model dry_run)
+	$(PY) -m harness.studies.draft_family $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep_tokens),--keep-tokens $(keep_tokens)) $(if $(model),--model $(model)) $(if $(filter true,$(dry_run)),--dry-run)
 
 # Our RULER 4K against lm-eval's RULER tasks, full prefill, side by side (results/reference/).
 lm-eval-crosscheck: setup

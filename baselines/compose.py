@@ -1,6 +1,12 @@
 """``compose``: a prompt-side method, then a KV press during the base's prefill of what it kept
 (``method=compose method.first=specprefill method.then=snapkv``): the prefill is the shorter
-one the first method plans, and decoding reads a cache the press shrank further.
+one the first method plans, and decoding reads a cache the press shrank further. With
+``then=speckv`` the KV side is SpecKV over the kept tokens; ``first=specpc then=speckv`` is
+SpecKV-PC (Galim et al., arXiv 2506.08373; ``draft_approx_llm/speckvpc/speckvpc.py`` at
+d79e404, preset ``conf/method/speckvpc.yaml``): SpecPC's draft writes its look-ahead, SpecKV
+reuses those tokens as its draft (no second draft), prefills the kept tokens and the draft
+at the kept tokens' positions (contiguous, as SpecPC's ``generate`` numbers them), keeps C
+entries per layer and head, and prefills the last kept token again.
 
 The budget split, both recorded in every row's options: ``keep_rate`` (or ``keep_tokens``) is
 the first method's, the fraction of the prompt it keeps; ``then_keep_rate`` is the press's,
@@ -14,7 +20,9 @@ layers), then the press's hooks go on, and the base prefills the plan under them
 tokens up to the question's end compressed, the chat template's tail and the answer prefix
 after them uncompressed, as the press alone does (a method that rewrote the text: the whole
 plan compressed). ``speculator_s`` / ``selection_s`` (or the rewriter's own parts) are the
-first method's; the press's scoring is inside the base's prefill, as for a press alone.
+first method's (SpecKV's own draft added where the first wrote none); the press's scoring is
+inside the base's prefill, as for a press alone. SpecKV's budget: ``then_keep_rate`` of the
+kept tokens, or ``then_options.max_capacity_prompt`` (entries, as their 256 / 512 / 1024).
 Needs the base in this process (backend ``transformers``): refused on vLLM before loading.
 """
 
@@ -29,6 +37,8 @@ from typing import Any, ClassVar
 import torch
 
 from baselines.kv_presses import APPLIED, KVPress, question_end
+from baselines.speckv import SpecKV
+from specprefill.core import num_kept
 from specprefill.options import KEEP, KEEP_TOKENS, Allowed, option
 from specprefill.plan import (
     Backend,
@@ -55,7 +65,7 @@ class Compose(Method):
     parts: ClassVar[tuple[str, ...]] = ("first", "then")
 
     first: str = option("specprefill", Allowed(str, note="a method that keeps prompt tokens"))
-    then: str = option("snapkv", Allowed(str, note="a KV press"))
+    then: str = option("snapkv", Allowed(str, note="a KV press or speckv"))
     keep_rate: float = option(0.3, KEEP)
     keep_tokens: int | None = option(None, KEEP_TOKENS)
     then_keep_rate: float = option(0.5, Allowed(float, gt=0, le=1, note="of the first method's kept tokens"))
@@ -68,9 +78,10 @@ class Compose(Method):
                 raise ValueError(
                     f"{part}={getattr(self, part)!r} is not a method; allowed: one of {registered_methods()}"
                 )
-        if not issubclass(method_class(self.then), KVPress):
+        if not issubclass(method_class(self.then), (KVPress, SpecKV)):
             raise ValueError(
-                f"then={self.then!r} is not a KV press; allowed: a kvpress method (snapkv, knorm, tova, ...)"
+                f"then={self.then!r} is not a KV-side method; allowed: a kvpress method (snapkv, knorm, tova, ...) "
+                f"or speckv"
             )
         first = self.first_method()
         self.then_method()  # its options checked
@@ -80,7 +91,7 @@ class Compose(Method):
                 f"(specprefill, specpc, truncate, random, gemfilter, rag_bm25, rag_dense, the LLMLingua family)"
             )
         given = self.then_options or {}
-        if given.get("query_aware", True) is not True or given.get("compress_tail", False) is not False:
+        if not self.speckv and (given.get("query_aware", True) is not True or given.get("compress_tail", False)):
             raise ValueError(
                 f"then_options={given}: the press compresses the kept tokens up to the question's end and the tail "
                 f"after it whole; allowed: query_aware true, compress_tail false"
@@ -89,16 +100,32 @@ class Compose(Method):
         object.__setattr__(self, "reads_base", first.reads_base)
 
     def check_model(self, model: str, layers: int | None, max_context: int, longest_prompt: int) -> None:
-        self.first_method().check_model(model, layers, max_context, longest_prompt)
-        self.then_method().check_model(model, layers, max_context, longest_prompt)
+        first = self.first_method()
+        first.check_model(model, layers, max_context, longest_prompt)
+        # SpecKV prefills what the first method keeps (at most its budget), not the prompt
+        kept = getattr(first, "max_capacity_prompt", None) or num_kept(longest_prompt, first.keep_for(longest_prompt))
+        longest_kept = min(longest_prompt, int(kept)) if self.speckv else longest_prompt
+        self.then_method().check_model(model, layers, max_context, longest_kept)
 
     def first_method(self) -> Method:
         budget = {"keep_rate": self.keep_rate, "keep_tokens": self.keep_tokens}
         return build_method(self.first, {**(self.first_options or {}), **budget})
 
+    @property
+    def speckv(self) -> bool:
+        """Whether the KV side is SpecKV (SpecKV-PC when the first method is SpecPC)."""
+        return issubclass(method_class(self.then), SpecKV)
+
+    @property
+    def needs_answer_length(self) -> bool:
+        first = self.first_method()
+        return first.needs_answer_length or (self.then_method().needs_answer_length and not first.writes_draft)
+
     def then_method(self) -> Method:
-        opts = {**(self.then_options or {}), "keep_rate": self.then_keep_rate, "query_aware": True}
-        return build_method(self.then, {**opts, "compress_tail": False})
+        opts = {**(self.then_options or {}), "keep_rate": self.then_keep_rate}
+        if self.speckv:
+            return build_method(self.then, opts)
+        return build_method(self.then, {**opts, "query_aware": True, "compress_tail": False})
 
     @contextlib.contextmanager
     def applied(self, backend: Backend) -> Iterator[None]:
@@ -130,6 +157,8 @@ class Compose(Method):
             )
         plan = self.first_method().plan(prompt, backend)  # no press on yet
         stack.enter_context(then.applied(backend))  # its press built at then_keep_rate
+        if isinstance(then, SpecKV):
+            return then.plan_after(plan, prompt, backend)
         kept = plan.kept_indices
         end = question_end(prompt, backend.tokenizer) if kept is not None else None
         if kept is None or end is None:

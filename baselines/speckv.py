@@ -152,6 +152,10 @@ class SpecKV(Method):
                 f"prefill_vertical_size ({dense_limit})"
             )
 
+    @property
+    def needs_answer_length(self) -> bool:
+        return self.lookahead_tokens is None
+
     def capacity(self, n: int) -> int:
         """C for a prompt of ``n`` tokens."""
         return int(self.max_capacity_prompt or num_kept(n, self.keep_for(n)))
@@ -203,41 +207,77 @@ class SpecKV(Method):
 
         return compress
 
-    def plan(self, prompt: Prompt, backend: Backend) -> Plan:
-        base: Any = getattr(backend, "base", None)
-        turn = getattr(base, TURN, None)
+    def _turn(self, backend: Backend) -> _Turn:
+        turn = getattr(getattr(backend, "base", None), TURN, None)
         if not isinstance(turn, _Turn):
             raise RuntimeError(
                 f"{self.name}: plan() ran outside SpecKV.applied(backend) (or on a backend without the base model in "
                 f"this process), so no cache would be compressed; runners enter method.applied(backend) around the "
                 f"method's turn"
             )
+        return turn
+
+    def _draft(self, prompt: Prompt, backend: Backend, turn: _Turn) -> tuple[torch.Tensor, dict[str, float]]:
+        """The draft's answer to the whole prompt (step 1), timed."""
         budget = self.lookahead_tokens or prompt.answer_tokens
         if budget is None:
             raise ValueError(
                 "speckv: lookahead_tokens=null drafts the task's answer length, and this prompt asks no answer (a "
                 "latency grid's); allowed: lookahead_tokens=N"
             )
-        n, cap = prompt.n, self.capacity(prompt.n)
+        turn.length = 0  # the draft's own forwards are left alone
+        t0 = time.perf_counter()
+        draft = torch.tensor(backend.draft(prompt.input_ids, int(budget)), dtype=torch.int64)
+        return draft, {"speculator_s": time.perf_counter() - t0}
+
+    def _check_capacity(self, n: int, cap: int) -> None:
         if cap <= self.window_size and n > cap:
             raise ValueError(
                 f"speckv keeps {cap} entries of a {n}-token prompt, not more than window_size={self.window_size}; "
                 f"allowed: a budget above the window (max_capacity_prompt, keep_tokens or a larger keep_rate)"
             )
-        turn.length = 0  # the draft's own forwards are left alone
-        t0 = time.perf_counter()
-        draft = torch.tensor(backend.draft(prompt.input_ids, int(budget)), dtype=torch.int64)
-        timings = {"speculator_s": time.perf_counter() - t0}
+
+    def plan(self, prompt: Prompt, backend: Backend) -> Plan:
+        turn = self._turn(backend)
+        n, cap = prompt.n, self.capacity(prompt.n)
+        self._check_capacity(n, cap)
+        draft, timings = self._draft(prompt, backend, turn)
         if n <= cap:  # theirs: generated whole
             return dataclasses.replace(full_plan(prompt), timings=timings)
-        lookahead = int(draft.shape[0])
-        self._check_dense(n + lookahead, "the prompt and its draft")
-        turn.length, turn.window, turn.capacity = n + lookahead, int(self.window_size) + lookahead + 1, cap
+        return self._compressed(full_plan(prompt), draft, turn, cap, timings)
+
+    def plan_after(self, first: Plan, prompt: Prompt, backend: Backend) -> Plan:
+        """SpecKV over what a prompt-side method kept (``first``; SpecKV-PC when it is SpecPC,
+        baselines/compose.py): the kept tokens at ``first``'s positions are SpecKV's prompt,
+        the draft's tokens follow from ``first.next_position`` on, and the last kept token is
+        prefilled again at its own position. The draft is ``first``'s own when it wrote one
+        (theirs: SpecPC's look-ahead ids, ``lookahead_tokens`` unused), else this method's
+        draft of the whole prompt. The budget C is of the kept tokens."""
+        turn = self._turn(backend)
+        k, cap = first.k, self.capacity(first.k)
+        self._check_capacity(k, cap)
+        if first.draft_ids is not None:
+            draft, timings = first.draft_ids, dict(first.timings)
+        else:
+            draft, own = self._draft(prompt, backend, turn)
+            timings = {**first.timings, "speculator_s": first.timings.get("speculator_s", 0.0) + own["speculator_s"]}
+        if k <= cap:
+            return dataclasses.replace(first, timings=timings, prefix=None)
+        return self._compressed(first, draft, turn, cap, timings)
+
+    def _compressed(self, kept: Plan, draft: torch.Tensor, turn: _Turn, cap: int, timings: dict[str, float]) -> Plan:
+        """The plan of steps 2-3 over ``kept`` (the prompt whole, or what a first method kept):
+        its tokens and the draft's in one forward the hook compresses, then its last token
+        again at its own position."""
+        k, lookahead = kept.k, int(draft.shape[0])
+        self._check_dense(k + lookahead, "the prompt and its draft")
+        turn.length, turn.window, turn.capacity = k + lookahead, int(self.window_size) + lookahead + 1, cap
+        start = kept.next_position
         return Plan(
-            input_ids=torch.cat([prompt.input_ids, draft, prompt.input_ids[-1:]]),
-            position_ids=torch.cat([torch.arange(n + lookahead), torch.tensor([n - 1])]),
-            next_position=n,
-            kept_indices=None,
+            input_ids=torch.cat([kept.input_ids, draft, kept.input_ids[-1:]]),
+            position_ids=torch.cat([kept.position_ids, torch.arange(start, start + lookahead), kept.position_ids[-1:]]),
+            next_position=start,
+            kept_indices=kept.kept_indices,
             timings=timings,
-            prefix=n + lookahead,
+            prefix=k + lookahead,
         )

@@ -10,8 +10,13 @@ As the authors' code does it:
    products of the post-RoPE queries and keys, the window causal among itself, softmax in
    float32 cast back to the model's dtype), weighted by ``linspace(0, 1, window)`` over the
    queries (``weighted_query``), and reduced over heads and queries, then over layers, by
-   ``reduction_type`` (``max``; ``mean`` is their sum). With ``lookahead_tokens: 1`` (every
-   config of theirs) the draft's ``generate`` runs the prefill only, so nothing else adds.
+   ``reduction_type`` (``max``; ``mean`` is their sum). With ``lookahead_tokens: 1`` (their
+   SpecPC configs) the draft's ``generate`` runs the prefill only, so nothing else adds.
+   With more (``null`` in their SpecKV-PC configs: ``generate``'s default, 20 new tokens,
+   greedy, stopping after EOS), each decode step's single query attends over the prompt and
+   the tokens fed back so far; its weights, cut to the prompt's keys and reduced over heads
+   (not weighted), then layers, join the window's by the same reduction. The draft's tokens
+   travel in the plan (``draft_ids``): SpecKV-PC's SpecKV reads them.
 2. The scores are pooled (``pool_type`` max, ``kernel_size`` 64 for their Qwen pair, 32 for
    Llama; zero padding, centred), the top ``C`` positions taken in order of score, each
    expanded by ``neighbor_tokens`` offsets ordered by distance (0, -1, +1, -2, ...), the
@@ -23,12 +28,13 @@ As the authors' code does it:
 
 Deviations, each an option recorded in the rows: ``position_mode``; ties between offsets
 -k and +k in the neighbour order are broken with a stable sort (negative first; theirs is
-``argsort`` without ``stable``, unspecified). ``lookahead_tokens`` other than 1 is refused:
-the look-ahead tokens' attention would need their own keys, which the capture does not keep.
+``argsort`` without ``stable``, unspecified). The capture and the draft are one pass, as their
+``generate`` under the attention store is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -43,6 +49,10 @@ from specprefill.options import KEEP, KEEP_TOKENS, Allowed, option
 from specprefill.plan import POSITION_MODES, Backend, Method, Plan, Prompt, kept_plan, register_method
 
 POOL_TYPES = ("max", "avg", "mean")
+#: New tokens transformers' ``generate`` writes when given no ``max_new_tokens`` (its default
+#: ``max_length`` of 20, counted after the prompt): SpecPC's look-ahead in SpecKV-PC, whose
+#: configs set ``lookahead_tokens: null`` and whose draft call passes no length.
+GENERATE_DEFAULT = 20
 
 
 def check_one_budget(max_capacity_prompt: int | None, keep_tokens: int | None) -> None:
@@ -64,30 +74,48 @@ def _pool(kind: str, s: torch.Tensor, kernel: int) -> torch.Tensor:
 
 
 def specpc_scores(
-    queries: torch.Tensor, keys: torch.Tensor, starting_layer: int = 8, weighted: bool = True, reduction: str = "max"
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    starting_layer: int = 8,
+    weighted: bool = True,
+    reduction: str = "max",
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Per prompt token, the draft's window attention to it: ``queries`` ``[layers, heads, w,
-    d]`` (post-RoPE, the last w prompt tokens), ``keys`` ``[layers, kv_heads, N, d]`` ->
-    ``[N]`` (step 1 of the module's doc)."""
-    layers, heads, w, d = queries.shape
+    """Per prompt token, the draft's attention to it (step 1 of the module's doc): ``queries``
+    ``[layers, heads, R, d]`` (post-RoPE), ``keys`` ``[layers, kv_heads, S, d]`` -> ``[N]``.
+
+    The first ``window`` rows (null: all R) are the prompt's last tokens, weighted over the
+    window; the R - window rows after them are the draft's decode steps (one query each, not
+    weighted), whose keys take S = N + R - window (the tokens fed back before them). Each
+    row sees the keys up to its own position; every step's weights are cut to the N prompt
+    keys and reduced over heads and rows, then layers, then steps (``generate``'s attention
+    store in theirs)."""
+    layers, heads, rows, d = queries.shape
+    w = rows if window is None else window
+    if not 1 <= w <= rows:
+        raise ValueError(f"window={window} for {rows} captured query rows; allowed: 1 .. {rows}")
     if starting_layer >= layers:
         raise ValueError(
             f"starting_layer_index={starting_layer}: the draft has {layers} layer(s); allowed: 0 .. {layers - 1}"
         )
+    n = keys.shape[2] - (rows - w)
+    reduce = torch.amax if reduction == "max" else torch.sum
     per_layer = []
     for layer in range(starting_layer, layers):
         q = queries[layer]
-        k = keys[layer].repeat_interleave(heads // keys.shape[1], dim=0)  # [H, N, d]: transformers' repeat_kv
-        n = k.shape[1]
-        attn = torch.matmul(q, k.transpose(1, 2)) / math.sqrt(d)  # [H, w, N]
-        future = torch.ones(w, w, dtype=torch.bool, device=q.device).triu(1)  # the window's later tokens
-        attn[:, :, n - w :] += torch.where(future, torch.finfo(attn.dtype).min, 0.0).to(attn.dtype)
-        attn = torch.softmax(attn, dim=-1, dtype=torch.float32).to(q.dtype)
+        k = keys[layer].repeat_interleave(heads // keys.shape[1], dim=0)  # [H, S, d]: transformers' repeat_kv
+        s = k.shape[1]
+        attn = torch.matmul(q, k.transpose(1, 2)) / math.sqrt(d)  # [H, R, S]
+        future = torch.ones(rows, rows, dtype=torch.bool, device=q.device).triu(1)  # causal over the last R keys
+        attn[:, :, s - rows :] += torch.where(future, torch.finfo(attn.dtype).min, 0.0).to(attn.dtype)
+        attn = torch.softmax(attn, dim=-1, dtype=torch.float32).to(q.dtype)[:, :, :n]
+        prefill = attn[:, :w]
         if w > 1 and weighted:
-            attn = attn * torch.linspace(0, 1, w, device=q.device, dtype=attn.dtype)[None, :, None]
-        per_layer.append(attn.amax(dim=(0, 1)) if reduction == "max" else attn.sum(dim=(0, 1)))
-    stacked = torch.stack(per_layer)
-    return stacked.amax(0) if reduction == "max" else stacked.sum(0)
+            prefill = prefill * torch.linspace(0, 1, w, device=q.device, dtype=attn.dtype)[None, :, None]
+        steps = [reduce(prefill, dim=(0, 1))] + [reduce(attn[:, r], dim=0) for r in range(w, rows)]
+        per_layer.append(torch.stack(steps))  # [steps, N]
+    by_step = reduce(torch.stack(per_layer), dim=0)  # over layers
+    return reduce(by_step, dim=0)  # over steps
 
 
 def _unique(ind: torch.Tensor) -> torch.Tensor:
@@ -130,6 +158,7 @@ def specpc_select(
 @dataclass(frozen=True)
 class SpecPC(Method):
     needs_speculator: ClassVar[bool] = True
+    writes_draft: ClassVar[bool] = True
 
     keep_rate: float = option(0.3, KEEP)
     keep_tokens: int | None = option(None, KEEP_TOKENS)
@@ -141,7 +170,9 @@ class SpecPC(Method):
     pool_type: str | None = option("max", Allowed(str, choices=POOL_TYPES, null=True))
     neighbor_tokens: int | None = option(64, Allowed(int, ge=0, null=True, note="null: kernel_size"))
     reduction_type: str = option("max", Allowed(str, choices=("max", "mean")))
-    lookahead_tokens: int = option(1, Allowed(int, choices=(1,), note="the paper's setting"))
+    lookahead_tokens: int | None = option(
+        1, Allowed(int, ge=1, null=True, note=f"1: the paper's SpecPC; null: generate's default ({GENERATE_DEFAULT})")
+    )
     starting_layer_index: int = option(8, Allowed(int, ge=0, note="0-based draft layer"))
     weighted_query: bool = option(True, Allowed(bool))
     position_mode: str = option("contiguous", Allowed(str, choices=POSITION_MODES))
@@ -153,12 +184,18 @@ class SpecPC(Method):
         t0 = time.perf_counter()
         window = int(self.window_size)
         check_window(window, prompt.n)  # before the speculator runs
-        cap = backend.speculate_window(prompt.input_ids, window)
+        cap = backend.speculate_window(prompt.input_ids, window, int(self.lookahead_tokens or GENERATE_DEFAULT))
         t1 = time.perf_counter()
         scores = specpc_scores(
-            cap.queries, cap.keys, int(self.starting_layer_index), bool(self.weighted_query), str(self.reduction_type)
+            cap.queries,
+            cap.keys,
+            int(self.starting_layer_index),
+            bool(self.weighted_query),
+            str(self.reduction_type),
+            window,
         )
         capacity = int(self.max_capacity_prompt or num_kept(prompt.n, self.keep_for(prompt.n)))
         kept = specpc_select(scores, capacity, window, int(self.kernel_size), self.pool_type, self.neighbor_tokens)
         t2 = time.perf_counter()
-        return kept_plan(prompt, kept, self.position_mode, {"speculator_s": t1 - t0, "selection_s": t2 - t1})
+        plan = kept_plan(prompt, kept, self.position_mode, {"speculator_s": t1 - t0, "selection_s": t2 - t1})
+        return dataclasses.replace(plan, draft_ids=torch.tensor(cap.lookahead_ids, dtype=torch.int64))

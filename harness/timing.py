@@ -169,7 +169,7 @@ def measure(method: Method, prompts: list[Prompt], backend: Backend, decode_toke
             parts[k] = parts.get(k, 0.0) + float(v)
     f_full, f_method = flops(Shape.of(backend.base_config), prompts, plans, overhead)
     mean_n = sum(p.n for p in prompts) / len(prompts)
-    mean_k = sum(p.k for p in plans) / len(plans)
+    mean_k = sum(p.kept for p in plans) / len(plans)
     return {
         "prompt_tokens": mean_n,
         "kept_tokens": mean_k,

@@ -80,10 +80,19 @@ class Plan:
     #: cache (a KV press acting inside the model compresses the first part only: the context
     #: before the question is seen). None: the whole plan in one forward.
     prefix: int | None = None
+    #: The draft model's answer, when the method wrote one (SpecPC's look-ahead): int64 ``[T]``.
+    #: A composed SpecKV reads it instead of drafting again (SpecKV-PC, baselines/compose.py).
+    draft_ids: torch.Tensor | None = None
 
     @property
     def k(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @property
+    def kept(self) -> int:
+        """The prompt's tokens the base prefills (a text rewrite: its own tokens): ``k`` less
+        what the method adds to the prefill (SpecKV's draft and the last token again)."""
+        return int(self.kept_indices.shape[0]) if self.kept_indices is not None else self.k
 
     @property
     def method_s(self) -> float:
@@ -192,7 +201,7 @@ class Backend(Protocol):
 
     def speculate_batch(self, input_ids: torch.Tensor, lookahead: int) -> list[SpeculatorCapture]: ...
 
-    def speculate_window(self, input_ids: torch.Tensor, window: int) -> SpeculatorCapture: ...
+    def speculate_window(self, input_ids: torch.Tensor, window: int, draft: int = 0) -> SpeculatorCapture: ...
 
     def draft(self, input_ids: torch.Tensor, max_new_tokens: int) -> list[int]: ...
 
@@ -230,6 +239,14 @@ class Method(ABC):
     #: How the method carries over a conversation's turns (:mod:`specprefill.conversation`:
     #: ``prefix_cache``, ``reselect``, ``frozen``, ``revival``); None: no multi-turn form.
     turn_policy: ClassVar[str | None] = None
+    #: Whether its plans carry the draft model's answer (``Plan.draft_ids``: SpecPC's look-ahead).
+    writes_draft: ClassVar[bool] = False
+
+    @property
+    def needs_answer_length(self) -> bool:
+        """Whether planning needs the prompt's answer length (``Prompt.answer_tokens``: a draft
+        of the task's answer length), which random token ids do not have."""
+        return False
 
     def __post_init__(self) -> None:  # noqa: B027  (a hook with nothing to do by default, not abstract)
         """A method dataclass's own rules that tie options together (its fields were checked

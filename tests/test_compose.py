@@ -24,6 +24,7 @@ from harness.models.loading import load
 from harness.prompts import sample_prompt
 from harness.registry import build_method
 from specprefill.backends.transformers import TransformersBackend
+from specprefill.plan import Prompt
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -71,7 +72,7 @@ def test_the_plan_is_the_first_methods_and_the_cache_the_presss_on_it(backend, p
 def test_refusals():
     with pytest.raises(ValueError, match="first='snapkv' does not keep prompt tokens"):
         build_method("compose", {"first": "snapkv"})
-    with pytest.raises(ValueError, match="then='truncate' is not a KV press"):
+    with pytest.raises(ValueError, match="then='truncate' is not a KV-side method"):
         build_method("compose", {"first": "truncate", "then": "truncate"})
     with pytest.raises(ValueError, match="allowed: query_aware true, compress_tail false"):
         build_method("compose", {"first": "truncate", "then_options": {"query_aware": False}})
@@ -117,3 +118,58 @@ def test_the_tail_after_the_question_stays_whole(backend, prompt):
     end = question_end(prompt, backend.tokenizer)
     assert plan.prefix == int((plan.kept_indices < end).sum()) and 0 < plan.prefix < plan.k
     assert gen.kv_tokens == int(plan.prefix * 0.5) + plan.k - plan.prefix
+
+
+def test_speckv_pc_is_speckv_over_specpcs_tokens_with_specpcs_draft(backend, prompt, monkeypatch):
+    """SpecKV-PC (their speckvpc.py): SpecPC keeps k tokens and its draft writes T; SpecKV
+    then runs on those k tokens as its prompt (contiguous positions, as SpecPC's generate
+    numbers them) with SpecPC's T tokens as its draft, drafting nothing itself. So the cache
+    and the first token's logits are SpecKV alone's on a prompt of the kept tokens whose draft
+    is SpecPC's; the budget is then_keep_rate of the kept tokens."""
+    first = {"window_size": 16, "kernel_size": 8, "neighbor_tokens": 8, "starting_layer_index": 0,
+             "lookahead_tokens": 4}  # fmt: skip
+    then = {"window_size": 8, "kernel_size": 7, "lookahead_tokens": 99}  # 99: unused, SpecPC's draft is used
+    m = build_method("compose", {"first": "specpc", "then": "speckv", "keep_tokens": 200, "then_keep_rate": 0.25,
+                                 "first_options": first, "then_options": then})  # fmt: skip
+    alone = build_method("specpc", {**first, "keep_tokens": 200}).plan(prompt, backend)
+    draft = alone.draft_ids
+    assert draft is not None and draft.shape == (4,)
+    cache = DynamicCache(config=backend.base.config)
+    drafted = backend.draft
+    monkeypatch.setattr(backend, "draft", lambda *a: pytest.fail("SpecKV-PC drafted a second time"))
+    with m.applied(backend), torch.inference_mode():
+        plan = m.plan(prompt, backend)
+        out = backend.prefill_into(plan, cache)
+    k = 200
+    assert torch.equal(plan.kept_indices, alone.kept_indices) and plan.kept == k
+    assert torch.equal(plan.input_ids, torch.cat([alone.input_ids, draft, alone.input_ids[-1:]]))
+    assert plan.position_ids.tolist() == [*range(k), *range(k, k + 4), k - 1] and plan.next_position == k
+    assert plan.prefix == k + 4 and plan.timings["speculator_s"] > 0
+    assert cache.get_seq_length() == 50 + 1  # ceil(200 * 0.25) entries, then the last kept token again
+
+    monkeypatch.setattr(backend, "draft", lambda ids, n: draft.tolist())  # SpecKV alone, given SpecPC's draft
+    by_hand = DynamicCache(config=backend.base.config)
+    speckv = build_method("speckv", {**then, "keep_rate": 0.25})
+    with speckv.applied(backend), torch.inference_mode():
+        ref_plan = speckv.plan(Prompt(input_ids=alone.input_ids, answer_tokens=4), backend)
+        ref = backend.prefill_into(ref_plan, by_hand)
+    monkeypatch.setattr(backend, "draft", drafted)
+    assert torch.equal(ref_plan.input_ids, plan.input_ids) and torch.equal(ref_plan.position_ids, plan.position_ids)
+    for a, b in zip(cache.layers, by_hand.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert torch.allclose(out.logits[0, -1], ref.logits[0, -1])
+    assert not hasattr(backend.base, "_speckv_turn") and not hasattr(backend.base, "_compose_stack")
+
+
+def test_the_speckvpc_preset_is_the_authors_setting():
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["model=tiny-random", "method=speckvpc", "keep_tokens=2048"])
+    name, opts = method_spec(dict(cfg.method))
+    m = build_method(name, opts)
+    assert (m.first, m.then, m.keep_tokens, m.then_keep_rate) == ("specpc", "speckv", 2048, 0.25)
+    pc, kv = m.first_method(), m.then_method()
+    assert (pc.window_size, pc.kernel_size, pc.neighbor_tokens, pc.lookahead_tokens, pc.starting_layer_index) == (
+        64, 32, 32, None, 8)  # fmt: skip
+    assert (kv.window_size, kv.kernel_size, kv.capacity(2048)) == (32, 7, 512)  # their cmax 512 of 2048
+    # SpecKV prefills what SpecPC keeps: a 16K prompt passes its 4096-token dense limit only if kept whole
+    m.check_model("m", 24, 32768, 16384)

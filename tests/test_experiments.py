@@ -23,7 +23,7 @@ AGNOSTIC = {"random_kv", "knorm", "snapkv", "expected_attention", "streaming_llm
 
 def _points(c: experiments.Command) -> list[list[str]]:
     """Each sweep point of a command as plain overrides (``keep=a,b`` -> one per value)."""
-    fixed = [a for a in c.args if "," not in a.split("=", 1)[1]]
+    fixed = [a for a in c.args if "," not in a.split("=", 1)[1] or a.split("=", 1)[1].startswith("[")]  # a list
     swept = [[f"{a.split('=', 1)[0]}={v}" for v in a.split("=", 1)[1].split(",")] for a in c.args if a not in fixed]
     return [fixed + list(p) for p in itertools.product(*swept)]
 
@@ -52,7 +52,7 @@ def test_every_command_of_every_experiment_validates_without_loading_a_model(tmp
     """Each sweep point of every non-paper experiment composes and prepares (method options,
     the model's backend, the benchmark's tasks): a typo fails here, not hours into a run."""
     names = [n for n in experiments.names() if not n.startswith(experiments.PAPER_PREFIX)]
-    assert names == ["kvpress_ruler4k"]
+    assert names == ["draft_family", "kvpress_ruler4k"]
     folders = set()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         for name in names:
@@ -83,6 +83,35 @@ def test_the_kvpress_preset_gpu_hours_agree_with_two_flops_per_parameter_per_tok
     assert experiments.gpu_hours(experiments.load("kvpress_ruler4k").variants["cpu"]) is None
 
 
+def test_the_draft_family_preset_runs_the_papers_pairs_and_budgets():
+    """Galim et al.'s setting (their cfg/paper/): both pairs, RULER 4K-32K, all tasks x 500,
+    SpecPC at 1024 / 2048 / 3072 tokens, SpecKV at 256 / 512 / 1024 entries (dense above 4K,
+    the named deviation), SpecKV-PC at 2048 then 256 / 512 / 1024; the GPU-hours within the
+    bounds of 2 FLOPs per parameter per prefilled token (attention adds up to half at 32K)."""
+    v = experiments.load("draft_family").variants["paper"]
+    by = {(a["model"], a["method"]): a for a in map(_args, v.commands)}
+    assert {m for m, _ in by} == {"qwen2.5-14b", "llama8b-draft1b"}
+    for model in ("qwen2.5-14b", "llama8b-draft1b"):
+        assert {m for mm, m in by if mm == model} == {"full", "specprefill", "specpc", "speckv", "speckvpc", "compose"}
+        assert by[(model, "specpc")]["keep_tokens"] == "1024,2048,3072"
+        kv = by[(model, "speckv")]
+        assert (kv["keep_tokens"], kv["method.sparse_prefill"]) == ("256,512,1024", "false")
+        pc = by[(model, "speckvpc")]
+        entries = sorted(int(2048 * float(r)) for r in pc["method.then_keep_rate"].split(","))
+        assert pc["keep_tokens"] == "2048" and entries == [256, 512, 1024]
+        assert all(
+            a["length"] == "4096,8192,16384,32768" and a["limit"] == "500" for (mm, _), a in by.items() if mm == model
+        )
+    s, p = 4096 + 8192 + 16384 + 32768, 6500
+
+    def pair(base: float, draft: float) -> float:  # prefilled tokens x 2 x parameters
+        on_base = p * s + 2 * 4 * p * (1024 + 2048 + 3072) + 3 * p * s + 12 * p * 2048 + 4 * p * 2048
+        return 2 * base * on_base + 2 * draft * 11 * p * s
+
+    rough = (pair(14.77e9, 0.49e9) + pair(8.03e9, 1.24e9)) / (989e12 * 0.4) / 3600
+    assert rough < experiments.gpu_hours(v) < 1.5 * rough
+
+
 def test_a_failed_command_is_recorded_and_the_others_still_run(tmp_path, monkeypatch, capsys):
     calls = []
 
@@ -100,7 +129,7 @@ def test_a_failed_command_is_recorded_and_the_others_still_run(tmp_path, monkeyp
 
 
 def test_unknown_experiment_variant_and_a_paper_table_are_one_line_errors():
-    with pytest.raises(SystemExit, match=r"'nope' .*allowed: \['kvpress_ruler4k'"):
+    with pytest.raises(SystemExit, match=r"'nope' .*allowed: \['draft_family', 'kvpress_ruler4k'"):
         experiments.load("nope")
     with pytest.raises(SystemExit, match=r"no variant 'gpu'; allowed: \['cpu', 'paper'\]"):
         experiments.run("kvpress_ruler4k", "gpu", dry_run=True)

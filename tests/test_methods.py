@@ -51,6 +51,9 @@ def offline(stem: str, lm: str, clf: str) -> dict:
         "llmlingua2": {"model_path": clf, "dtype": "float32"},
         "gemfilter": {"filter_layer": 1},
         "specpc": {"starting_layer_index": 0},
+        "speckvpc": {
+            "first_options": {**method_conf("speckvpc", 0.3, 1)[1]["first_options"], "starting_layer_index": 0}
+        },
     }.get(stem, {})
 
 
@@ -74,8 +77,12 @@ def test_every_preset_plans_within_its_budget(stem, backend, prompt, small_lm, c
     n, k = prompt.n, plan.k
     if method.compresses_cache and getattr(method, "parts", ()):  # compose: the first part's plan, pressed after
         kept = plan.kept_indices
-        assert kept is not None and k <= n and bool((kept[1:] > kept[:-1]).all())
-        assert torch.equal(plan.input_ids, prompt.input_ids[kept]) and plan.next_position == n
+        assert kept is not None and plan.kept <= n and bool((kept[1:] > kept[:-1]).all())
+        assert torch.equal(plan.input_ids[: plan.kept], prompt.input_ids[kept])
+        if method.options()["then"] == "speckv":  # SpecKV-PC: SpecPC's contiguous positions, then its draft
+            assert plan.next_position == plan.kept and plan.prefix == k - 1 and k > plan.kept
+        else:
+            assert k == plan.kept and plan.next_position == n
         return
     if method.compresses_cache:  # a KV method prefills every token (SpecKV: then its draft); its budget is the cache's
         assert k >= n and torch.equal(plan.input_ids[:n], prompt.input_ids) and plan.next_position == n

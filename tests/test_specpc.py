@@ -109,7 +109,53 @@ def test_the_method_keeps_its_token_budget_at_contiguous_positions(backend):
     assert plan.k == 100 and plan.kept_indices is not None
     assert plan.kept_indices[-16:].tolist() == list(range(284, 300))  # the window, whole
     assert plan.position_ids.tolist() == list(range(100)) and plan.next_position == 100
+    assert plan.draft_ids is not None and plan.draft_ids.shape == (1,)  # lookahead 1: the prefill's token
     by_keep = build_method("specpc", {"keep_rate": 0.2, "starting_layer_index": 0, "window_size": 16})
     assert by_keep.plan(prompt, backend).k == 60  # ceil(300 * 0.2)
-    with pytest.raises(ValueError, match="lookahead_tokens=2"):
-        build_method("specpc", {"lookahead_tokens": 2})
+    with pytest.raises(ValueError, match="lookahead_tokens=0"):
+        build_method("specpc", {"lookahead_tokens": 0})
+
+
+def _by_hand_lookahead(model, ids: torch.Tensor, tokens: list[int], window: int, start: int, reduction: str):
+    """The authors' attention store over ``generate`` from the model's own weights (eager
+    attention, one forward over the prompt and the tokens fed back): the prefill's window
+    rows weighted over the window and reduced over heads and rows; each decode step's row
+    (the token fed back) reduced over heads, unweighted; all cut to the prompt's keys and
+    reduced over layers, then steps."""
+    n = int(ids.shape[0])
+    fed = torch.cat([ids, torch.tensor(tokens[:-1], dtype=torch.int64)])
+    red = (lambda t, dim: t.amax(dim=dim)) if reduction == "max" else (lambda t, dim: t.sum(dim=dim))
+    steps: list[list[torch.Tensor]] = [[] for _ in range(len(tokens))]
+    for attn in eager_weights(model, fed)[start:]:
+        a = attn[0].float()  # [H, S, S]
+        pre = a[:, n - window : n, :n] * torch.linspace(0, 1, window)[None, :, None]
+        steps[0].append(red(pre, (0, 1)))
+        for t in range(1, len(tokens)):  # the query of the t-th token fed back, at position n + t - 1
+            steps[t].append(red(a[:, n + t - 1, :n], 0))
+    return red(torch.stack([red(torch.stack(layers), 0) for layers in steps]), 0)
+
+
+@pytest.mark.parametrize("reduction", ["max", "mean"])
+def test_the_drafts_look_ahead_adds_its_decode_steps(backend, reduction):
+    """With a look-ahead of several tokens (SpecKV-PC's SpecPC), the draft's tokens are
+    ``generate``'s greedy ones, and each decode step's attention to the prompt joins the
+    window's (on the tiny base: two layers)."""
+    ids = torch.randint(0, 1000, (40,))
+    model = backend.base
+    never = model.config.vocab_size - 1  # an EOS greedy decoding does not reach here
+    with torch.inference_mode():
+        cap, _ = capture_window(model, ids, 8, backend.device, None, draft=6, eos_ids=[never])
+        ref = model.generate(ids[None], max_new_tokens=6, do_sample=False, eos_token_id=never, pad_token_id=0)
+    assert cap.lookahead_ids == ref[0, 40:].tolist() and len(cap.lookahead_ids) == 6
+    assert cap.queries.shape[2] == 8 + 5 and cap.keys.shape[2] == 40 + 5
+    for start in (0, 1):
+        got = specpc_scores(cap.queries, cap.keys, start, reduction=reduction, window=8)
+        want = _by_hand_lookahead(model, ids, cap.lookahead_ids, 8, start, reduction)
+        assert torch.allclose(got.float(), want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got.float(), _by_hand_lookahead(model, ids, cap.lookahead_ids[:1], 8, 1, reduction))
+    # the method: generate's default of 20 tokens where lookahead_tokens is null, the tokens in the plan
+    prompt = Prompt(input_ids=torch.randint(0, 1000, (300,)))
+    m = build_method("specpc", {"max_capacity_prompt": 100, "window_size": 16, "starting_layer_index": 0,
+                                "lookahead_tokens": None})  # fmt: skip
+    plan = m.plan(prompt, backend)
+    assert plan.draft_ids is not None and plan.draft_ids.shape == (20,) and plan.k == 100

@@ -304,8 +304,8 @@ def run_sample(job: EvalJob, backend: Backend, tokenizer: Any, sample: Sample) -
     f_full, f_method = flops(Shape.of(backend.base_config), [prompt], [plan], overhead)
     return {
         "prompt_tokens": prompt.n,
-        "kept_tokens": plan.k,
-        "kept_fraction": plan.k / prompt.n,
+        "kept_tokens": plan.kept,
+        "kept_fraction": plan.kept / prompt.n,
         "prediction": gen.text,
         "score": job.benchmark.score(sample, gen.text),
         # a KV press prefills every token and each head keeps its own entries: no token-level answer

@@ -337,11 +337,11 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
     check_model_fits(cfg.model, methods, max(n for _, n in cfg.grid))
     check_in_model(methods, cfg.backend)
     placement = place(cfg.model, cfg.backend, any(m.needs_speculator for m in methods))
-    needs_text = [m.name for m in methods if m.scope != "prompt"]
+    needs_text = [m.name for m in methods if m.scope != "prompt" or m.needs_answer_length]
     if cfg.prompts == "random" and needs_text:
         raise ValueError(
-            f"prompts=random: method(s) {needs_text} rewrite the context or need the question, which random token "
-            f"ids do not have; allowed: prompts=benchmark (or auto)"
+            f"prompts=random: method(s) {needs_text} rewrite the context, need the question or draft the task's "
+            f"answer length, which random token ids do not have; allowed: prompts=benchmark (or auto)"
         )
     source = "random"
     if (needs_text and cfg.prompts == "auto") or cfg.prompts == "benchmark":
@@ -401,7 +401,9 @@ class PromptSource:
             bench = build_benchmark(job.cfg.prompt_config(length, limit=batch * iters))
             # A benchmark that truncates (LongBench, InfiniteBench) cuts to the point's length.
             tok, samples = benchmark_samples(job.cfg.model, bench, prompt_tokens=length)
-            self.samples = [sample_prompt(s, tok)[0] for s in samples]
+            # the task's answer length, as the eval job gives it (SpecKV drafts that many tokens)
+            answer = bench.max_new_tokens()
+            self.samples = [dataclasses.replace(sample_prompt(s, tok)[0], answer_tokens=answer) for s in samples]
             low = int(MIN_PROMPT_FILL * (length - (bench.max_new_tokens() or 0)))
             check_prompts(job.prompt_source, [p.n for p in self.samples], batch * iters, low, length)
 

@@ -421,10 +421,10 @@ class VLLMBackend:
             raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
         return self.speculator_backend.speculate(input_ids, lookahead)  # type: ignore[no-any-return]
 
-    def speculate_window(self, input_ids: torch.Tensor, window: int) -> SpeculatorCapture:
+    def speculate_window(self, input_ids: torch.Tensor, window: int, draft: int = 0) -> SpeculatorCapture:
         if self.speculator_backend is None:
             raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
-        return self.speculator_backend.speculate_window(input_ids, window)  # type: ignore[no-any-return]
+        return self.speculator_backend.speculate_window(input_ids, window, draft)  # type: ignore[no-any-return]
 
     def draft(self, input_ids: torch.Tensor, max_new_tokens: int) -> list[int]:
         if self.speculator_backend is None:

@@ -125,17 +125,30 @@ class TransformersBackend:
         return self._capture_batch(self.speculator, input_ids, lookahead)
 
     @torch.inference_mode()
-    def speculate_window(self, input_ids: torch.Tensor, window: int) -> SpeculatorCapture:
+    def speculate_window(self, input_ids: torch.Tensor, window: int, draft: int = 0) -> SpeculatorCapture:
         """The speculator's prefill of one prompt with the queries of its last ``window``
-        tokens (:func:`~specprefill.backends.transformers.capture.capture_window`)."""
-        if self.speculator is None:
-            raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
-        if self.speculator_tokenizer is not None:
-            raise ValueError("a window capture needs a speculator sharing the base's tokenizer; this one has its own")
-        cap, flops = capture_window(self.speculator, input_ids, window, self.device, self.prefill_chunk)
+        tokens, then (``draft`` > 0) its greedy continuation of up to ``draft`` tokens with
+        each decode step's query
+        (:func:`~specprefill.backends.transformers.capture.capture_window`)."""
+        self._own_tokenizer("a window capture")
+        cap, flops = capture_window(
+            self.speculator, input_ids, window, self.device, self.prefill_chunk, draft, self._draft_eos()
+        )
         self.method_flops += flops
         self._sync()
         return cap
+
+    def _own_tokenizer(self, what: str) -> None:
+        """Refuse a missing speculator, or one with its own tokenizer, naming ``what`` needs it."""
+        if self.speculator is None:
+            raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
+        if self.speculator_tokenizer is not None:
+            raise ValueError(f"{what} needs a speculator sharing the base's tokenizer; this one has its own")
+
+    def _draft_eos(self) -> list[int]:
+        """The speculator's EOS ids: its own generation config's, else the base's."""
+        eos = getattr(getattr(self.speculator, "generation_config", None), "eos_token_id", None)
+        return sorted({eos} if isinstance(eos, int) else set(eos or ()) or self.eos_ids)
 
     @torch.inference_mode()
     def draft(self, input_ids: torch.Tensor, max_new_tokens: int) -> list[int]:
@@ -143,15 +156,8 @@ class TransformersBackend:
         ``max_new_tokens`` tokens, its first EOS included (its own generation config's EOS
         ids, else the base's), as ``generate`` writes it; its FLOPs counted in
         :attr:`method_flops`."""
-        if self.speculator is None:
-            raise RuntimeError("this method needs a speculator, but the model config has none (speculator: null)")
-        if self.speculator_tokenizer is not None:
-            raise ValueError(
-                "a draft continuation needs a speculator sharing the base's tokenizer; this one has its own"
-            )
-        eos = getattr(getattr(self.speculator, "generation_config", None), "eos_token_id", None)
-        ids = {eos} if isinstance(eos, int) else set(eos or ()) or self.eos_ids
-        tokens, flops = draft_tokens(self.speculator, input_ids, max_new_tokens, sorted(ids), self.device)
+        self._own_tokenizer("a draft continuation")
+        tokens, flops = draft_tokens(self.speculator, input_ids, max_new_tokens, self._draft_eos(), self.device)
         self.method_flops += flops
         self._sync()
         return tokens

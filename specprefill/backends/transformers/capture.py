@@ -238,23 +238,72 @@ def prefill_one(
     return n, cache, out
 
 
+def greedy(
+    model: Any, out: Any, cache: Any, n: int, max_new_tokens: int, eos_ids: Sequence[int], device: torch.device
+) -> list[int]:
+    """Greedy tokens after a prefill of ``n`` tokens (``out``: its last forward's output), as
+    transformers' ``generate`` writes them: up to ``max_new_tokens``, the first EOS included
+    and nothing after it. Each token but the last is fed back (``generate`` never feeds its
+    last), so the cache ends holding ``n + len(tokens) - 1`` entries."""
+    mask = torch.ones(1, n, dtype=torch.int64, device=device)
+    tokens: list[int] = []
+    eos = set(eos_ids)
+    while True:
+        nxt = int(out.logits[0, -1].argmax())
+        tokens.append(nxt)
+        if nxt in eos or len(tokens) == max_new_tokens:
+            return tokens
+        mask = torch.cat([mask, mask.new_ones(1, 1)], dim=1)
+        out = model(
+            input_ids=torch.tensor([[nxt]], device=device),
+            position_ids=torch.tensor([[n + len(tokens) - 1]], device=device),
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+
+
 def capture_window(
-    model: Any, input_ids: torch.Tensor, window: int, device: torch.device, prefill_chunk: int | None = None
+    model: Any,
+    input_ids: torch.Tensor,
+    window: int,
+    device: torch.device,
+    prefill_chunk: int | None = None,
+    draft: int = 0,
+    eos_ids: Sequence[int] = (),
 ) -> tuple[SpeculatorCapture, int]:
-    """One prompt's prefill (``[n]``; nothing decoded): the post-RoPE queries of its last
-    ``window`` tokens, ``[layers, heads, window, d]``, and every token's keys, ``[layers,
-    kv_heads, n, d]`` (what SpecPC scores with, baselines/specpc.py), with the pass's FLOPs."""
+    """One prompt's prefill (``[n]``): the post-RoPE queries of its last ``window`` tokens and
+    every token's keys (what SpecPC scores with, baselines/specpc.py), with the pass's FLOPs.
+
+    ``draft`` > 0: the prefill goes on as ``generate`` with up to ``draft`` greedy tokens
+    (:func:`greedy`; ``lookahead_ids``), and each decode step's query joins the window's, as
+    SpecPC's attention store records them: queries ``[layers, heads, window + T - 1, d]``
+    (T tokens written, T - 1 fed back) and keys ``[layers, kv_heads, n + T - 1, d]``.
+    Without: queries ``[layers, heads, window, d]``, keys ``[layers, kv_heads, n, d]``."""
     (row,) = checked_prompts(model, input_ids.unsqueeze(0))
     n = int(row.shape[0])
     if not 1 <= window <= n:
         raise ValueError(f"window={window} for a prompt of {n} tokens; allowed: 1 .. {n}")
+    if draft < 0:
+        raise ValueError(f"draft={draft}; allowed: >= 0 tokens")
     with capture_last_queries(model, rows=window) as captured:
-        n, cache, _ = prefill_one(model, input_ids, device, prefill_chunk, captured, keep_earlier=True)
+        n, cache, out = prefill_one(model, input_ids, device, prefill_chunk, captured, keep_earlier=True)
+        prefill_forwards = len(captured[0])
+        tokens = greedy(model, out, cache, n, draft, eos_ids, device) if draft else []
     queries = torch.stack(
-        [torch.cat([q.to(device) for q in per_layer], dim=2)[0, :, -window:] for per_layer in captured]
+        [
+            torch.cat(
+                [torch.cat([q.to(device) for q in per_layer[:prefill_forwards]], dim=2)[0, :, -window:]]
+                + [q.to(device)[0] for q in per_layer[prefill_forwards:]],
+                dim=1,
+            )
+            for per_layer in captured
+        ]
     )
-    keys = torch.stack([layer.keys[0, :, :n, :].to(device) for layer in cache.layers])  # type: ignore[union-attr,index]
-    return SpeculatorCapture(queries, keys, []), capture_flops(model, [n], 0, 1)
+    seen = n + max(len(tokens) - 1, 0)
+    keys = torch.stack([layer.keys[0, :, :seen, :].to(device) for layer in cache.layers])  # type: ignore[union-attr,index]
+    return SpeculatorCapture(queries, keys, tokens), capture_flops(model, [n], 0, max(len(tokens), 1))
 
 
 def draft_tokens(
@@ -271,21 +320,5 @@ def draft_tokens(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}; allowed: >= 1")
     n, cache, out = prefill_one(model, input_ids, device, prefill_chunk, [])
-    mask = torch.ones(1, n, dtype=torch.int64, device=device)
-    tokens: list[int] = []
-    eos = set(eos_ids)
-    while True:
-        nxt = int(out.logits[0, -1].argmax())
-        tokens.append(nxt)
-        if nxt in eos or len(tokens) == max_new_tokens:
-            break
-        mask = torch.cat([mask, mask.new_ones(1, 1)], dim=1)
-        out = model(
-            input_ids=torch.tensor([[nxt]], device=device),
-            position_ids=torch.tensor([[n + len(tokens) - 1]], device=device),
-            attention_mask=mask,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+    tokens = greedy(model, out, cache, n, max_new_tokens, eos_ids, device)
     return tokens, capture_flops(model, [n], 0, len(tokens))

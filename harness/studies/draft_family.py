@@ -1,0 +1,278 @@
+"""Study: the draft-based family side by side. At one token budget, how much does each way of
+using the same draft model keep, and what does it cost in TTFT, KV memory and decoding?
+
+The base and its speculator are a model config's pair (default: Qwen2.5-Coder-1.5B with its
+0.5B sibling, the family the draft-based papers use), RULER at ``--length`` on ``--tasks``,
+``--limit`` samples each (n = limit x tasks per method). Every method keeps the same budget
+of ``--keep-tokens`` N tokens of each prompt (``keep_tokens=N``):
+
+* ``full``: full prefill, the reference;
+* ``specprefill``: SpecPrefill (Liu et al., ICML 2025) keeps N prompt tokens;
+* ``specpc``: SpecPC (Galim et al., arXiv 2506.08373) keeps N prompt tokens;
+* ``speckv``: SpecKV (same paper) prefills everything and keeps N KV entries per layer and head;
+* ``speckvpc``: SpecKV-PC, SpecPC keeping N tokens, then SpecKV keeping half of them;
+* ``compose`` of SpecPrefill keeping N tokens, then the press KeyDiff keeping half of them
+  (KeyDiff: the best press of ``results/reference/kv_compare_smollm2_cpu/`` from keep 0.25 up).
+
+So the prompt-side budget is matched (N tokens prefilled or held), and the two cascades hold
+N/2 KV entries after the prefill; every row says what it held (``kv_fraction``, ``kv_mib``).
+
+Quality: one ``make eval`` run per method on the same samples; per method the score and the
+retention against full prefill with 95 % intervals, the needle kept, the KV held, the decode
+time per token; each method against SpecPrefill by paired score differences (the same
+samples; :func:`differences`). Speed: one ``make latency`` job timing every method beside full
+prefill in the same iterations (paired, order-balanced; RULER's ``--latency-task`` prompts at
+``--length``, so SpecKV drafts the task's answer length as in the eval), its TTFT speedup with
+its interval, the FLOP model's ideal and a decode of ``--decode-tokens`` tokens after each
+prefill. A figure: retention against the side-by-side speedup.
+
+    python -m harness.studies.draft_family [--model qwen2.5-coder-1.5b] [--length 2048]
+        [--tasks niah_single_2 niah_multikey_1 qa_1] [--limit 10] [--keep-tokens 512]
+        [--iters 10] [--out results/draft-family] [--no-latency] [--no-run] [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.analysis.folder import Analysis, analyze
+from harness.analysis.quality import Point, paired_difference
+from harness.rendering.tables import ci
+from harness.studies import run_job
+
+TASKS = ["niah_single_2", "niah_multikey_1", "qa_1"]
+PRESS = "keydiff"
+#: (line, the method's command-line arguments): every line at the budget ``keep_tokens``.
+METHODS: list[tuple[str, list[str]]] = [
+    ("full", ["method=full"]),
+    ("specprefill", ["method=specprefill"]),
+    ("specpc", ["method=specpc"]),
+    ("speckv", ["method=speckv"]),
+    ("speckvpc", ["method=speckvpc", "method.then_keep_rate=0.5"]),
+    (f"specprefill+{PRESS}", ["method=compose", "method.first=specprefill", f"method.then={PRESS}",
+                              "method.then_keep_rate=0.5"]),
+]  # fmt: skip
+KIND = {
+    "full": "full prefill",
+    "specprefill": "SpecPrefill: N prompt tokens",
+    "specpc": "SpecPC: N prompt tokens",
+    "speckv": "SpecKV: N KV entries",
+    "speckvpc": "SpecKV-PC: SpecPC N tokens, SpecKV N/2 entries",
+    f"specprefill+{PRESS}": f"SpecPrefill N tokens, then {PRESS} N/2 entries",
+}
+BASELINE = "specprefill"
+
+
+def line_of(method: str, options: Any) -> str:
+    """A row's line in the study: the method, a composition by its parts."""
+    opts = json.loads(options) if isinstance(options, str) else dict(options or {})
+    if method != "compose":
+        return method
+    return (
+        "speckvpc"
+        if (opts.get("first"), opts.get("then")) == ("specpc", "speckv")
+        else f"{opts['first']}+{opts['then']}"
+    )
+
+
+def eval_commands(
+    out: Path, model: str, length: int, tasks: list[str], limit: int, keep_tokens: int
+) -> list[list[str]]:
+    """One ``make eval`` job per method, full prefill first (the others' retention pairs with it)."""
+    common = [sys.executable, "-m", "harness.jobs.eval", f"model={model}", "benchmark=ruler", f"length={length}",
+              f"tasks=[{','.join(tasks)}]", f"limit={limit}", f"out={out}"]  # fmt: skip
+    return [[*common, *args, *([] if name == "full" else [f"keep_tokens={keep_tokens}"])] for name, args in METHODS]
+
+
+def latency_command(
+    out: Path, model: str, length: int, task: str, keep_tokens: int, iters: int, decode_tokens: int
+) -> list[str]:
+    """SpecPrefill, SpecPC and SpecKV timed beside full prefill in the same iterations
+    (``also``: each at its preset and the budget); the cascades get a job each (below)."""
+    also = ["specpc", "speckv"]
+    return [sys.executable, "-m", "harness.jobs.latency", f"model={model}", f"grid=[[1,{length}]]", "warmup=1",
+            f"iters={iters}", "prompts=benchmark", f"prompt_task={task}", "method=specprefill",
+            f"keep_tokens={keep_tokens}", f"also=[{','.join(also)}]", f"decode_tokens={decode_tokens}",
+            f"out={out}"]  # fmt: skip
+
+
+def run(a: argparse.Namespace, dry_run: bool = False) -> None:
+    extra = ["dry_run=true"] if dry_run else []
+    for cmd in eval_commands(a.out, a.model, a.length, a.tasks, a.limit, a.keep_tokens):
+        run_job([*cmd, *extra])
+    if not a.no_latency:
+        run_job([*latency_command(a.out / "latency", a.model, a.length, a.latency_task, a.keep_tokens, a.iters,
+                                  a.decode_tokens), *extra])  # fmt: skip
+        # the cascades: each its own latency job (its own split), full prefill beside it
+        for _name, args in METHODS[4:]:
+            cmd = latency_command(a.out / "latency", a.model, a.length, a.latency_task, a.keep_tokens, a.iters,
+                                  a.decode_tokens)  # fmt: skip
+            cmd = [c for c in cmd if not c.startswith(("method=", "also="))] + args
+            run_job([*cmd, *extra])
+
+
+def quality(a: Analysis) -> pd.DataFrame:
+    """One line per method: the summary's ``ALL`` row (score, retention against full prefill
+    on the same samples, needle kept, KV held, decode time per token)."""
+    s = a.summary
+    s = s[s["task"] == "ALL"]
+    return pd.DataFrame({
+        "line": [line_of(m, o) for m, o in zip(s["method_name"], s["method_options"], strict=True)],
+        "n": s["n"].astype(int),
+        **{c: s[c] for c in ("score", "score_lo", "score_hi", "retention", "retention_lo", "retention_hi",
+                             "needle_kept", "kept_fraction", "kv_fraction", "kv_mib", "speculator_s", "ttft_s",
+                             "decode_s_per_token")},
+    }).reset_index(drop=True)  # fmt: skip
+
+
+def speed(a: Analysis) -> pd.DataFrame:
+    """One line per method timed beside full prefill: the side-by-side TTFT speedup with its
+    interval, the ideal from FLOPs, and the decode time per token after its prefill."""
+    s = a.latency
+    if s.empty:
+        return pd.DataFrame(columns=["line"])
+    s = s[~s["is_reference"].astype(bool)]
+    cols = {c: s[c] for c in ("speedup", "speedup_lo", "speedup_hi", "ideal_speedup", "efficiency") if c in s}
+    return pd.DataFrame({
+        "line": [line_of(m, o) for m, o in zip(s["method_name"], s["method_options"], strict=True)],
+        "lat_n": s["n"].astype(int), **{f"lat_{k}": v for k, v in cols.items()},
+    }).drop_duplicates("line", keep="last").reset_index(drop=True)  # fmt: skip
+
+
+def table(a: Analysis) -> pd.DataFrame:
+    df = quality(a).merge(speed(a), on="line", how="left")
+    order = {name: i for i, (name, _) in enumerate(METHODS)}
+    return df.sort_values("line", key=lambda c: c.map(lambda x: order.get(x, len(order)))).reset_index(drop=True)
+
+
+def differences(a: Analysis, baseline: str = BASELINE) -> pd.DataFrame:
+    """Each method against ``baseline`` on the same samples: the score difference (0-100
+    points, method minus baseline; :func:`harness.analysis.quality.paired_difference`, the
+    tasks weighted equally) with its 95 % interval and the samples won and lost."""
+    d = a.ok("eval")
+    d = d.assign(line=[line_of(m, o) for m, o in zip(d["method"], d["method_options"], strict=True)])
+    base = d[d["line"] == baseline]
+    tasks = sorted(set(d["task"]))
+    out = []
+    for line in [name for name, _ in METHODS if name != baseline]:
+        c = d[d["line"] == line]
+        if c.empty or base.empty:
+            continue
+        diff, _, _ = paired_difference(Point(c), Point(base), "score", [tasks])
+        m = c.set_index(["task", "sample_id"])["score"].astype(float)
+        b = base.set_index(["task", "sample_id"])["score"].astype(float)
+        both = m.to_frame("c").join(b.rename("b"), how="inner")
+        out.append({"line": line, "baseline": baseline, "difference": diff.value, "lo": diff.lo, "hi": diff.hi,
+                    "n": len(both), "wins": int((both["c"] > both["b"]).sum()),
+                    "losses": int((both["c"] < both["b"]).sum())})  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
+    def num(v: float, f: str) -> str:
+        return "-" if pd.isna(v) else f"{v:{f}}"
+
+    head = ("| method | n | score | retention vs full | needle kept | prefilled (of prompt) | KV held | KV MiB | "
+            "TTFT s (eval) | speedup, side by side | ideal | decode s/token |")  # fmt: skip
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for r in df.itertuples():
+        full = r.line == "full"
+        sp = "1.00x" if full else ci(getattr(r, "lat_speedup", np.nan), getattr(r, "lat_speedup_lo", np.nan),
+                                     getattr(r, "lat_speedup_hi", np.nan), ".2f")  # fmt: skip
+        ideal = 1.0 if full else getattr(r, "lat_ideal_speedup", np.nan)
+        lines.append(
+            f"| {KIND.get(str(r.line), r.line)} | {r.n} | {ci(r.score, r.score_lo, r.score_hi)} | "
+            f"{'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | {num(r.needle_kept, '.2f')} | "
+            f"{num(r.kept_fraction, '.2f')} | {num(r.kv_fraction, '.2f')} | {num(r.kv_mib, '.1f')} | "
+            f"{num(r.ttft_s, '.2f')} | {sp} | {num(ideal, '.2f')}{'' if pd.isna(ideal) else 'x'} | "
+            f"{num(r.decode_s_per_token, '.3f')} |"
+        )  # fmt: skip
+    lines += ["", "Score (0-100) and retention (score over full prefill's on the same samples): 95 % bootstrap over "
+              "samples. Speedup: TTFT of full prefill over the method's, timed side by side in the same iterations "
+              "(paired, order-balanced), 95 % interval; ideal: the FLOP model's (the draft's work included). KV held: "
+              "the base's cache after the prefill over the prompt's tokens. SpecKV prefills the prompt and its "
+              "draft (prefilled 1.00)."]  # fmt: skip
+    if not diff.empty:
+        lines += [
+            "",
+            "| method | against | score difference [95 %] | samples | wins / losses |",
+            "|---|---|---|---|---|",
+        ]
+        for r in diff.itertuples():
+            null = "" if pd.isna(r.lo) or r.lo > 0 or r.hi < 0 else " (within noise)"
+            lines.append(f"| {KIND.get(str(r.line), r.line)} | {KIND.get(str(r.baseline), r.baseline)} | "
+                         f"{r.difference:+.1f} [{r.lo:+.1f}, {r.hi:+.1f}]{null} | {r.n} | {r.wins} / {r.losses} |")  # fmt: skip
+        lines += ["", "Paired by sample: the method's score minus the baseline's (0-100 points), tasks weighted "
+                  "equally, 95 % bootstrap."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def figure(df: pd.DataFrame, path: Path) -> None:
+    """Retention against the side-by-side TTFT speedup, one point per method with both intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = (
+        df[(df["line"] != "full") & df.get("lat_speedup", pd.Series(dtype=float)).notna()]
+        if "lat_speedup" in df
+        else df[:0]
+    )
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for r in d.itertuples():
+        ax.errorbar(r.lat_speedup, r.retention,
+                    xerr=[[r.lat_speedup - r.lat_speedup_lo], [r.lat_speedup_hi - r.lat_speedup]],
+                    yerr=[[r.retention - r.retention_lo], [r.retention_hi - r.retention]], fmt="o", capsize=3,
+                    label=KIND.get(str(r.line), r.line))  # fmt: skip
+    ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("TTFT speedup over full prefill (side by side, 95 % interval)")
+    ax.set_ylabel("retention (score / full prefill's, 95 % interval)")
+    ax.set_title("Draft-based methods at one token budget")
+    if len(d):
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="a conf/model name (its speculator is the draft)")
+    ap.add_argument("--length", type=int, default=2048)
+    ap.add_argument("--tasks", nargs="+", default=TASKS)
+    ap.add_argument("--limit", type=int, default=10, help="samples per task")
+    ap.add_argument("--keep-tokens", type=int, default=512, help="the budget N, tokens of each prompt")
+    ap.add_argument("--iters", type=int, default=10, help="timed iterations per latency job")
+    ap.add_argument("--latency-task", default="qa_1", help="the RULER task whose prompts the latency jobs time")
+    ap.add_argument("--decode-tokens", type=int, default=16, help="tokens decoded after each timed prefill")
+    ap.add_argument("--out", type=Path, default=Path("results/draft-family"))
+    ap.add_argument("--no-latency", action="store_true", help="quality only")
+    ap.add_argument("--no-run", action="store_true", help="only read the rows already under --out")
+    ap.add_argument("--dry-run", action="store_true", help="print the jobs' plans, load nothing")
+    a = ap.parse_args(argv)
+    if a.dry_run:
+        run(a, dry_run=True)
+        return
+    if not a.no_run:
+        run(a)
+    found = analyze(a.out)
+    df, diff = table(found), differences(found)
+    df.to_csv(a.out / "draft_family.csv", index=False)
+    diff.to_csv(a.out / "draft_family_differences.csv", index=False)
+    text = markdown(df, diff)
+    (a.out / "draft_family.md").write_text(text + "\n")
+    figure(df, a.out / "draft_family.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

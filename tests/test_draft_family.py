@@ -1,0 +1,60 @@
+"""The draft-family study (harness/studies/draft_family.py): its jobs ask what the README says
+(one budget for every method, the cascades' split), and its tables read real rows: a tiny
+run of full prefill, SpecPrefill and both cascades, lines told apart by their parts, each
+method paired with SpecPrefill on the same samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from hydra import compose, initialize_config_dir
+
+from harness.analysis.folder import analyze
+from harness.jobs.eval import EvalConfig, execute, prepare
+from harness.studies import draft_family as study
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def test_every_method_runs_at_one_budget_and_the_cascades_halve_it(tmp_path):
+    cmds = study.eval_commands(tmp_path, "qwen2.5-coder-1.5b", 2048, ["qa_1"], 10, 512)
+    assert len(cmds) == len(study.METHODS) and "method=full" in cmds[0] and not any("keep_tokens" in c for c in cmds[0])
+    assert all("keep_tokens=512" in c for c in cmds[1:])
+    cascades = [c for c in cmds if "method.then_keep_rate=0.5" in c]
+    assert len(cascades) == 2 and any("method=speckvpc" in c for c in cascades)
+    lat = study.latency_command(tmp_path, "m", 2048, "qa_1", 512, 10, 16)
+    assert "also=[specpc,speckv]" in lat and "prompts=benchmark" in lat and "keep_tokens=512" in lat
+    assert study.line_of("compose", '{"first": "specpc", "then": "speckv"}') == "speckvpc"
+    assert study.line_of("compose", {"first": "specprefill", "then": "keydiff"}) == "specprefill+keydiff"
+
+
+def _eval(tmp_path: Path, overrides: list[str]) -> None:
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "model=tiny-random", "benchmark=ruler", "tasks=[niah_single_1]", "length=1024", "limit=3", "max_new=2",
+            f"out={tmp_path}", *overrides])  # fmt: skip
+    execute(prepare(EvalConfig.from_hydra(cfg)))
+
+
+def test_tables_from_a_tiny_run(tmp_path):
+    _eval(tmp_path, ["method=full"])
+    _eval(tmp_path, ["method=specprefill", "keep_tokens=200"])
+    _eval(tmp_path, ["method=speckvpc", "keep_tokens=200", "method.then_keep_rate=0.5",
+                     "method.first_options.starting_layer_index=0"])  # fmt: skip
+    _eval(tmp_path, ["method=compose", "method.first=specprefill", "method.then=keydiff", "keep_tokens=200",
+                     "method.then_keep_rate=0.5"])  # fmt: skip
+    a = analyze(tmp_path)
+    df, diff = study.table(a), study.differences(a)
+    assert df["line"].tolist() == ["full", "specprefill", "speckvpc", "specprefill+keydiff"]
+    assert (df["n"] == 3).all()
+    held = df.set_index("line")["kv_fraction"]
+    assert held["speckvpc"] < held["specprefill"] and held["specprefill+keydiff"] < held["specprefill"]
+    assert set(diff["line"]) == {"full", "speckvpc", "specprefill+keydiff"} and (diff["n"] == 3).all()
+    text = study.markdown(df, diff)
+    assert "SpecKV-PC: SpecPC N tokens, SpecKV N/2 entries" in text and "| 3 |" in text
+    study.figure(df, tmp_path / "f.png")
+    # the study reads a folder without running anything
+    study.main(["--no-run", "--out", str(tmp_path)])
+    assert pd.read_csv(tmp_path / "draft_family.csv")["line"].tolist() == df["line"].tolist()
+    assert (tmp_path / "draft_family.md").exists() and (tmp_path / "draft_family.png").exists()
