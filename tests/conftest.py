@@ -80,3 +80,16 @@ def longbench_sample(smollm2_info):
         "all_classes": None,
     }
     return lb.build_sample("hotpotqa", 0, row, smollm2_info, "middle", 7500, "longbench", False)
+
+
+@pytest.fixture(scope="module")
+def backend(smollm2_tokenizer):
+    """The tiny random model (conf/model/tiny-random.yaml: a 2-layer base, its own first layer as
+    the speculator) on the transformers backend, one per test module (tests set its chunking,
+    patch its draft)."""
+    from harness.models.catalog import model_config
+    from harness.models.loading import load
+    from specprefill.backends.transformers import TransformersBackend
+
+    lm = load(model_config("tiny-random", max_context=8192))
+    return TransformersBackend(lm.base, lm.tokenizer, lm.speculator)

@@ -12,8 +12,6 @@ from baselines.rag import RagBM25, RagDense, chunk
 from baselines.random_keep import RandomKeep
 from baselines.truncate import Truncate
 from harness.benchmarks import ruler
-from harness.models.catalog import model_config
-from harness.models.loading import load
 from harness.types import Sample
 from specprefill import Prompt, SpecPrefill
 from specprefill.backends.transformers import TransformersBackend
@@ -28,13 +26,6 @@ METHODS = {
     "specprefill": lambda k: SpecPrefill(keep_rate=k, lookahead=1, chunk_size=32, pool_kernel=13),
 }
 QUERY_AWARE = {"rag_bm25", "rag_dense"}
-
-
-@pytest.fixture(scope="module")
-def backend(smollm2_tokenizer):
-    cfg = model_config("tiny-random", max_context=8192)
-    lm = load(cfg)
-    return TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
 
 
 @pytest.fixture(scope="module")

@@ -19,20 +19,11 @@ from baselines.kv_presses import question_end
 from harness.benchmarks import ruler
 from harness.config import ConfigError, check_in_model, method_spec
 from harness.jobs.eval import EvalConfig, execute, prepare
-from harness.models.catalog import model_config
-from harness.models.loading import load
 from harness.prompts import sample_prompt
 from harness.registry import build_method
-from specprefill.backends.transformers import TransformersBackend
 from specprefill.plan import Prompt
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
-
-
-@pytest.fixture(scope="module")
-def backend(smollm2_tokenizer):
-    lm = load(model_config("tiny-random", max_context=8192))
-    return TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
 
 
 @pytest.fixture(scope="module")

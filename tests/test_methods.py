@@ -14,11 +14,8 @@ import torch
 
 from harness.benchmarks import ruler
 from harness.config import CONF, method_conf
-from harness.models.catalog import model_config
-from harness.models.loading import load
 from harness.prompts import sample_prompt
 from harness.registry import build_method, method_names
-from specprefill.backends.transformers import TransformersBackend
 from specprefill.plan import LATER_OPTIONS, SCOPES, Unsupported
 from tests.test_llmlingua import classifier, small_lm  # noqa: F401  (fixtures: tiny compressor models)
 
@@ -28,12 +25,6 @@ PRESETS = sorted(p.stem for p in (Path(CONF) / "method").glob("*.yaml"))
 def test_every_registered_method_has_a_preset():
     names = {method_conf(stem, 0.3, 1)[0] for stem in PRESETS}
     assert set(method_names()) - {"needs_gpu_probe"} <= names, "a method without conf/method/<name>.yaml"
-
-
-@pytest.fixture(scope="module")
-def backend(smollm2_tokenizer):
-    lm = load(model_config("tiny-random", max_context=8192))
-    return TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
 
 
 @pytest.fixture(scope="module")

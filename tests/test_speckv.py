@@ -11,20 +11,11 @@ import torch
 from transformers import DynamicCache
 
 from baselines.speckv import speckv_indices
-from harness.models.catalog import model_config
-from harness.models.loading import load
 from harness.registry import build_method
-from specprefill.backends.transformers import TransformersBackend
 from specprefill.plan import Prompt
 from tests.test_specpc import eager_weights
 
 W, C, KERNEL = 8, 40, 7  # window_size, max_capacity_prompt, kernel_size of the tests' method
-
-
-@pytest.fixture(scope="module")
-def backend(smollm2_tokenizer):
-    lm = load(model_config("tiny-random", max_context=8192))
-    return TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
 
 
 def method(**options):

@@ -9,10 +9,8 @@ import pytest
 import torch
 
 from baselines.specpc import specpc_scores, specpc_select
-from harness.models.catalog import model_config
-from harness.models.loading import load
 from harness.registry import build_method
-from specprefill.backends.transformers import TransformersBackend, attention_layers
+from specprefill.backends.transformers import attention_layers
 from specprefill.backends.transformers.capture import capture_window
 from specprefill.plan import Prompt
 
@@ -33,12 +31,6 @@ def test_selection_keeps_the_window_and_the_spikes_neighbourhood():
     assert specpc_select(scores, 500, 8, kernel=5).tolist() == list(range(200))  # capacity >= n: every token
     with pytest.raises(ValueError, match="window_size=300 is longer than the prompt"):
         specpc_select(scores, 17, 300)
-
-
-@pytest.fixture(scope="module")
-def backend(smollm2_tokenizer):
-    lm = load(model_config("tiny-random", max_context=8192))
-    return TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
 
 
 def eager_weights(model, ids: torch.Tensor) -> list[torch.Tensor]:
