@@ -368,3 +368,64 @@ def _with_ideal_ttft(df: pd.DataFrame) -> pd.DataFrame:
     base = ref.reindex(pd.MultiIndex.from_frame(df[at])).to_numpy(dtype=float)
     df["ideal_ttft_s"] = base / df["ideal_speedup"].to_numpy(dtype=float)
     return df
+
+
+#: What names one break-even line: a method at a keep on one model, engine and prompt kind.
+BREAK_EVEN_LINE = ["model", "backend", "dtype", "prompt_source", "method", "keep_rate"]
+
+
+def _crossing(lengths: list[int], values: list[float]) -> tuple[float, str]:
+    """The shortest length where ``values`` (per length, ascending lengths) passes 1: the first
+    grid point above 1, interpolated on log2(length) from the point before it (``interpolated``),
+    the first length itself where already above (``at or below``), or NaN (``not reached``)."""
+    for i, (n, v) in enumerate(zip(lengths, values, strict=True)):
+        if not (np.isfinite(v) and v > 1.0):
+            continue
+        if i == 0:
+            return float(n), "at or below"
+        n0, v0 = lengths[i - 1], values[i - 1]
+        if not np.isfinite(v0):
+            return float(n), "at or below"
+        t = (1.0 - v0) / (v - v0)
+        return float(2 ** (math.log2(n0) + t * (math.log2(n) - math.log2(n0)))), "interpolated"
+    return math.nan, "not reached"
+
+
+def break_even(lat: pd.DataFrame) -> pd.DataFrame:
+    """Per method and keep (:data:`BREAK_EVEN_LINE`) over the grid's lengths: the shortest
+    prompt length at which the measured speedup's 95 % interval lies above 1 (its lower bound
+    > 1), and the length where the FLOP model's ideal passes 1, each the first grid point
+    above 1 interpolated from the point before it on log2(length) (``*_how`` says which:
+    ``interpolated``, ``at or below`` the shortest length measured, ``not reached`` up to the
+    longest). ``regresses``: a longer point's lower bound falls back to 1 or below. Lines
+    measured at fewer than two lengths are left out (nothing to bracket). ``batch``: the batch
+    size of each point in length order (a constant-token grid's line runs across batch
+    sizes, e.g. ``2,1`` for 2x4K and 1x8K); where one length was timed at several batch
+    sizes, a line per batch size."""
+    cols = [*BREAK_EVEN_LINE, "batch", "lengths", "break_even_tokens", "break_even_how", "ideal_break_even_tokens",
+            "ideal_break_even_how", "regresses"]  # fmt: skip
+    if lat.empty:
+        return pd.DataFrame(columns=cols)
+    d = lat[~lat["is_reference"].astype(bool) & (lat["method_name"] != AA_METHOD)]
+    lines = []
+    for key, g in d.groupby(BREAK_EVEN_LINE, dropna=False, sort=True):
+        if g["length"].duplicated().any():  # a length at several batch sizes: a line per batch size
+            lines += [(key, str(b), gb) for b, gb in g.groupby("batch", sort=True)]
+        else:  # one batch size per length (a constant-token grid's lines run across them)
+            lines.append((key, ",".join(str(b) for b in g.sort_values("length")["batch"]), g))
+    out = []
+    for key, batch, g in lines:
+        g = g.sort_values("length")
+        if g["length"].nunique() < 2:
+            continue
+        lengths = g["length"].astype(int).tolist()
+        lo = pd.to_numeric(g["speedup_lo"], errors="coerce").tolist()
+        at, how = _crossing(lengths, lo)
+        ideal_at, ideal_how = _crossing(lengths, pd.to_numeric(g["ideal_speedup"], errors="coerce").tolist())
+        first = next((i for i, v in enumerate(lo) if np.isfinite(v) and v > 1.0), None)
+        regresses = first is not None and any(not (np.isfinite(v) and v > 1.0) for v in lo[first + 1 :])
+        out.append({**dict(zip(BREAK_EVEN_LINE, key, strict=True)), "batch": batch, "lengths": lengths,
+                    "break_even_tokens": at,
+                    "break_even_how": how, "ideal_break_even_tokens": ideal_at, "ideal_break_even_how": ideal_how,
+                    "regresses": bool(regresses)})  # fmt: skip
+    return pd.DataFrame(out, columns=cols)

@@ -12,6 +12,8 @@ measure: each figure draws the summaries' columns.
 - :func:`score_vs_length`: score vs context length per method (RULER's 4K -> 128K view);
 - :func:`needle_heatmap`: score by needle depth x context length for the NIAH tasks;
 - :func:`latency_vs_keep`: measured and ideal TTFT speedup vs keep rate per grid point;
+- :func:`speedup_vs_length`: measured and ideal TTFT speedup vs prompt length per method and
+  keep, the break-even lengths marked (where a method starts to pay);
 - :func:`latency_grid`: TTFT vs length, one panel per batch size (the paper's grid), with
   the ideal TTFT (the reference's / the FLOP model's ideal speedup);
 - :func:`qps_curves`: TTFT p90 vs request rate, passing and failing rates marked, the SLO line.
@@ -377,6 +379,42 @@ def latency_vs_keep(lat: pd.DataFrame, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def speedup_vs_length(lat: pd.DataFrame, path: Path) -> Path | None:
+    """Measured TTFT speedup over the reference (95 % interval) and the FLOP model's ideal
+    (dashed) vs prompt length (log2 axis), one line per method and keep, each break-even
+    length (:func:`harness.analysis.latency.break_even`: its interval first above 1) marked
+    with a dotted vertical. Drawn where a line has two lengths or more."""
+    from harness.analysis.latency import BREAK_EVEN_LINE, break_even
+
+    lines = lat[~lat["is_reference"].astype(bool)].dropna(subset=["speedup"])
+    lines = lines[lines.groupby(BREAK_EVEN_LINE, dropna=False)["length"].transform("nunique") >= 2]
+    if lines.empty:
+        return None
+    be = break_even(lat).drop_duplicates(BREAK_EVEN_LINE, keep=False).set_index(BREAK_EVEN_LINE)  # one per line
+    fig, axes = panels(1, 6.5)
+    ax = axes[0]
+    for key, g in lines.groupby(BREAK_EVEN_LINE, dropna=False):
+        g = g.sort_values("length")
+        label = f"{key[4]}" + ("" if pd.isna(key[5]) else f" keep {float(key[5]):g}")
+        line = ax.errorbar(g["length"], g["speedup"], yerr=_yerr(g["speedup"], g["speedup_lo"], g["speedup_hi"]),
+                           fmt="o-", capsize=3, label=label)  # fmt: skip
+        color = line[0].get_color()
+        if g["ideal_speedup"].notna().any():
+            ax.plot(g["length"], g["ideal_speedup"], ls="--", color=color, label=f"ideal {label}")
+        at = be["break_even_tokens"].get(key, float("nan")) if key in be.index else float("nan")
+        if pd.notna(at):
+            ax.axvline(float(at), ls=":", color=color, lw=1.0)
+    ax.set_xscale("log", base=2)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("prompt length (tokens; dotted: break-even, the interval first above 1)")
+    ax.set_ylabel(f"TTFT speedup over {lines['reference'].iloc[0]}")
+    ax.set_title(f"{lines['model'].iloc[0]} ({', '.join(sorted(set(lines['backend'])))}) · "
+                 f"{_n_range(lines['n'])} timed iterations per point", fontsize=9)  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def latency_grid(lat: pd.DataFrame, path: Path) -> Path | None:
     """TTFT vs prompt length, one panel per batch size (the paper's batch x length grid):
     the median over timed iterations with the p90 as the upper whisker, one line per method
@@ -554,6 +592,11 @@ def draw_all(a: Analysis, figs: Path) -> tuple[list[tuple[str, Path]], list[tupl
     if not lat.empty:
         out += [
             ("TTFT speedup vs keep rate", latency_vs_keep(lat, figs / "latency.png"), None),
+            (
+                "TTFT speedup vs prompt length (break-even)",
+                speedup_vs_length(lat, figs / "speedup_vs_length.png"),
+                None,
+            ),
             ("TTFT over the batch x length grid", latency_grid(lat, figs / "latency_grid.png"), None),
         ]
     if not rates.empty:

@@ -227,7 +227,42 @@ def latency_markdown(lat: pd.DataFrame) -> str:
     notes = latency_notes(lat)
     if notes:
         lines += ["", "Flagged points:", "", *(f"* {n}" for n in notes)]
+    from harness.analysis.latency import break_even
+
+    be = break_even(lat)
+    if not be.empty:
+        lines += ["", "Break-even:", "", *(f"* {line}" for line in break_even_lines(be))]
     return "\n".join(lines) + "\n"
+
+
+def _tokens(n: float, how: str, lengths: list[int]) -> str:
+    if how == "not reached":
+        return f"not reached up to {max(lengths):,} tokens"
+    if how == "at or below":
+        return f"at or below {int(n):,} tokens (the shortest length measured)"
+    below = max(x for x in lengths if x < n) if any(x < n for x in lengths) else min(lengths)
+    above = min(x for x in lengths if x >= n)
+    return f"at ~{n:,.0f} tokens (interpolated on log2 length between {below:,} and {above:,})"
+
+
+def break_even_lines(be: pd.DataFrame) -> list[str]:
+    """One line per method and keep: the shortest prompt length at which the measured
+    speedup's 95 % interval lies above 1 (:func:`harness.analysis.latency.break_even`), and
+    the FLOP model's."""
+    out = []
+    for r in be.itertuples():
+        keep = "" if pd.isna(r.keep_rate) else f" at keep {float(r.keep_rate):g}"
+        line = (
+            f"{r.method}{keep} ({r.model}, {r.backend}, {r.dtype}, prompts {r.prompt_source}, batch {r.batch}): "
+            f"break-even "
+            f"{_tokens(r.break_even_tokens, r.break_even_how, r.lengths)}, the first length where its speedup's 95 % "
+            f"interval lies above 1; the FLOP model's ideal: "
+            f"{_tokens(r.ideal_break_even_tokens, r.ideal_break_even_how, r.lengths)}"
+        )
+        if r.regresses:
+            line += "; a longer point falls back to 1 or below (not monotone: read the table)"
+        out.append(line + ".")
+    return out
 
 
 def numbers_md(df: pd.DataFrame) -> str:
