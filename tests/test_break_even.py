@@ -10,7 +10,7 @@ import pytest
 
 from harness.analysis.latency import break_even
 from harness.rendering.plots import speedup_vs_length
-from harness.rendering.tables import break_even_lines
+from harness.rendering.tables import break_even_lines, decode_notes, latency_markdown
 
 LENGTHS = [1024, 2048, 4096, 8192]
 
@@ -73,3 +73,16 @@ def test_the_lines_and_the_figure(lat, tmp_path):
     )
     assert speedup_vs_length(lat, tmp_path / "s.png") is not None and (tmp_path / "s.png").stat().st_size > 0
     assert speedup_vs_length(lat[lat["keep_rate"].isin([0.9]) | lat["is_reference"]], tmp_path / "t.png") is None
+
+
+def test_a_slower_decode_after_the_prefill_is_said_with_its_size(lat):
+    d = lat.assign(decode_s_per_token=0.02, decode_speedup=1.0, decode_speedup_lo=0.9, decode_speedup_hi=1.1)
+    slow = (d["keep_rate"] == 0.1) & (d["length"] == 4096)
+    d.loc[slow, ["decode_s_per_token", "decode_speedup", "decode_speedup_lo", "decode_speedup_hi"]] = [
+        0.03, 0.8, 0.75, 0.85]  # fmt: skip
+    notes = decode_notes(d)
+    assert notes == [
+        "specprefill keep 0.1 at 1x4096: decodes slower than full after its prefill, 25% more time per output token "
+        "(0.0300 s; decode speedup 0.80x [0.75, 0.85])"
+    ]  # 1 / 0.8 = 1.25; intervals holding 1 say nothing
+    assert "Decoding after the prefill:" in latency_markdown(d.assign(flags="", anomaly="", pairs=10))

@@ -476,6 +476,10 @@ def test_decode_tokens_time_decoding_beside_the_prefill_and_keep_old_identities(
     assert s.loc["full", "e2e_speedup"] == 1.0 and s.loc["specprefill", "decode_s_per_token"] == pytest.approx(
         float((rows[rows["method"] == "specprefill"]["decode_s"] / 3).median())
     )
+    # decode speed after the prefill, paired by iteration: the median of full's per-token time over the method's
+    timed = rows[~rows["warmup"].astype(bool)].set_index(["method", "iteration"])["decode_s"]
+    by_hand = (timed["full"] / timed["specprefill"]).median()
+    assert s.loc["full", "decode_speedup"] == 1.0 and s.loc["specprefill", "decode_speedup"] == pytest.approx(by_hand)
     with pytest.raises(ValueError, match="decode timing in latency grids runs on the transformers backend"):
         dataclasses.replace(job.cfg, backend="vllm")
 

@@ -106,6 +106,9 @@ COLUMNS = [
     "e2e_speedup",
     "e2e_speedup_lo",
     "e2e_speedup_hi",
+    "decode_speedup",
+    "decode_speedup_lo",
+    "decode_speedup_hi",
     "reference",
     "is_reference",
     "method_name",
@@ -204,6 +207,11 @@ def _e2e(rows: pd.DataFrame) -> pd.Series:
     return rows["ttft_s"].astype(float) + pd.to_numeric(rows["decode_s"], errors="coerce")
 
 
+def _tpot(rows: pd.DataFrame) -> pd.Series:
+    """Time per output token after the prefill (the decode's seconds over its tokens)."""
+    return pd.to_numeric(rows["decode_s"], errors="coerce") / pd.to_numeric(rows["decode_tokens"], errors="coerce")
+
+
 def _by_iteration(rows: pd.DataFrame, values: pd.Series) -> dict[int, float]:
     return dict(zip(rows["iteration"].astype(int), values.astype(float), strict=True))
 
@@ -277,6 +285,7 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
     refs = {k: _by_iteration(g, g["ttft_s"]) for k, g in ref_rows.items()}
     decoded = "decode_s" in ok and pd.to_numeric(ok["decode_s"], errors="coerce").notna().any()
     ref_e2e = {k: _by_iteration(g, _e2e(g)) for k, g in ref_rows.items()} if decoded else {}
+    ref_tpot = {k: _by_iteration(g, _tpot(g)) for k, g in ref_rows.items()} if decoded else {}
     aa_rows = ok[ok["method"] == AA_METHOD]
     aa = {k: run_speedup(refs[k], _by_iteration(g, g["ttft_s"])) for k, g in aa_rows.groupby(by_run) if k in refs}
     all_by_run = {k: g for k, g in df.groupby(by_run)}
@@ -301,7 +310,7 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
         if item["is_reference"]:
             entry.update(speedup=1.0, ideal_speedup=1.0, efficiency=1.0, comparable=True, flags="", anomaly="")
             if "decode_s_per_token" in entry:
-                entry["e2e_speedup"] = 1.0
+                entry.update(e2e_speedup=1.0, decode_speedup=1.0)
             entry.update(load_of(good))
             out.append(entry)
             continue
@@ -323,6 +332,15 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
             )
             if e2e is not None:
                 entry.update(e2e_speedup=e2e.value, e2e_speedup_lo=e2e.lo, e2e_speedup_hi=e2e.hi)
+            tpot = point_speedup(
+                [
+                    run_speedup(ref_tpot[k], _by_iteration(gr, _tpot(gr)))
+                    for k, gr in good.groupby(by_run)
+                    if k in ref_tpot
+                ]
+            )
+            if tpot is not None:
+                entry.update(decode_speedup=tpot.value, decode_speedup_lo=tpot.lo, decode_speedup_hi=tpot.hi)
         on_two = _num(good, "speculator_flop_rate").notna().any() and _num(good, "flops_speculator").gt(0).any()
         if on_two:  # the method's own calls ran on the speculator's engine
             ideals = [engine_ideal(ref_rows[k], gr) for k, gr in good.groupby(by_run) if k in ref_rows]

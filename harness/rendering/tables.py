@@ -158,9 +158,9 @@ LATENCY_SHOWN = [
     "model", "backend", "dtype", "prompt_source", "batch", "length", "method", "keep_rate", "pairs", "ttft_median_s",
     "method_median_s", "speedup", "ideal_speedup", "efficiency", "ideal_engine_speedup", "aa_speedup", "foreign_cpu",
     "kv_mib",
-    "decode_s_per_token", "e2e_speedup", "check",
+    "decode_s_per_token", "decode_speedup", "e2e_speedup", "check",
 ]  # fmt: skip
-LATENCY_CI = {"speedup": "{:.2f}x", "aa_speedup": "{:.3f}x", "e2e_speedup": "{:.2f}x"}
+LATENCY_CI = {"speedup": "{:.2f}x", "aa_speedup": "{:.3f}x", "e2e_speedup": "{:.2f}x", "decode_speedup": "{:.2f}x"}
 LATENCY_PLAIN = {"keep_rate": "{:g}", "pairs": "{:.0f}", "ttft_median_s": "{:.3f}", "method_median_s": "{:.3f}",
                  "ideal_speedup": "{:.2f}x", "efficiency": "{:.2f}", "ideal_engine_speedup": "{:.2f}x", "foreign_cpu": "{:.0%}", "kv_mib": "{:.1f}",
                  "decode_s_per_token": "{:.4f}"}  # fmt: skip
@@ -171,7 +171,9 @@ LATENCY_NOTE = (
     "interval over pairs]; no interval under 5 pairs. aa_speedup: the reference timed against itself the same way "
     "(the A/A check; it must hold 1.0). Ideal: the FLOP model's full prefill over the method's work (its "
     "speculator included); efficiency = speedup / ideal. ideal_engine_speedup (where the speculator runs on "
-    "another engine than the base): the same work at each engine's measured FLOP rate at the point. foreign_cpu: the most of the cores other processes used "
+    "another engine than the base): the same work at each engine's measured FLOP rate at the point. decode_speedup "
+    "(where tokens were decoded after each prefill): the reference's time per output token over the method's, "
+    "paired the same way. foreign_cpu: the most of the cores other processes used "
     "while a row of the point was timed. check: ok, or what makes the speed claim unsafe (notes below)."
 )  # fmt: skip
 CHECK_WORDS = (("anomaly", "ANOMALY"), ("A/A check failed", "A/A FAILED"), ("too few pairs", "few pairs"),
@@ -189,7 +191,7 @@ def format_latency(lat: pd.DataFrame) -> pd.DataFrame:
     where some row decoded)."""
     cols = [c for c in LATENCY_SHOWN if c == "check" or c in lat]
     if not (lat.get("decode_s_per_token", pd.Series(dtype=float)).notna().any()):
-        cols = [c for c in cols if c not in ("decode_s_per_token", "e2e_speedup")]
+        cols = [c for c in cols if c not in ("decode_s_per_token", "decode_speedup", "e2e_speedup")]
     for c in ("aa_speedup", "ideal_engine_speedup"):  # only where some row has one
         if not lat.get(c, pd.Series(dtype=float)).notna().any():
             cols = [x for x in cols if x != c]
@@ -219,6 +221,26 @@ def latency_notes(lat: pd.DataFrame) -> list[str]:
     return out
 
 
+def decode_notes(lat: pd.DataFrame) -> list[str]:
+    """One line per point whose decode after the prefill is slower than the reference's: the
+    paired per-token ratio's interval lies below 1 (``decode_speedup``: the reference's time per
+    output token over the method's, iteration by iteration), by how much."""
+    if "decode_speedup_hi" not in lat:
+        return []
+    out = []
+    for _, r in lat[~lat["is_reference"].astype(bool)].iterrows():
+        hi = r.get("decode_speedup_hi")
+        if pd.notna(hi) and hi < 1.0:
+            keep = "" if pd.isna(r.get("keep_rate")) else f" keep {r['keep_rate']:g}"
+            out.append(
+                f"{r['method']}{keep} at {int(r['batch'])}x{int(r['length'])}: decodes slower than {r['reference']} "
+                f"after its prefill, {1 / r['decode_speedup'] - 1:.0%} more time per output token "
+                f"({r['decode_s_per_token']:.4f} s; decode speedup {r['decode_speedup']:.2f}x "
+                f"[{r['decode_speedup_lo']:.2f}, {r['decode_speedup_hi']:.2f}])"
+            )
+    return out
+
+
 def latency_markdown(lat: pd.DataFrame) -> str:
     """The latency summary as markdown: the table, the protocol's note, every flagged point."""
     if lat.empty:
@@ -227,6 +249,9 @@ def latency_markdown(lat: pd.DataFrame) -> str:
     notes = latency_notes(lat)
     if notes:
         lines += ["", "Flagged points:", "", *(f"* {n}" for n in notes)]
+    slower = decode_notes(lat)
+    if slower:
+        lines += ["", "Decoding after the prefill:", "", *(f"* {n}" for n in slower)]
     from harness.analysis.latency import break_even
 
     be = break_even(lat)
