@@ -364,13 +364,26 @@ def latency_vs_keep(lat: pd.DataFrame, path: Path) -> Path | None:
     fig, axes = panels(1, 6.5)
     ax = axes[0]
     for (method, b, n), g in lines.groupby(["method", "batch", "length"]):
-        g = g.sort_values("keep_rate")
-        line = ax.errorbar(g["keep_rate"], g["speedup"], yerr=_yerr(g["speedup"], g["speedup_lo"], g["speedup_hi"]),
-                           fmt="o-", capsize=3, label=f"{method} {b}x{n}")  # fmt: skip
-        if g["ideal_speedup"].notna().any():
-            ax.plot(g["keep_rate"], g["ideal_speedup"], ls="--", color=line[0].get_color(), label=f"ideal {b}x{n}")
-    ax.axhline(1.0, color="grey", lw=0.8)
+        _speedup_curve(ax, g.sort_values("keep_rate"), "keep_rate", f"{method} {b}x{n}", f"ideal {b}x{n}")
     ax.set_xlabel("keep rate")
+    return _finish_speedup(fig, ax, lines, path)
+
+
+def _speedup_curve(ax: Any, g: pd.DataFrame, x: str, label: str, ideal_label: str) -> str:
+    """One line's measured speedup (95 % interval) against ``x``, its FLOP ideal dashed in the
+    same colour; returns the colour."""
+    line = ax.errorbar(g[x], g["speedup"], yerr=_yerr(g["speedup"], g["speedup_lo"], g["speedup_hi"]), fmt="o-",
+                       capsize=3, label=label)  # fmt: skip
+    color = str(line[0].get_color())
+    if g["ideal_speedup"].notna().any():
+        ax.plot(g[x], g["ideal_speedup"], ls="--", color=color, label=ideal_label)
+    return color
+
+
+def _finish_speedup(fig: Any, ax: Any, lines: pd.DataFrame, path: Path) -> Path | None:
+    """A speedup figure's common frame: the 1.0 line, the reference, the model and the
+    iterations per point; saved to ``path``."""
+    ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_ylabel(f"TTFT speedup over {lines['reference'].iloc[0]}")
     ax.set_title(f"{lines['model'].iloc[0]} ({', '.join(sorted(set(lines['backend'])))}) · "
                  f"{_n_range(lines['n'])} timed iterations per point", fontsize=9)  # fmt: skip
@@ -394,25 +407,14 @@ def speedup_vs_length(lat: pd.DataFrame, path: Path) -> Path | None:
     fig, axes = panels(1, 6.5)
     ax = axes[0]
     for key, g in lines.groupby(BREAK_EVEN_LINE, dropna=False):
-        g = g.sort_values("length")
         label = f"{key[4]}" + ("" if pd.isna(key[5]) else f" keep {float(key[5]):g}")
-        line = ax.errorbar(g["length"], g["speedup"], yerr=_yerr(g["speedup"], g["speedup_lo"], g["speedup_hi"]),
-                           fmt="o-", capsize=3, label=label)  # fmt: skip
-        color = line[0].get_color()
-        if g["ideal_speedup"].notna().any():
-            ax.plot(g["length"], g["ideal_speedup"], ls="--", color=color, label=f"ideal {label}")
+        color = _speedup_curve(ax, g.sort_values("length"), "length", label, f"ideal {label}")
         at = be["break_even_tokens"].get(key, float("nan")) if key in be.index else float("nan")
         if pd.notna(at):
             ax.axvline(float(at), ls=":", color=color, lw=1.0)
     ax.set_xscale("log", base=2)
-    ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel("prompt length (tokens; dotted: break-even, the interval first above 1)")
-    ax.set_ylabel(f"TTFT speedup over {lines['reference'].iloc[0]}")
-    ax.set_title(f"{lines['model'].iloc[0]} ({', '.join(sorted(set(lines['backend'])))}) · "
-                 f"{_n_range(lines['n'])} timed iterations per point", fontsize=9)  # fmt: skip
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _finish_speedup(fig, ax, lines, path)
 
 
 def latency_grid(lat: pd.DataFrame, path: Path) -> Path | None:

@@ -72,6 +72,17 @@ def ci(v: float, lo: float, hi: float, f: str = ".1f") -> str:
     return with_ci(v, lo, hi, "{:" + f + "}")
 
 
+def num(v: float, f: str) -> str:
+    """``v`` in format spec ``f``, ``-`` without a value."""
+    return "-" if pd.isna(v) else f"{v:{f}}"
+
+
+def difference(v: float, lo: float, hi: float) -> str:
+    """A paired difference in points with its interval, ``(within noise)`` where it holds 0."""
+    null = "" if pd.isna(lo) or lo > 0 or hi < 0 else " (within noise)"
+    return f"{v:+.1f} [{lo:+.1f}, {hi:+.1f}]{null}"
+
+
 def format_summary(summary: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
     """The summary's cells as text, :data:`SHOWN` columns (and each of :data:`COSTS` some row
     has): the measures with an interval as ``value [lo, hi]`` (95 %), the others rounded,

@@ -44,7 +44,7 @@ import pandas as pd
 
 from harness.analysis.folder import Analysis, analyze
 from harness.analysis.quality import Point, paired_difference
-from harness.rendering.tables import ci
+from harness.rendering.tables import ci, difference, num
 from harness.studies import run_job
 
 TASKS = ["niah_single_2", "niah_multikey_1", "qa_1"]
@@ -176,9 +176,6 @@ def differences(a: Analysis, baseline: str = BASELINE) -> pd.DataFrame:
 
 
 def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
-    def num(v: float, f: str) -> str:
-        return "-" if pd.isna(v) else f"{v:{f}}"
-
     head = ("| method | n | score | retention vs full | needle kept | prefilled (of prompt) | KV held | KV MiB | "
             "TTFT s (eval) | speedup, side by side | ideal | decode s/token |")  # fmt: skip
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
@@ -206,9 +203,8 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
             "|---|---|---|---|---|",
         ]
         for r in diff.itertuples():
-            null = "" if pd.isna(r.lo) or r.lo > 0 or r.hi < 0 else " (within noise)"
             lines.append(f"| {KIND.get(str(r.line), r.line)} | {KIND.get(str(r.baseline), r.baseline)} | "
-                         f"{r.difference:+.1f} [{r.lo:+.1f}, {r.hi:+.1f}]{null} | {r.n} | {r.wins} / {r.losses} |")  # fmt: skip
+                         f"{difference(r.difference, r.lo, r.hi)} | {r.n} | {r.wins} / {r.losses} |")  # fmt: skip
         lines += ["", "Paired by sample: the method's score minus the baseline's (0-100 points), tasks weighted "
                   "equally, 95 % bootstrap."]  # fmt: skip
     return "\n".join(lines)

@@ -43,7 +43,7 @@ import pandas as pd
 from harness.analysis.folder import Analysis, analyze
 from harness.analysis.quality import Point, paired_difference, unit_mean
 from harness.rendering import plots
-from harness.rendering.tables import ci
+from harness.rendering.tables import ci, difference, num
 from harness.studies import run_job
 
 METHODS = ["full", "specprefill", "specprefill_frozen", "specprefill_revival"]
@@ -80,9 +80,6 @@ def table(a: Analysis) -> pd.DataFrame:
 
 
 def markdown(df: pd.DataFrame) -> str:
-    def num(v: float, f: str) -> str:
-        return "-" if pd.isna(v) else f"{v:{f}}"
-
     head = ("| turn | policy | keep | n | score | retention vs full, same turn | needle kept | TTFT s | "
             "speedup vs full, same turn | prefilled | revived | KV held (tokens) | KV memory vs full (both caches) |")  # fmt: skip
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
@@ -192,9 +189,8 @@ def differences_markdown(df: pd.DataFrame) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in df.itertuples():
-        null = "" if pd.isna(r.lo) or r.lo > 0 or r.hi < 0 else " (within noise)"
         lines.append(f"| {r.keep:g} | {POLICY[r.candidate]} | {POLICY[r.baseline]} | {r.turn} | "
-                     f"{r.difference:+.1f} [{r.lo:+.1f}, {r.hi:+.1f}]{null} | {r.n} | {r.wins} / {r.losses} |")  # fmt: skip
+                     f"{difference(r.difference, r.lo, r.hi)} | {r.n} | {r.wins} / {r.losses} |")  # fmt: skip
     lines += ["", "Score difference (0-100 points), the policy minus the one it is compared with, paired by "
               "conversation; over turns 2+ the mean over turns with whole conversations resampled. Wins / losses: "
               "conversation-turns where the policy scored higher / lower."]  # fmt: skip

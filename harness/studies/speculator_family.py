@@ -35,7 +35,7 @@ import pandas as pd
 
 from harness.analysis.folder import Analysis, analyze
 from harness.rendering import plots
-from harness.rendering.tables import ci
+from harness.rendering.tables import ci, num
 from harness.studies import run_job
 from harness.studies import speculator_depth as depth
 
@@ -101,9 +101,6 @@ def table(a: Analysis, latency: pd.DataFrame | None = None) -> pd.DataFrame:
 
 
 def markdown(df: pd.DataFrame) -> str:
-
-    def num(v: float, f: str) -> str:
-        return "-" if pd.isna(v) else f"{v:{f}}"
 
     lat = "lat_speedup" in df
     head = "| speculator | keep | n | score | retention | needle kept | speculator s | TTFT s |"
