@@ -99,13 +99,18 @@ class Compose(Method):
         object.__setattr__(self, "needs_speculator", first.needs_speculator)
         object.__setattr__(self, "reads_base", first.reads_base)
 
-    def check_model(self, model: str, layers: int | None, max_context: int, longest_prompt: int) -> None:
+    def check_model(
+        self, model: str, layers: int | None, max_context: int, longest_prompt: int, draft_layers: int | None = None
+    ) -> None:
         first = self.first_method()
-        first.check_model(model, layers, max_context, longest_prompt)
+        try:
+            first.check_model(model, layers, max_context, longest_prompt, draft_layers)
+        except ValueError as e:
+            raise ValueError(f"first={self.first}: {e} (its options: method.first_options.<name>=...)") from e
         # SpecKV prefills what the first method keeps (at most its budget), not the prompt
         kept = getattr(first, "max_capacity_prompt", None) or num_kept(longest_prompt, first.keep_for(longest_prompt))
         longest_kept = min(longest_prompt, int(kept)) if self.speckv else longest_prompt
-        self.then_method().check_model(model, layers, max_context, longest_kept)
+        self.then_method().check_model(model, layers, max_context, longest_kept, draft_layers)
 
     def first_method(self) -> Method:
         budget = {"keep_rate": self.keep_rate, "keep_tokens": self.keep_tokens}

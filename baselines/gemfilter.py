@@ -47,7 +47,9 @@ class GemFilter(Method):
     filter_layer: int = option(13, Allowed(int, ge=1, note="1-based layer of the base model"))
     position_mode: str = option("contiguous", Allowed(str, choices=POSITION_MODES))
 
-    def check_model(self, model: str, layers: int | None, max_context: int, longest_prompt: int) -> None:
+    def check_model(
+        self, model: str, layers: int | None, max_context: int, longest_prompt: int, draft_layers: int | None = None
+    ) -> None:
         """The filter layer must be one of the base's."""
         if layers is not None and self.filter_layer > layers:
             raise ValueError(

@@ -170,7 +170,9 @@ class SpecKV(Method):
                 f"named deviation)"
             )
 
-    def check_model(self, model: str, layers: int | None, max_context: int, longest_prompt: int) -> None:
+    def check_model(
+        self, model: str, layers: int | None, max_context: int, longest_prompt: int, draft_layers: int | None = None
+    ) -> None:
         self._check_dense(longest_prompt, "the run's longest prompt")
 
     @contextlib.contextmanager

@@ -180,6 +180,18 @@ class SpecPC(Method):
     def __post_init__(self) -> None:
         check_one_budget(self.max_capacity_prompt, self.keep_tokens)
 
+    def check_model(
+        self, model: str, layers: int | None, max_context: int, longest_prompt: int, draft_layers: int | None = None
+    ) -> None:
+        """The draft layer the scores start at must be one of the draft's (theirs: 8 of 24 on
+        Qwen2.5-0.5B); refused before anything loads rather than failing every sample."""
+        i = int(self.starting_layer_index)
+        if draft_layers is not None and i >= draft_layers:
+            raise ValueError(
+                f"starting_layer_index={i}: the draft of model {model!r} has {draft_layers} layer(s); allowed: 0 .. "
+                f"{draft_layers - 1}"
+            )
+
     def plan(self, prompt: Prompt, backend: Backend) -> Plan:
         t0 = time.perf_counter()
         window = int(self.window_size)

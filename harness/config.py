@@ -214,9 +214,16 @@ def check_model_fits(model: Any, methods: list[Any], longest_prompt: int) -> Non
         )
     if spec is not None and spec[0] == "model":
         check_speculator_window(model, str(spec[1]), longest_prompt)
+    draft_layers = None
+    if spec is not None and spec[0] == "self_layers":
+        draft_layers = int(spec[1])
+    elif spec is not None and spec[0] == "model":
+        from harness.models.catalog import model_config
+
+        draft_layers = layer_count(model_config(str(spec[1])))
     for m in methods:  # each method checks its own options against the shape (Method.check_model)
         try:
-            m.check_model(model.name, layers, model.max_context, longest_prompt)
+            m.check_model(model.name, layers, model.max_context, longest_prompt, draft_layers)
         except ValueError as e:
             raise ConfigError(f"method {m.name!r}: {e}") from e
 

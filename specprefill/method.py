@@ -55,7 +55,9 @@ class SpecPrefill(Method):
     force_keep_first: int = option(0, Allowed(int, ge=0))
     force_keep_last: int = option(0, Allowed(int, ge=0))
 
-    def check_model(self, model: str, layers: int | None, max_context: int, longest_prompt: int) -> None:
+    def check_model(
+        self, model: str, layers: int | None, max_context: int, longest_prompt: int, draft_layers: int | None = None
+    ) -> None:
         """The look-ahead's extra tokens must fit the context window after the longest prompt."""
         la = int(self.lookahead)
         if la > 1 and longest_prompt + la - 1 > max_context:  # la = 1: the benchmark's own check

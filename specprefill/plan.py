@@ -269,12 +269,15 @@ class Method(ABC):
         d: dict[str, Any] = dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
         return {k: v for k, v in d.items() if not (k in LATER_OPTIONS and v == LATER_OPTIONS[k])}
 
-    def check_model(self, model: str, layers: int | None, max_context: int, longest_prompt: int) -> None:
+    def check_model(
+        self, model: str, layers: int | None, max_context: int, longest_prompt: int, draft_layers: int | None = None
+    ) -> None:
         """Refuse, before anything loads, options the model's shape cannot take: a
         ``ValueError`` naming the option and what is allowed. ``model``: its name (for the
         message); ``layers``: the base's layer
         count (None where unknown); ``max_context``: its context window; ``longest_prompt``:
-        the run's longest prompt in tokens. Nothing to check by default."""
+        the run's longest prompt in tokens; ``draft_layers``: the speculator's (draft's)
+        layer count where the model has one and its shape is known. Nothing to check by default."""
         return None
 
     @contextlib.contextmanager

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from baselines.specpc import specpc_scores, specpc_select
+from harness.config import method_conf
 from harness.registry import build_method
 from specprefill.backends.transformers import attention_layers
 from specprefill.backends.transformers.capture import capture_window
@@ -151,3 +152,24 @@ def test_the_drafts_look_ahead_adds_its_decode_steps(backend, reduction):
                                 "lookahead_tokens": None})  # fmt: skip
     plan = m.plan(prompt, backend)
     assert plan.draft_ids is not None and plan.draft_ids.shape == (20,) and plan.k == 100
+
+
+def test_a_draft_layer_the_draft_lacks_is_refused_before_anything_loads():
+    """SpecPC's starting layer (8, theirs) on the tiny model's one-layer draft: one line at
+    config time naming the option and the draft's layers, alone and as SpecKV-PC's first part
+    (not a failed row per sample); a draft deep enough, or layer 0, passes."""
+    from harness.config import ConfigError, check_model_fits
+    from harness.models.catalog import model_config
+
+    tiny = model_config("tiny-random")
+    for name, fix in (("specpc", "starting_layer_index"), ("speckvpc", "method.first_options")):
+        m = build_method(*method_conf(name, 0.3, 1))  # conf/method/<name>.yaml (speckvpc: a compose)
+        with pytest.raises(ConfigError, match=r"starting_layer_index=8: the draft of model 'tiny-random' has 1 layer"):
+            check_model_fits(tiny, [m], 1024)
+        with pytest.raises(ConfigError, match=fix):
+            check_model_fits(tiny, [m], 1024)
+    check_model_fits(tiny, [build_method("specpc", {"starting_layer_index": 0})], 1024)
+    m = build_method("specpc", {})
+    m.check_model("m", 28, 32768, 2048, draft_layers=24)  # Qwen2.5-0.5B: 24 layers
+    with pytest.raises(ValueError, match=r"allowed: 0 \.\. 23"):
+        build_method("specpc", {"starting_layer_index": 24}).check_model("m", 28, 32768, 2048, draft_layers=24)
