@@ -90,7 +90,7 @@ regress-accept: setup
 # runs conf/experiment/paper_<table>.yaml into results/paper/<table>/<variant>/;
 # `make paper-report` renders results/paper/<table>.md from whatever rows exist.
 paper: setup
-	$(PY) -m harness.paper run --table "$(table)" --variant $(or $(variant),paper) $(if $(filter true,$(dry_run)),--dry-run)
+	$(PY) -m harness.paper run --table "$(table)" --variant $(or $(variant),paper) $(if $(filter true,$(dry_run)),--dry-run) $(if $(gpu_hour_usd),--gpu-hour-usd $(gpu_hour_usd))
 
 paper-report: setup
 	$(PY) -m harness.paper report
@@ -104,8 +104,8 @@ fetch-models: setup
 # Other experiment presets (harness/experiments.py): `make experiment name=kvpress_ruler4k
 # [variant=cpu] [dry_run=true]` runs conf/experiment/<name>.yaml into results/experiments/<name>/<variant>/.
 experiment: setup
-	$(call only_vars,name variant dry_run)
-	$(PY) -m harness.experiments run "$(name)" --variant $(or $(variant),paper) $(if $(filter true,$(dry_run)),--dry-run)
+	$(call only_vars,name variant dry_run gpu_hour_usd)
+	$(PY) -m harness.experiments run "$(name)" --variant $(or $(variant),paper) $(if $(filter true,$(dry_run)),--dry-run) $(if $(gpu_hour_usd),--gpu-hour-usd $(gpu_hour_usd))
 
 # `make report out=<folder>`: summaries, <folder>/plots/*.png and <folder>/report.html from the stored
 # rows; `screenshot=<png>` also opens the page in headless Chromium (make setup-browser), checks it

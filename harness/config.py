@@ -68,6 +68,8 @@ class CommonSchema:
     backend: str = option("transformers", Allowed(str, choices=BACKENDS))
     reference: str = option("full", Allowed(str, note="a conf/method name"))  # ratios are taken against it
     dry_run: bool = option(False, FLAG)
+    #: $ per GPU-hour: the dry run prints the planned run's cost beside its GPU-hours.
+    gpu_hour_usd: float | None = option(None, Allowed(float, gt=0, null=True, note="dollars per GPU-hour"))
     allow_failures: bool = option(False, FLAG)  # exit 0 even when samples (or requests, grid points) failed
 
 

@@ -13,7 +13,9 @@ point (``harness.jobs.eval``, ``harness.jobs.latency``, ``harness.jobs.qps``):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -137,12 +139,34 @@ def compute_line(model: ModelConfig, placement: Placement, work: Iterable[tuple[
     hours = prefill_gpu_hours(shape, work)
     wall = hours / placement.gpus
     prompts = sum(p for p, _ in work)
+    usd = _PRICE.get()
     return (
         f"compute: at most ~{_amount(hours)} GPU-hours ({_amount(wall) + ' h' if wall >= 1 else _amount(wall * 60) + ' min'}"
-        f" on {placement.gpus} GPU(s)): prefill of {prompts:.0f} prompt(s) of <= {max(n for _, n in work)} tokens, "
+        f" on {placement.gpus} GPU(s)){', cost ' + cost_text(hours, usd) if usd else ''}: prefill of {prompts:.0f} "
+        f"prompt(s) of <= {max(n for _, n in work)} tokens, "
         f"each at its bound, at {PEAK_FLOPS / 1e12:.0f} TFLOP/s x {MFU:.0%} (make paper's FLOP model; each method at "
         f"full-prefill cost; decode, the speculator, loading, download not counted)"
     )
+
+
+#: Dollars per GPU-hour for the dry run's cost (config ``gpu_hour_usd``), set around a plan's
+#: printing by :func:`priced`.
+_PRICE: ContextVar[float | None] = ContextVar("gpu_hour_usd", default=None)
+
+
+@contextlib.contextmanager
+def priced(usd: float | None) -> Iterator[None]:
+    """Within the body, dry runs state their cost at ``usd`` dollars per GPU-hour (None: none)."""
+    token = _PRICE.set(usd)
+    try:
+        yield
+    finally:
+        _PRICE.reset(token)
+
+
+def cost_text(hours: float, usd: float) -> str:
+    """The cost of ``hours`` GPU-hours at ``usd`` dollars each."""
+    return f"~${_amount(hours * usd)} at ${usd:g} per GPU-hour"
 
 
 def _amount(x: float) -> str:
@@ -162,6 +186,8 @@ def requirements(
     compute = compute_line(model, placement, work)
     if compute:
         lines.append(compute)
+    elif _PRICE.get():
+        lines.append("cost: not estimated (no GPU-hours for this run: on the CPU, or a model of unknown shape)")
     if placement.backend == "vllm":
         lines.append(runner_note())
     return lines

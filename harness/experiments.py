@@ -23,6 +23,7 @@ command is recorded and the others still run; a killed run resumes (each command
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from harness.dryrun import MFU, PEAK_FLOPS, prefill_gpu_hours
+from harness.dryrun import MFU, PEAK_FLOPS, cost_text, prefill_gpu_hours
 from harness.models.placement import architecture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,9 +145,12 @@ def gpu_hours(v: Variant) -> float | None:
     )
 
 
-def describe(exp: Experiment, variant: str, out: Path, kind: str = "experiment") -> str:
-    """What a run of the variant does: its GPUs, the GPU-hours estimate, each command line and
-    each command that cannot run with its reason."""
+def describe(
+    exp: Experiment, variant: str, out: Path, kind: str = "experiment", gpu_hour_usd: float | None = None
+) -> str:
+    """What a run of the variant does: its GPUs, the GPU-hours estimate (and its cost at
+    ``gpu_hour_usd`` dollars per GPU-hour), each command line and each command that cannot
+    run with its reason."""
     v = variant_of(exp, variant)
     what = f"{exp.table} ({exp.source})" if exp.source else exp.table
     lines = [f"{kind} {what}: {exp.title}", f"variant {variant}: {v.note}".rstrip(": ")]
@@ -157,6 +161,8 @@ def describe(exp: Experiment, variant: str, out: Path, kind: str = "experiment")
             f"  estimate: {hours:.1f} GPU-hours (prefill FLOPs at the stated prompt counts and mean lengths, "
             f"{PEAK_FLOPS / 1e12:.0f} TFLOP/s bf16 per GPU at {MFU:.0%} utilisation; decode left out)"
         )
+        if gpu_hour_usd:
+            lines.append(f"  cost: {cost_text(hours, gpu_hour_usd)}")
     for cmd in command_lines(exp, variant, out):
         lines.append("  " + " ".join(cmd[1:]))
     for method, why in cannot_run(v).items():
@@ -177,13 +183,24 @@ def run_commands(exp: Experiment, variant: str, out: Path, dry_run: bool) -> lis
     return failed
 
 
-def run(name: str, variant: str, dry_run: bool, root: Path = RESULTS) -> int:
+def run(name: str, variant: str, dry_run: bool, root: Path = RESULTS, gpu_hour_usd: float | None = None) -> int:
     if name.startswith(PAPER_PREFIX):
         raise SystemExit(f"experiment {name!r} is a paper table: make paper table={name.removeprefix(PAPER_PREFIX)}")
     exp = load(name)
     out = root / exp.name / variant
-    print(describe(exp, variant, out), flush=True)
+    print(describe(exp, variant, out, gpu_hour_usd=gpu_hour_usd), flush=True)
     return 1 if run_commands(exp, variant, out, dry_run) else 0
+
+
+def positive_usd(text: str) -> float:
+    """A ``--gpu-hour-usd`` value: dollars per GPU-hour, above 0."""
+    try:
+        usd = float(text)
+    except ValueError:
+        usd = math.nan
+    if not usd > 0 or math.isinf(usd):
+        raise argparse.ArgumentTypeError(f"{text!r}; allowed: dollars per GPU-hour, a number above 0, e.g. 2.5")
+    return usd
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -194,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--variant", default="paper", help="paper (the published models and GPUs) | cpu")
     r.add_argument("--dry-run", action="store_true", help="print the plan and each command's own plan; run nothing")
     r.add_argument("--root", type=Path, default=RESULTS)
+    r.add_argument("--gpu-hour-usd", type=positive_usd, default=None, help="$ per GPU-hour: the plan states the cost")
     sub.add_parser("list", help="the experiments and their variants")
     args = ap.parse_args(argv)
     if args.cmd == "list":
@@ -201,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
             e = load(n)
             print(f"{n}: {e.title} (variants: {', '.join(e.variants)})")
         return
-    raise SystemExit(run(args.name, args.variant, args.dry_run, args.root))
+    raise SystemExit(run(args.name, args.variant, args.dry_run, args.root, args.gpu_hour_usd))
 
 
 if __name__ == "__main__":

@@ -238,6 +238,12 @@ class LatencyRecord(RunRecord):
     #: calibration pass: harness.jobs.latency.speculator_rate), for the ideal per engine.
     flops_speculator: float | None = None
     speculator_flop_rate: float | None = None
+    #: The batch's joules over the TTFT window and over the decode after it, from the
+    #: hardware's counter (harness.energy: NVML on NVIDIA GPUs, RAPL on CPUs that expose it),
+    #: and what was read; None with ``energy_source`` "not measurable here: <why>" elsewhere.
+    energy_j: float | None = None
+    decode_energy_j: float | None = None
+    energy_source: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.energy import EnergyWindow, energy_window
 from specprefill.flops import Shape, causal_pairs, prefill_flops
 from specprefill.plan import Backend, Method, Plan, Prompt
 
@@ -148,12 +149,13 @@ def machine_load() -> Iterator[dict[str, Any]]:
 
 def measure(method: Method, prompts: list[Prompt], backend: Backend, decode_tokens: int = 0) -> dict[str, Any]:
     """Plan ``prompts`` with ``method`` and prefill the plans: the measured fields of a row,
-    with the machine's load while they ran (:func:`machine_load`).
+    with the machine's load while they ran (:func:`machine_load`) and the energy the work
+    took where the hardware counts it (:func:`energy`).
 
     Both run inside ``method.applied(backend)`` (a method acting inside the model patches
     it for this turn only, untimed, and leaves it as it found it), so methods measured in
     turn on one backend (a latency job's reference and method) never see each other's patch."""
-    with machine_load() as load, method.applied(backend):
+    with machine_load() as load, method.applied(backend), energy_window(backend) as joules:
         backend.method_flops = 0
         t0 = time.perf_counter()
         plans = method.plan_batch(prompts, backend)
@@ -162,6 +164,7 @@ def measure(method: Method, prompts: list[Prompt], backend: Backend, decode_toke
         # decode_tokens > 0: the backend also decodes that many tokens after the timed prefill,
         # timed apart (``last_decode_s``), outside TTFT
         base_s = backend.prefill(plans, decode_tokens) if decode_tokens else backend.prefill(plans)
+        joules.mark("end")
         kv = getattr(backend, "last_kv", None)  # set by each prefill of a backend that measures its cache
     parts: dict[str, float] = {}
     for p in plans:
@@ -190,5 +193,24 @@ def measure(method: Method, prompts: list[Prompt], backend: Backend, decode_toke
         # decoding after the prefill (latency grids with decode_tokens > 0): the batch's seconds
         "decode_tokens": decode_tokens or None,
         "decode_s": getattr(backend, "last_decode_s", None) if decode_tokens else None,
+        **energy(joules, decode_tokens),
         **load,
     }
+
+
+def energy(window: EnergyWindow, decode_tokens: int) -> dict[str, Any]:
+    """A timed call's energy columns from its marks: ``energy_j``, the batch's joules over
+    the TTFT window (the method's work and the base's prefill, from the start to the
+    backend's ``prefill_end``; a backend that marks nothing and decodes nothing: to the
+    call's end); ``decode_energy_j`` over the decode after it (``decode_start`` to
+    ``decode_end``); ``energy_source``, what was read, or ``not measurable here: <why>``
+    where a column is empty."""
+    split = "prefill_end" in window.readings or decode_tokens
+    j, source = window.joules("start", "prefill_end" if split else "end")
+    out: dict[str, Any] = {"energy_j": j, "energy_source": source, "decode_energy_j": None}
+    if decode_tokens:
+        dj, dsource = window.joules("decode_start", "decode_end")
+        out["decode_energy_j"] = dj
+        if dj is None and j is not None:
+            out["energy_source"] = f"{source}; decode: {dsource}"
+    return out

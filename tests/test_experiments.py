@@ -5,6 +5,7 @@ model, and run command by command with a failure recorded while the others go on
 from __future__ import annotations
 
 import itertools
+import re
 import subprocess
 from pathlib import Path
 
@@ -81,6 +82,18 @@ def test_the_kvpress_preset_gpu_hours_agree_with_two_flops_per_parameter_per_tok
     rough = 2 * 8.03e9 * 4096 * prompts / (989e12 * 0.4) / 3600
     assert rough < hours < 1.2 * rough
     assert experiments.gpu_hours(experiments.load("kvpress_ruler4k").variants["cpu"]) is None
+
+
+def test_the_plan_prices_its_gpu_hours(tmp_path, capsys):
+    exp = experiments.load("kvpress_ruler4k")
+    hours = experiments.gpu_hours(exp.variants["paper"])
+    text = experiments.describe(exp, "paper", tmp_path, gpu_hour_usd=2.0)
+    usd = float(re.search(r"cost: ~\$([\d,.]+) at \$2 per GPU-hour", text).group(1).replace(",", ""))
+    assert usd == pytest.approx(2.0 * hours, rel=0.01)
+    assert "per GPU-hour" not in experiments.describe(exp, "paper", tmp_path)
+    with pytest.raises(SystemExit):
+        experiments.main(["run", "kvpress_ruler4k", "--dry-run", "--gpu-hour-usd", "free"])
+    assert "'free'; allowed: dollars per GPU-hour, a number above 0" in capsys.readouterr().err
 
 
 def test_the_draft_family_preset_runs_the_papers_pairs_and_budgets():

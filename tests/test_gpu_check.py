@@ -35,6 +35,8 @@ def test_gpu_check_runs_on_a_bare_machine_in_cpu_mode(tmp_path):
     for point in ("| 1 | 256 | full |", "| 1 | 512 | specprefill | 0.1", "| 2 | 256 | specprefill | 0.3"):
         assert point in md, point
     assert "| 4096 |" in md  # the scoring-memory table's second length
+    # joules per prefill beside TTFT: NVML's on a GPU; here the reader's source or why there is none
+    assert "energy_j_per_request" in md and ("Energy: not measurable here: " in md or "Energy: rapl: " in md)
     # the vLLM part says it was skipped, and why, at the top of the report
     head = md.split("## Parity")[0]
     assert "- ran: Parity: keep 1.0 equals full prefill" in head

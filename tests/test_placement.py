@@ -147,6 +147,33 @@ def test_paper_models_default_to_vllm_and_the_dry_run_says_what_they_need(capsys
     rough = 60 * 2 * 405e9 * 4096 / (989e12 * 0.4) / 3600
     assert rough * 0.95 < hours < rough * 1.15
     assert "vLLM model runner V1" in out
+    assert "per GPU-hour" not in out  # no price given
+
+
+def test_the_dry_run_prices_the_gpu_hours_where_asked(capsys, monkeypatch):
+    """``gpu_hour_usd=2.5``: the GPU run's compute line carries its cost, the GPU-hours x 2.5;
+    a CPU run has no GPU-hours and says so; a price that is not above 0 is refused."""
+    from hydra import compose, initialize_config_dir
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    from harness.config import CONF
+    from harness.jobs.eval import main
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        main.__wrapped__(
+            compose(config_name="config", overrides=["model=llama405b", "dry_run=true", "gpu_hour_usd=2.5"])
+        )  # type: ignore[attr-defined]
+        out = capsys.readouterr().out
+        hours, usd = (float(x) for x in re.search(r"at most ~([\d.]+) GPU-hours .*?, cost ~\$([\d.]+) at \$2.5 per GPU-hour", out).groups())  # fmt: skip
+        assert usd == pytest.approx(hours * 2.5, rel=0.05)  # both printed to two significant figures
+        main.__wrapped__(
+            compose(config_name="config", overrides=["model=smollm2-135m", "dry_run=true", "gpu_hour_usd=2.5"])
+        )  # type: ignore[attr-defined]
+        assert "cost: not estimated (no GPU-hours for this run" in capsys.readouterr().out
+        with pytest.raises(ValueError, match="gpu_hour_usd"):
+            main.__wrapped__(
+                compose(config_name="config", overrides=["model=smollm2-135m", "dry_run=true", "gpu_hour_usd=0"])
+            )  # type: ignore[attr-defined]
 
 
 def test_gib():

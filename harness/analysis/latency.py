@@ -48,6 +48,14 @@ decode         with ``decode_tokens`` > 0 (tokens decoded after each prefill, ou
                ``decode_s_per_token``, the median over the timed iterations of the decode
                seconds over the tokens (one step of the batch); ``e2e_speedup``, the
                speedup's estimator on TTFT + decode seconds (the same pairs)
+energy         where the hardware counts it (:mod:`harness.energy`: NVML on NVIDIA GPUs, RAPL
+               on CPUs that expose it): ``energy_j_per_request``, the median over the timed
+               iterations of the batch's joules over the TTFT window over the batch size;
+               ``energy_j_per_token``, the same over the prompt tokens; ``energy_ratio``, the
+               speedup's estimator on joules (the reference's over the method's, the same
+               pairs: above 1 the method uses less); ``decode_j_per_token`` over the decode
+               after the prefill; ``energy_source``, what was read, or "not measurable here:"
+               and why (NaN columns then, never zeros)
 kv_mib         median over the timed iterations of the KV cache one prompt leaves after the
                prefill (``kv_bytes``: all layers, keys and values, a KV press's eviction
                included; a left-padded batch counts its padding), in MiB; NaN where the
@@ -109,6 +117,13 @@ COLUMNS = [
     "decode_speedup",
     "decode_speedup_lo",
     "decode_speedup_hi",
+    "energy_j_per_request",
+    "energy_j_per_token",
+    "energy_ratio",
+    "energy_ratio_lo",
+    "energy_ratio_hi",
+    "decode_j_per_token",
+    "energy_source",
     "reference",
     "is_reference",
     "method_name",
@@ -202,6 +217,24 @@ def _stats(x: pd.Series) -> dict[str, float]:
     return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
 
 
+def _energy(good: pd.DataFrame) -> dict[str, Any]:
+    """A point's energy medians (see the module's table) and the source, or why none."""
+    j = _num(good, "energy_j")
+    batch = good["batch"].astype(float)
+    sources = good["energy_source"].dropna() if "energy_source" in good else pd.Series(dtype=object)
+    measured = sources[j.reindex(sources.index).notna()]
+    out: dict[str, Any] = {
+        "energy_source": str((measured if len(measured) else sources).iloc[0]) if len(sources) else None
+    }
+    if j.notna().any():
+        out["energy_j_per_request"] = float((j / batch).median())
+        out["energy_j_per_token"] = float((j / (batch * _num(good, "prompt_tokens"))).median())
+    dj = _num(good, "decode_energy_j")
+    if dj.notna().any():
+        out["decode_j_per_token"] = float((dj / (batch * _num(good, "decode_tokens"))).median())
+    return out
+
+
 def _e2e(rows: pd.DataFrame) -> pd.Series:
     """TTFT + the decode seconds after it, per row."""
     return rows["ttft_s"].astype(float) + pd.to_numeric(rows["decode_s"], errors="coerce")
@@ -286,6 +319,7 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
     decoded = "decode_s" in ok and pd.to_numeric(ok["decode_s"], errors="coerce").notna().any()
     ref_e2e = {k: _by_iteration(g, _e2e(g)) for k, g in ref_rows.items()} if decoded else {}
     ref_tpot = {k: _by_iteration(g, _tpot(g)) for k, g in ref_rows.items()} if decoded else {}
+    ref_j = {k: _by_iteration(g, _num(g, "energy_j")) for k, g in ref_rows.items()}
     aa_rows = ok[ok["method"] == AA_METHOD]
     aa = {k: run_speedup(refs[k], _by_iteration(g, g["ttft_s"])) for k, g in aa_rows.groupby(by_run) if k in refs}
     all_by_run = {k: g for k, g in df.groupby(by_run)}
@@ -311,6 +345,8 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
             entry.update(speedup=1.0, ideal_speedup=1.0, efficiency=1.0, comparable=True, flags="", anomaly="")
             if "decode_s_per_token" in entry:
                 entry.update(e2e_speedup=1.0, decode_speedup=1.0)
+            if "energy_j_per_request" in entry:
+                entry["energy_ratio"] = 1.0
             entry.update(load_of(good))
             out.append(entry)
             continue
@@ -326,6 +362,16 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
             if run in aa and item["method"] != AA_METHOD:
                 a = aa[run]
                 entry.update(aa_speedup=a.value, aa_speedup_lo=a.lo, aa_speedup_hi=a.hi)
+        if np.isfinite(entry.get("energy_j_per_request", math.nan)):
+            ej = point_speedup(
+                [
+                    run_speedup(ref_j[k], _by_iteration(gr, _num(gr, "energy_j")))
+                    for k, gr in good.groupby(by_run)
+                    if k in ref_j
+                ]
+            )
+            if ej is not None:
+                entry.update(energy_ratio=ej.value, energy_ratio_lo=ej.lo, energy_ratio_hi=ej.hi)
         if "decode_s_per_token" in entry:
             e2e = point_speedup(
                 [run_speedup(ref_e2e[k], _by_iteration(gr, _e2e(gr))) for k, gr in good.groupby(by_run) if k in ref_e2e]
@@ -368,6 +414,7 @@ def _timings(good: pd.DataFrame, decoded: bool) -> dict[str, Any]:
         "base_prefill_median_s": float(good["base_prefill_s"].median()),
         "kept_fraction": float(good["kept_fraction"].mean()),
         "kv_mib": float(kv),
+        **_energy(good),
     }
     if decoded and pd.to_numeric(good.get("decode_s"), errors="coerce").notna().any():
         out["decode_s_per_token"] = float(

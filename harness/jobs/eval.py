@@ -437,7 +437,7 @@ def execute(job: EvalJob) -> Path:
 def main(cfg: DictConfig) -> dict[str, Any] | None:
     with config_errors():
         job = prepare(EvalConfig.from_hydra(cfg))
-    return jobs.main(job, bool(cfg.dry_run), bool(cfg.get("allow_failures", False)), write_all)
+    return jobs.main(job, bool(cfg.dry_run), bool(cfg.get("allow_failures", False)), write_all, cfg.get("gpu_hour_usd"))
 
 
 if __name__ == "__main__":

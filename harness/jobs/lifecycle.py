@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Protocol
 from tqdm.auto import tqdm
 
 from harness.config import finish
+from harness.dryrun import priced
 from harness.models.placement import Placement
 from harness.store import RunStore, record
 from specprefill.plan import Method, Unsupported
@@ -150,12 +151,19 @@ def execute(job: Job, refresh: Refresh | None = None) -> Path:
     return job.folder
 
 
-def main(job: Job, dry_run: bool, allow_failures: bool | None, refresh: Refresh | None = None) -> dict[str, Any] | None:
-    """The dry run's plan, or the job run (then ``refresh``); then its outcome
-    (``allow_failures`` None: the rows' failures are measurements, QPS's failed requests, and
-    never fail the command)."""
+def main(
+    job: Job,
+    dry_run: bool,
+    allow_failures: bool | None,
+    refresh: Refresh | None = None,
+    gpu_hour_usd: float | None = None,
+) -> dict[str, Any] | None:
+    """The dry run's plan (its cost at ``gpu_hour_usd`` dollars per GPU-hour where given), or
+    the job run (then ``refresh``); then its outcome (``allow_failures`` None: the rows'
+    failures are measurements, QPS's failed requests, and never fail the command)."""
     if dry_run:
-        print(job.describe())
+        with priced(gpu_hour_usd):
+            print(job.describe())
         return None
     folder = execute(job, refresh)
     return None if allow_failures is None else finish(folder, allow_failures)

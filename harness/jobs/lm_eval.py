@@ -347,7 +347,7 @@ def execute(job: LMEvalJob) -> Path:
 def main(cfg: DictConfig) -> None:
     with config_errors():
         job = prepare(cfg)
-    jobs.main(job, bool(cfg.dry_run), bool(cfg.get("allow_failures", False)), write_all)
+    jobs.main(job, bool(cfg.dry_run), bool(cfg.get("allow_failures", False)), write_all, cfg.get("gpu_hour_usd"))
 
 
 if __name__ == "__main__":

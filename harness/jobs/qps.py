@@ -528,7 +528,7 @@ def main(cfg: DictConfig) -> None:
         print(job.describe())  # the plan before the servers' minutes (the dry run prints it alone)
         # SIGTERM (a scheduler's kill) unwinds like Ctrl-C, so the servers are stopped.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    jobs.main(job, bool(cfg.dry_run), None, write_all)
+    jobs.main(job, bool(cfg.dry_run), None, write_all, cfg.get("gpu_hour_usd"))
 
 
 if __name__ == "__main__":

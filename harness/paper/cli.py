@@ -38,13 +38,13 @@ def command_lines(exp: Experiment, variant: str, root: Path = RESULTS, dry_run: 
     return experiments.command_lines(exp, variant, folder(exp.table, variant, root), dry_run)
 
 
-def describe(exp: Experiment, variant: str, root: Path = RESULTS) -> str:
-    return experiments.describe(exp, variant, folder(exp.table, variant, root), kind="paper table")
+def describe(exp: Experiment, variant: str, root: Path = RESULTS, gpu_hour_usd: float | None = None) -> str:
+    return experiments.describe(exp, variant, folder(exp.table, variant, root), "paper table", gpu_hour_usd)
 
 
-def run(table: str, variant: str, dry_run: bool, root: Path = RESULTS) -> int:
+def run(table: str, variant: str, dry_run: bool, root: Path = RESULTS, gpu_hour_usd: float | None = None) -> int:
     exp = load_experiment(table)
-    print(describe(exp, variant, root), flush=True)
+    print(describe(exp, variant, root, gpu_hour_usd), flush=True)
     if experiments.run_commands(exp, variant, folder(exp.table, variant, root), dry_run):
         return 1
     if not dry_run:
@@ -61,12 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--table", required=True, help=f"one of {experiment_names()}")
     r.add_argument("--variant", default="paper", help="paper (the paper's models and GPUs) | cpu")
     r.add_argument("--dry-run", action="store_true", help="print the plan and each command's own plan; run nothing")
+    r.add_argument("--gpu-hour-usd", type=experiments.positive_usd, help="$ per GPU-hour: the plan states the cost")
     p = sub.add_parser("report", help="render every table from whatever rows exist")
     for a in (r, p):
         a.add_argument("--root", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.cmd == "run":
-        raise SystemExit(run(args.table, args.variant, args.dry_run, args.root))
+        raise SystemExit(run(args.table, args.variant, args.dry_run, args.root, args.gpu_hour_usd))
     out = write_report(args.root)
     for f in sorted(out.glob("*.md")):
         print(f)

@@ -169,12 +169,13 @@ LATENCY_SHOWN = [
     "model", "backend", "dtype", "prompt_source", "batch", "length", "method", "keep_rate", "pairs", "ttft_median_s",
     "method_median_s", "speedup", "ideal_speedup", "efficiency", "ideal_engine_speedup", "aa_speedup", "foreign_cpu",
     "kv_mib",
-    "decode_s_per_token", "decode_speedup", "e2e_speedup", "check",
+    "decode_s_per_token", "decode_speedup", "e2e_speedup", "energy_j_per_request", "energy_ratio", "check",
 ]  # fmt: skip
-LATENCY_CI = {"speedup": "{:.2f}x", "aa_speedup": "{:.3f}x", "e2e_speedup": "{:.2f}x", "decode_speedup": "{:.2f}x"}
+LATENCY_CI = {"speedup": "{:.2f}x", "aa_speedup": "{:.3f}x", "e2e_speedup": "{:.2f}x", "decode_speedup": "{:.2f}x",
+              "energy_ratio": "{:.2f}x"}  # fmt: skip
 LATENCY_PLAIN = {"keep_rate": "{:g}", "pairs": "{:.0f}", "ttft_median_s": "{:.3f}", "method_median_s": "{:.3f}",
                  "ideal_speedup": "{:.2f}x", "efficiency": "{:.2f}", "ideal_engine_speedup": "{:.2f}x", "foreign_cpu": "{:.0%}", "kv_mib": "{:.1f}",
-                 "decode_s_per_token": "{:.4f}"}  # fmt: skip
+                 "decode_s_per_token": "{:.4f}", "energy_j_per_request": "{:.3g}"}  # fmt: skip
 #: The protocol under every latency table (what its numbers are).
 LATENCY_NOTE = (
     "Speedup: the reference's TTFT over the method's, timed side by side in one run on the same prompts, the "
@@ -184,7 +185,9 @@ LATENCY_NOTE = (
     "speculator included); efficiency = speedup / ideal. ideal_engine_speedup (where the speculator runs on "
     "another engine than the base): the same work at each engine's measured FLOP rate at the point. decode_speedup "
     "(where tokens were decoded after each prefill): the reference's time per output token over the method's, "
-    "paired the same way. foreign_cpu: the most of the cores other processes used "
+    "paired the same way. energy_j_per_request (where the hardware counts energy): joules over the TTFT window per "
+    "request, median; energy_ratio: the reference's joules over the method's, paired the same way (above 1: the "
+    "method uses less). foreign_cpu: the most of the cores other processes used "
     "while a row of the point was timed. check: ok, or what makes the speed claim unsafe (notes below)."
 )  # fmt: skip
 CHECK_WORDS = (("anomaly", "ANOMALY"), ("A/A check failed", "A/A FAILED"), ("too few pairs", "few pairs"),
@@ -203,7 +206,7 @@ def format_latency(lat: pd.DataFrame) -> pd.DataFrame:
     cols = [c for c in LATENCY_SHOWN if c == "check" or c in lat]
     if not (lat.get("decode_s_per_token", pd.Series(dtype=float)).notna().any()):
         cols = [c for c in cols if c not in ("decode_s_per_token", "decode_speedup", "e2e_speedup")]
-    for c in ("aa_speedup", "ideal_engine_speedup"):  # only where some row has one
+    for c in ("aa_speedup", "ideal_engine_speedup", "energy_j_per_request", "energy_ratio"):  # where some row has one
         if not lat.get(c, pd.Series(dtype=float)).notna().any():
             cols = [x for x in cols if x != c]
     s = pd.DataFrame(index=lat.index)
@@ -230,6 +233,12 @@ def latency_notes(lat: pd.DataFrame) -> list[str]:
                 f"{r['method']}{keep} at {int(r['batch'])}x{int(r['length'])} ({r['prompt_source']}): {r['flags']}"
             )
     return out
+
+
+def energy_line(lat: pd.DataFrame) -> str:
+    """What the energy columns read (their sources), or why they are empty."""
+    sources = sorted(set(lat["energy_source"].dropna().astype(str))) if "energy_source" in lat else []
+    return f"Energy: {'; '.join(sources)}." if sources else ""
 
 
 def decode_notes(lat: pd.DataFrame) -> list[str]:
@@ -260,6 +269,9 @@ def latency_markdown(lat: pd.DataFrame) -> str:
     notes = latency_notes(lat)
     if notes:
         lines += ["", "Flagged points:", "", *(f"* {n}" for n in notes)]
+    energy = energy_line(lat)
+    if energy:
+        lines += ["", energy]
     slower = decode_notes(lat)
     if slower:
         lines += ["", "Decoding after the prefill:", "", *(f"* {n}" for n in slower)]

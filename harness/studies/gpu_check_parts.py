@@ -18,7 +18,7 @@ import torch
 from harness.analysis.folder import analyze_rows
 from harness.analysis.rows import AA_METHOD
 from harness.prompts import random_prompts
-from harness.rendering.tables import md_table
+from harness.rendering.tables import energy_line, md_table
 from harness.timing import measure, point_order
 from specprefill import FullPrefill, SpecPrefill
 from specprefill.plan import Method
@@ -162,9 +162,13 @@ def latency_grid(
         "speedup",
         "ideal_speedup",
         "efficiency",
+        "energy_j_per_request",
+        "energy_ratio",
         "flags",
     ]
     table = s[cols].astype(object).map(lambda v: f"{v:.3f}" if isinstance(v, float) else v)
     failed = df[df["status"] != "ok"]
     notes = "".join(f"- {r['batch']}x{r['length']} {r['method']}: {r['error']}\n" for _, r in failed.iterrows())
-    return md_table(table) + (f"\nFailed points:\n{notes}" if notes else ""), df
+    # joules per prefill (energy_j_per_request: over the TTFT window, NVML's counter on a GPU)
+    energy = energy_line(s) + "\n" if energy_line(s) else ""
+    return md_table(table) + energy + (f"\nFailed points:\n{notes}" if notes else ""), df

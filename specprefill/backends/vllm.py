@@ -380,6 +380,9 @@ class VLLMBackend:
         install_position_hook()
         self.tokenizer = tokenizer
         self.speculator_backend = speculator_backend
+        #: Set by the caller around a timed call (harness.energy.energy_window): called with
+        #: ``prefill_end`` as the prefill's clock stops.
+        self.energy_mark: Callable[[str], None] | None = None
         self.llm = vllm.LLM(
             model=str(model_path),
             tokenizer=str(model_path),
@@ -475,7 +478,10 @@ class VLLMBackend:
         params = [SamplingParams(temperature=0.0, max_tokens=1, extra_args=extra_args(p)) for p in plans]
         t0 = time.perf_counter()
         self.llm.generate(prompts, params, use_tqdm=False)
-        return time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        if self.energy_mark is not None:  # harness.energy.energy_window, as the clock stops
+            self.energy_mark("prefill_end")
+        return elapsed
 
     def base_capture(self, input_ids: torch.Tensor, num_layers: int) -> SpeculatorCapture:
         raise Unsupported("the vLLM backend does not expose the base model's attention (gemfilter: use transformers)")

@@ -6,7 +6,7 @@ transformers is listed in :mod:`specprefill.backends.transformers`.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +84,9 @@ class TransformersBackend:
         self.last_kv: tuple[int, int] | None = None  # (tokens, bytes per prompt) of the last prefill
         self.last_decode_s: float | None = None  # seconds of the decode_tokens after the last prefill
         self.last_decoded: torch.Tensor | None = None  # [b, decode_tokens] token ids it decoded
+        #: Set by the caller around a timed call (harness.energy.energy_window): called with
+        #: ``prefill_end``, ``decode_start`` and ``decode_end`` at those points, as the clocks stop.
+        self.energy_mark: Callable[[str], None] | None = None
 
     @property
     def base_config(self) -> Any:
@@ -92,6 +95,10 @@ class TransformersBackend:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def _mark(self, name: str) -> None:
+        if self.energy_mark is not None:
+            self.energy_mark(name)
 
     def speculate(self, input_ids: torch.Tensor, lookahead: int) -> SpeculatorCapture:
         """Prefill the speculator on the prompt, decode ``lookahead-1`` greedy tokens, and
@@ -216,6 +223,7 @@ class TransformersBackend:
         out.logits[:, -1].argmax(-1).tolist()  # the first tokens, as a server would need them
         self._sync()
         elapsed = time.perf_counter() - t0
+        self._mark("prefill_end")
         tokens, nbytes = cache_size(cache)  # after the clock: what a KV press left, untimed
         self.last_kv = (tokens, nbytes // b)  # per prompt; a left-padded batch counts its padding
         self.last_decode_s = self._decode(plans, cache, out, mask, decode_tokens) if decode_tokens else None
@@ -237,6 +245,7 @@ class TransformersBackend:
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         decoded = [nxt]
         self._sync()
+        self._mark("decode_start")
         t0 = time.perf_counter()
         for step in range(n):
             mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype, device=self.device)], dim=1)
@@ -252,6 +261,7 @@ class TransformersBackend:
             decoded.append(nxt)
         self._sync()
         elapsed = time.perf_counter() - t0
+        self._mark("decode_end")
         self.last_decoded = torch.cat(decoded[:n], dim=1).cpu()  # [b, n]: the first token, then n - 1 more
         return elapsed
 
