@@ -214,12 +214,10 @@ def check_model_fits(model: Any, methods: list[Any], longest_prompt: int) -> Non
             f"speculator={model.speculator!r}: model {model.name!r} has {layers} layers; "
             f"allowed: self_layers:1 .. self_layers:{layers}"
         )
+    # the draft's layers (SpecPC's starting layer is one of them): the base's first M, or its own model's
+    draft_layers = int(spec[1]) if spec is not None and spec[0] == "self_layers" else None
     if spec is not None and spec[0] == "model":
         check_speculator_window(model, str(spec[1]), longest_prompt)
-    draft_layers = None
-    if spec is not None and spec[0] == "self_layers":
-        draft_layers = int(spec[1])
-    elif spec is not None and spec[0] == "model":
         from harness.models.catalog import model_config
 
         draft_layers = layer_count(model_config(str(spec[1])))

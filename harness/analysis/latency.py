@@ -362,31 +362,17 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
             if run in aa and item["method"] != AA_METHOD:
                 a = aa[run]
                 entry.update(aa_speedup=a.value, aa_speedup_lo=a.lo, aa_speedup_hi=a.hi)
+        paired = []  # (column, the reference's values by run, the per-row value): the speedup's estimator
         if np.isfinite(entry.get("energy_j_per_request", math.nan)):
-            ej = point_speedup(
-                [
-                    run_speedup(ref_j[k], _by_iteration(gr, _num(gr, "energy_j")))
-                    for k, gr in good.groupby(by_run)
-                    if k in ref_j
-                ]
-            )
-            if ej is not None:
-                entry.update(energy_ratio=ej.value, energy_ratio_lo=ej.lo, energy_ratio_hi=ej.hi)
+            paired.append(("energy_ratio", ref_j, lambda r: _num(r, "energy_j")))
         if "decode_s_per_token" in entry:
-            e2e = point_speedup(
-                [run_speedup(ref_e2e[k], _by_iteration(gr, _e2e(gr))) for k, gr in good.groupby(by_run) if k in ref_e2e]
+            paired += [("e2e_speedup", ref_e2e, _e2e), ("decode_speedup", ref_tpot, _tpot)]
+        for col, ref, value in paired:
+            est = point_speedup(
+                [run_speedup(ref[k], _by_iteration(gr, value(gr))) for k, gr in good.groupby(by_run) if k in ref]
             )
-            if e2e is not None:
-                entry.update(e2e_speedup=e2e.value, e2e_speedup_lo=e2e.lo, e2e_speedup_hi=e2e.hi)
-            tpot = point_speedup(
-                [
-                    run_speedup(ref_tpot[k], _by_iteration(gr, _tpot(gr)))
-                    for k, gr in good.groupby(by_run)
-                    if k in ref_tpot
-                ]
-            )
-            if tpot is not None:
-                entry.update(decode_speedup=tpot.value, decode_speedup_lo=tpot.lo, decode_speedup_hi=tpot.hi)
+            if est is not None:
+                entry.update({col: est.value, f"{col}_lo": est.lo, f"{col}_hi": est.hi})
         on_two = _num(good, "speculator_flop_rate").notna().any() and _num(good, "flops_speculator").gt(0).any()
         if on_two:  # the method's own calls ran on the speculator's engine
             ideals = [engine_ideal(ref_rows[k], gr) for k, gr in good.groupby(by_run) if k in ref_rows]

@@ -170,5 +170,5 @@ def latency_grid(
     failed = df[df["status"] != "ok"]
     notes = "".join(f"- {r['batch']}x{r['length']} {r['method']}: {r['error']}\n" for _, r in failed.iterrows())
     # joules per prefill (energy_j_per_request: over the TTFT window, NVML's counter on a GPU)
-    energy = energy_line(s) + "\n" if energy_line(s) else ""
-    return md_table(table) + energy + (f"\nFailed points:\n{notes}" if notes else ""), df
+    energy = energy_line(s)
+    return md_table(table) + (energy + "\n" if energy else "") + (f"\nFailed points:\n{notes}" if notes else ""), df
