@@ -148,7 +148,9 @@ def specpc_select(
     nb = kernel if neighbors is None else neighbors
     if nb > 0:
         adj = torch.arange(-((nb - 1) // 2), nb - 1 - (nb - 1) // 2 + 1)
-        adj = adj[adj.abs().argsort(stable=True)]
+        # their tie order: torch's default (unstable) argsort on the CPU, as their code calls it; for
+        # more than 16 offsets it is not negative-first (harness/studies/draft_source_check.py)
+        adj = adj[adj.abs().argsort()]
         ind = _unique((ind.cpu()[:, None] + adj).reshape(-1).clamp(0, n - 1))
     ind = _unique(torch.cat([torch.arange(n - window, n), ind.cpu()]))[:capacity]
     return ind.sort().values
