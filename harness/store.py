@@ -32,11 +32,9 @@ import re
 import shutil
 import sys
 import time
-import traceback
 import uuid
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -330,27 +328,9 @@ class RunStore:
         plain = json.loads(json.dumps(config, default=str))
         _atomic_write(self.folder / "config.yaml", OmegaConf.to_yaml(plain))
 
-    @contextmanager
-    def recording_errors(self) -> Iterator[None]:
-        """Run a job: an exception that ends it is written to ``job_error.txt`` beside the
-        results (and re-raised); a job that finishes removes an earlier one's."""
-        try:
-            yield
-        except BaseException:
-            with contextlib.suppress(OSError):  # the folder may be what failed (disk full, read-only)
-                self.folder.mkdir(parents=True, exist_ok=True)
-                (self.folder / "job_error.txt").write_text(traceback.format_exc())
-            raise
-        (self.folder / "job_error.txt").unlink(missing_ok=True)
-
     def read(self) -> pd.DataFrame:
         """The folder's rows; a damaged row file is moved aside (its units run again)."""
         return read_rows([self.folder], quarantine=True)
-
-    def failed(self) -> int:
-        """How many of the folder's rows failed (``unsupported`` is a result, not a failure)."""
-        df = self.read()
-        return 0 if df.empty else int((df["status"] == "failed").sum())
 
     def remove_orphans(self) -> list[Path]:
         """Remove the temporary files a killed writer left here: only the store's own
@@ -584,17 +564,6 @@ def read_results(out: Path, kind: str | None = None, strict: bool = False) -> pd
         # Columns only other kinds fill (all empty here) are dropped.
         df = df[[c for c in df.columns if c in own or df[c].notna().any()]]
     return df
-
-
-def job_errors(out: Path) -> list[tuple[str, str]]:
-    """Run folders whose job failed as a whole (``job_error.txt``), with the error's last lines."""
-    found = []
-    for folder in sorted({*run_folders(out), *(p.parent for p in Path(out).rglob("job_error.txt"))}):
-        f = folder / "job_error.txt"
-        if f.exists():
-            lines = f.read_text(errors="replace").strip().splitlines()
-            found.append((str(folder.relative_to(out)) if folder != Path(out) else ".", "\n".join(lines[-6:])))
-    return found
 
 
 def copy_run(src: Path, dest: Path, drop: Iterable[str] = ()) -> None:

@@ -12,10 +12,11 @@ import pandas as pd
 import pytest
 
 from harness.analysis.folder import analyze_rows
-from harness.analysis.latency import point_speedup, summarize_latency
 from harness.analysis.quality import Point, macro_mean, paired_ratio, summarize
+from harness.analysis.speed import point_speedup, summarize_latency
 from harness.analysis.stats import Estimate
-from harness.paper import data, tables
+from harness.paper import builders as tables
+from harness.paper import numbers as data
 from harness.regress import compare as regress
 from harness.regress.verdict import point_fields
 from harness.store import read_results
@@ -274,8 +275,9 @@ def test_each_measure_is_defined_in_one_place(pattern, home):
 ROW_READERS = {"read_results", "read_rows", "normalize", "summarize", "summarize_latency", "summarize_qps",
                "summarize_qps_rates"}  # fmt: skip
 #: The write side reads its own run folder to resume (which units are done, which rates a
-#: serving job measured): a job's control, not a measure.
-STORE_READS_TO_RESUME = {"harness/jobs/qps.py"}
+#: serving job measured) and for its exit status (how many rows failed): a job's control,
+#: not a measure.
+STORE_READS_TO_RESUME = {"harness/jobs/qps.py", "harness/failures.py"}
 
 
 def _calls(tree: ast.AST) -> list[tuple[int, str]]:
@@ -371,7 +373,7 @@ def test_the_import_graph_has_no_circle():
     circles = sorted(m for m in modules if reaches(m, m))
     assert not circles, circles
     for m in (x for x in modules if x.startswith("harness.analysis")):
-        assert not any(reaches(m, r) for r in ("harness.report.summary", "harness.report.html", "harness.paper.tables",
+        assert not any(reaches(m, r) for r in ("harness.report.summary", "harness.report.html", "harness.paper.builders",
                                                 "harness.rendering.plots", "harness.rendering.tables")), m  # fmt: skip
 
 

@@ -221,7 +221,7 @@ def test_latency_grid_on_vllm(tmp_path, monkeypatch):
     through the same Method.plan_batch / Backend.prefill path and store as on transformers."""
     from hydra import compose, initialize_config_dir
 
-    from harness.analysis.latency import summarize_latency
+    from harness.analysis.speed import summarize_latency
     from harness.jobs import latency as lat
     from harness.store import RunStore
 
@@ -230,12 +230,18 @@ def test_latency_grid_on_vllm(tmp_path, monkeypatch):
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         cfg = compose(config_name="latency", overrides=[
             "model=smollm2-135m", "model.speculator=smollm2", "model.max_context=1024", "backend=vllm",
-            "method=specprefill", "keep=0.5", "grid=[[2,256]]", "warmup=1", "iters=1", f"out={tmp_path}",
+            "method=specprefill", "keep=0.5", "grid=[[2,256]]", "warmup=1", "iters=1", "decode_tokens=3",
+            f"out={tmp_path}",
         ])  # fmt: skip
     folder = lat.execute(lat.prepare(lat.LatencyConfig.from_hydra(cfg)))
     rows = RunStore(folder).read()
     # 2 iterations x (reference, its A/A copy, the method)
     assert len(rows) == 2 * 3 and set(rows["backend"]) == {"vllm"} and (rows["ttft_s"] > 0).all()
+    # decoding after the prefill, split from TTFT by the engine's own per-request timestamps
+    assert set(rows["decode_tokens"]) == {3} and (rows["decode_s"] > 0).all()
+    assert (rows["base_prefill_s"] > 0).all()
+    # one engine call holds both: the energy columns say why they cannot be split (never zeros)
+    assert rows["energy_j"].isna().all() and rows["energy_source"].str.startswith("not measurable here").all()
     # the speculator runs on transformers beside the vLLM base: its FLOP rate is calibrated at the point
     assert rows["speculator_flop_rate"].notna().all() and (rows["speculator_flop_rate"] > 0).all()
     s = summarize_latency(rows)
@@ -243,6 +249,42 @@ def test_latency_grid_on_vllm(tmp_path, monkeypatch):
     # a speculator as large as the base, then half the tokens: 1 / (1 + ~0.5), no ideal speedup at all
     assert 0.6 < spec["ideal_speedup"] < 0.7 and spec["speedup"] > 0
     assert spec["ideal_engine_speedup"] > 0 and spec["efficiency_engine"] > 0  # the ideal at each engine's rate
+
+
+def test_batch_decode_time_from_the_engine_timestamps():
+    """The batch's decode is its last request's last token less its last first token (one
+    engine clock), by hand; a request without timestamps or with another token count stops it."""
+    m = types.SimpleNamespace
+    reqs = [
+        m(first_token_ts=10.0, last_token_ts=11.0, num_generation_tokens=4),
+        m(first_token_ts=10.5, last_token_ts=11.8, num_generation_tokens=4),
+    ]
+    assert vb.batch_decode_s(reqs, 4) == pytest.approx(1.3)
+    with pytest.raises(RuntimeError, match="request 1 of the batch carries no engine timestamps"):
+        vb.batch_decode_s([reqs[0], None], 4)
+    with pytest.raises(RuntimeError, match="request 0 generated 4 tokens, not 5"):
+        vb.batch_decode_s(reqs, 5)
+
+
+def test_prefill_with_decode_asks_the_engine_for_the_tokens_and_returns_the_call_less_the_decode(monkeypatch):
+    """decode_tokens on the vLLM backend: one generate call with max_tokens = 1 + n and
+    ignore_eos; TTFT = its wall time less the batch's decode (stand-in engine, clock by hand)."""
+    m = types.SimpleNamespace
+    asked: list[Any] = []
+    clock = iter([100.0, 103.0])
+    monkeypatch.setattr(vb.time, "perf_counter", lambda: next(clock))
+
+    class Engine:
+        def generate(self, prompts, params, use_tqdm=False):
+            asked.extend(params)
+            return [m(metrics=m(first_token_ts=5.0, last_token_ts=5.75, num_generation_tokens=4)) for _ in prompts]
+
+    backend = vb.VLLMBackend.__new__(vb.VLLMBackend)
+    backend.llm, backend.energy_mark = Engine(), None
+    plan = full_plan(Prompt(torch.arange(8)))
+    assert backend.prefill([plan], decode_tokens=3) == pytest.approx(3.0 - 0.75)
+    assert backend.last_decode_s == pytest.approx(0.75)
+    assert [(p.max_tokens, p.ignore_eos) for p in asked] == [(4, True)]
 
 
 # --------------------------------------------------------------------------- which runner, checked

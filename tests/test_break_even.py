@@ -1,4 +1,4 @@
-"""Break-even lengths (harness/analysis/latency.py ``break_even``): on constructed latency
+"""Break-even lengths (harness/analysis/speed.py ``break_even``): on constructed latency
 summaries, each value worked out by hand."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from harness.analysis.latency import break_even
+from harness.analysis.speed import break_even
 from harness.rendering.plots import speedup_vs_length
 from harness.rendering.tables import break_even_lines, decode_notes, latency_markdown
 

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from harness import energy
-from harness.analysis.latency import summarize_latency
+from harness.analysis.speed import summarize_latency
 from harness.energy import NOT_MEASURABLE, EnergyWindow, Unavailable, nvml_meter, rapl_meter
 from harness.rendering.tables import latency_markdown
 

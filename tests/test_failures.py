@@ -191,7 +191,7 @@ def test_a_run_whose_samples_failed_exits_1_unless_allowed(tmp_path):
 def test_a_damaged_user_data_file_is_one_line_naming_the_file_and_line(tmp_path):
     from hydra.errors import CompactHydraException
 
-    from harness.benchmarks.data import DataFileError, read_local
+    from harness.benchmarks.sources import DataFileError, read_local
 
     good = tmp_path / "qasper.jsonl"
     good.write_text('{"input": "q1"}\n{"input": "q2"}\n{"input": "q3"}\n')
@@ -602,7 +602,7 @@ def test_longbench_without_data_and_hub_is_one_fast_line(tmp_path, monkeypatch):
     import datasets
 
     import harness.hub
-    from harness.benchmarks.data import DataSourceError, Source, load_rows
+    from harness.benchmarks.sources import DataSourceError, Source, load_rows
 
     src = Source("Xnhyacinth/LongBench", "qasper", "test", "2e9ade5", None, "qasper")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

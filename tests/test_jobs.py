@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from harness.failures import measured
 from harness.jobs import lifecycle as jobs
 from harness.report.summary import write_all
 from harness.store import RunStore
@@ -43,7 +44,7 @@ class FakeSession:
 
         row = {"row_key": unit, "unit": unit, "batch": 1, "length": 8, "iteration": 0, "warmup": False,
                "prompt_source": "random", "prefix_cache": False}  # fmt: skip
-        return [jobs.measured(row, fn)]
+        return [measured(row, fn)]
 
 
 @dataclass(frozen=True)

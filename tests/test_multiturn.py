@@ -189,7 +189,7 @@ def _sample(fmt):
 
 def test_turns_ask_each_key_once_after_the_chat_template(smollm2_info):
     from harness.benchmarks.base import BenchmarkConfig
-    from harness.benchmarks.multiturn import MultiTurn, chat_pieces
+    from harness.benchmarks.shared_context import MultiTurn, chat_pieces
 
     between, after = chat_pieces(smollm2_info.tokenizer, True)
     assert between.startswith("<|im_end|>") and "<|im_start|>user" in between
@@ -221,7 +221,7 @@ def test_later_keys_are_shuffled_per_conversation_and_recorded(smollm2_info):
     from dataclasses import replace
 
     from harness.benchmarks.base import BenchmarkConfig
-    from harness.benchmarks.multiturn import MultiTurn
+    from harness.benchmarks.shared_context import MultiTurn
 
     bench = MultiTurn(BenchmarkConfig(name="multiturn", length=1024, options={}))
     assert bench.options()["key_order"] == "shuffled"

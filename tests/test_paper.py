@@ -11,7 +11,10 @@ import pytest
 import yaml
 
 from harness import experiments
-from harness.paper import cells, cli, data, tables
+from harness.paper import __main__ as cli
+from harness.paper import builders as tables
+from harness.paper import cells
+from harness.paper import numbers as data
 from harness.store import RunStore, record
 
 ROOT = Path(__file__).resolve().parents[1]

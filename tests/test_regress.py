@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.regress.cli import main
+from harness.regress.__main__ import main
 from harness.regress.compare import compare
 from harness.regress.suite import MARKER
 from harness.regress.verdict import INCOMPARABLE, NO_BASELINE, OK, REFUSED, REGRESSED, ROOT

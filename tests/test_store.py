@@ -9,6 +9,7 @@ import dataclasses
 import pandas as pd
 import pytest
 
+from harness.failures import recording_errors
 from harness.store import RECORDS, RunStore, read_results, record, run_folders
 
 
@@ -123,10 +124,10 @@ def test_a_half_written_part_is_ignored(tmp_path):
 
 def test_the_job_error_is_written_beside_the_results_and_cleared_by_a_finished_job(tmp_path):
     store = RunStore(tmp_path / "run")
-    with pytest.raises(RuntimeError, match="model missing"), store.recording_errors():
+    with pytest.raises(RuntimeError, match="model missing"), recording_errors(store.folder):
         raise RuntimeError("model missing")
     assert "RuntimeError: model missing" in (tmp_path / "run" / "job_error.txt").read_text()
-    with store.recording_errors():
+    with recording_errors(store.folder):
         pass
     assert not (tmp_path / "run" / "job_error.txt").exists()
 

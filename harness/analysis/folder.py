@@ -21,11 +21,12 @@ from typing import Any
 
 import pandas as pd
 
-from harness.analysis.latency import summarize_latency
 from harness.analysis.quality import summarize
 from harness.analysis.rows import normalize
 from harness.analysis.serving import summarize_qps, summarize_qps_rates
-from harness.store import job_errors, read_results, run_folders
+from harness.analysis.speed import summarize_latency
+from harness.failures import job_errors
+from harness.store import read_results, run_folders
 
 
 @dataclass
@@ -73,7 +74,7 @@ class Analysis:
 
     @cached_property
     def latency(self) -> pd.DataFrame:
-        """TTFT side by side: :func:`harness.analysis.latency.summarize_latency` of the latency rows."""
+        """TTFT side by side: :func:`harness.analysis.speed.summarize_latency` of the latency rows."""
         return summarize_latency(self.of_kind("latency"))
 
     @cached_property

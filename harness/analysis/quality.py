@@ -35,13 +35,13 @@ speedup        the reference's TTFT over the point's, paired by sample (1 / ttft
                eval run timed its samples on its own, minutes apart, so the interval covers
                the samples only, not the drift between runs (20 % or more on a shared
                machine); side-by-side speedups come from the latency job
-               (:mod:`harness.analysis.latency`)
+               (:mod:`harness.analysis.speed`)
 speedup_timing ``between runs`` as above; ``side by side`` where the point's rows and its
                reference's come from one job that ran them turn by turn in a turned-over order
                (a multi-turn job with ``also``: rows with ``order``): then the reference is
                that job's own rows and the ratio is side by side
 speed_anomaly  the speedup above its ideal by more than the latency measures' tolerance
-               (:func:`harness.analysis.latency.anomaly`): the words, else ``""``
+               (:func:`harness.analysis.speed.anomaly`): the words, else ``""``
 ideal_speedup  the FLOP model's full prefill over the method's work, ratio of means over
                the point's samples (:mod:`specprefill.flops`, the speculator included)
 efficiency     speedup / ideal_speedup
@@ -83,8 +83,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.analysis.latency import anomaly
 from harness.analysis.rows import POINT, REFERENCE_OF, normalize
+from harness.analysis.speed import anomaly
 from harness.analysis.stats import NAN, Estimate, cluster_mean_draws, estimate, mean_draws, task_seed
 
 #: Groups of task names: a measure is the mean over groups of the mean over a group's tasks.

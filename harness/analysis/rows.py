@@ -34,7 +34,7 @@ import pandas as pd
 REFERENCE_KEEP = 1.0
 #: The ``method`` of a latency job's A/A check: the reference itself, timed a second time on
 #: the same prompts as a method beside it (its options are the reference's); its speedup
-#: must read 1.0 (:mod:`harness.analysis.latency`).
+#: must read 1.0 (:mod:`harness.analysis.speed`).
 AA_METHOD = "aa_check"
 #: Multi-turn policies that keep the speculator's cache of the whole conversation beside the
 #: base's (``specprefill/conversation.py``: KV revival), recorded as ``speculator_kv_bytes``.
@@ -61,7 +61,7 @@ GATE_COLUMNS = {
     "latency": ("backend", "prompt_source", "batch", "length", "warmup", "ttft_s"),
 }
 #: The paper tables' point files (``results/paper/<table>/<variant>/rows.csv``): what the
-#: tables read, :class:`harness.paper.data.Ours` (lookups, provenance, why a cell is empty),
+#: tables read, :class:`harness.paper.numbers.Ours` (lookups, provenance, why a cell is empty),
 #: :mod:`harness.analysis`'s latency and serving summaries; ``sub`` is the command's
 #: subfolder (one per QPS category). tests/test_paper.py renders from these columns alone
 #: and from whole rows and compares.

@@ -5,7 +5,7 @@ interval is a percentile bootstrap over samples (resampling with replacement; a 
 seed is the same in every point, so both members of a pair get the same resampled
 indices), seeded so a table is reproducible. The measures build their statistics from
 :func:`mean_draws` (:mod:`harness.analysis.quality`), :func:`paired_ratio_ci` (the latency
-speedup: timed iterations paired by prompt set, :mod:`harness.analysis.latency`) and
+speedup: timed iterations paired by prompt set, :mod:`harness.analysis.speed`) and
 :func:`ratio_of_medians_ci` (two independent sets of timings).
 """
 

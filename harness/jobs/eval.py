@@ -45,8 +45,9 @@ from harness.config import (
 )
 from harness.diagnostics import needle_depth, needle_kept, needle_tokens
 from harness.dryrun import requirements_text
+from harness.failures import measured
 from harness.jobs import lifecycle as jobs
-from harness.jobs.lifecycle import ModelJob, measured
+from harness.jobs.lifecycle import ModelJob
 from harness.models.catalog import ModelConfig, check_backend
 from harness.models.factory import make_backend
 from harness.models.loading import check_before_start, check_runnable

@@ -6,7 +6,7 @@ full prefill by default), measured side by side in one process: for every grid p
 prompts through :meth:`Method.plan_batch` (the eval's path) and the backend prefills the
 plans (:meth:`Backend.prefill`) up to the first token.
 
-The timing protocol (:mod:`harness.analysis.latency` reads it): each iteration is a *pair*
+The timing protocol (:mod:`harness.analysis.speed` reads it): each iteration is a *pair*
 (the reference and the method on one prompt set); the order of the methods within an
 iteration turns over from one iteration to the next (:func:`harness.timing.iteration_order`:
 a rotation and its reverse in consecutive iterations, the rotation spread so that every
@@ -88,8 +88,9 @@ from harness.config import (
     model_identity,
 )
 from harness.dryrun import requirements_text
+from harness.failures import measured
 from harness.jobs import lifecycle as jobs
-from harness.jobs.lifecycle import ModelJob, measured
+from harness.jobs.lifecycle import ModelJob
 from harness.models.catalog import BYTES_PER_PARAM, ModelConfig
 from harness.models.factory import make_backend
 from harness.models.loading import check_before_start, check_runnable
@@ -131,7 +132,7 @@ class LatencyConfig:
     #: Tokens decoded (greedy, timed) after each prefill; 0: TTFT only.
     decode_tokens: int = 0
     #: Time the reference a second time in every iteration, as a method (rows
-    #: ``method=aa_check``): its speedup must read 1.0 (harness.analysis.latency).
+    #: ``method=aa_check``): its speedup must read 1.0 (harness.analysis.speed).
     aa_check: bool = True
     #: More methods timed in the same iterations, each at the job's ``keep`` and
     #: ``lookahead`` with its ``conf/method`` defaults (config ``also``): one reference and one
@@ -170,11 +171,6 @@ class LatencyConfig:
         keys = ("warmup", "iters", "seed", "decode_tokens", "aa_check", "backend", "prompts")
         check_options(LatencySchema, {k: getattr(self, k) for k in keys})
         check_choice("engine_ideal", self.engine_ideal, ENGINE_IDEAL)  # the text form ("true", not True)
-        if self.decode_tokens and self.backend != "transformers":
-            raise ValueError(
-                f"decode_tokens={self.decode_tokens} with backend={self.backend!r}: decode timing in latency grids "
-                f"runs on the transformers backend; allowed here: decode_tokens=0 (eval rows time decoding on vLLM)"
-            )
 
     @classmethod
     def from_hydra(cls, cfg: DictConfig) -> LatencyConfig:
@@ -486,7 +482,7 @@ def point_row(
 
 def measure_point(job: LatencyJob, backend: Backend, batch: int, length: int) -> list[dict[str, Any]]:
     """All iterations of one grid point, methods interleaved on the same prompts; a method
-    that cannot run here (or raises) gets a failed row (:func:`harness.jobs.lifecycle.measured`) and
+    that cannot run here (or raises) gets a failed row (:func:`harness.failures.measured`) and
     the point goes on; so do prompts the point cannot have (too short, too few)."""
     unit = f"b{batch}-n{length}"
     try:
@@ -525,7 +521,7 @@ def speculator_rate(backend: Backend, prompts: list[Prompt], repeats: int = CALI
     batched prefill as SpecPrefill runs it (``speculate_batch``, one look-ahead step: the
     last query), once untimed, then the median of ``repeats`` timed runs, over the FLOPs the
     backend counts for it. With the base's rate from the reference's own TTFTs it gives the
-    ideal per engine (:mod:`harness.analysis.latency`)."""
+    ideal per engine (:mod:`harness.analysis.speed`)."""
     if len({p.n for p in prompts}) != 1:
         raise ValueError("speculator_rate: the prompts of a point must have one length (random ids do)")
     ids = torch.stack([p.input_ids for p in prompts])

@@ -8,15 +8,15 @@ with its key) and how to measure one into rows. :func:`execute` owns what is the
 every kind: the store, a job-level error recorded in the folder (``job_error.txt``), the
 config written once the session is open, resume (units and rows already stored are
 skipped), the progress bar, timestamps, compaction, then the refresh its caller hands it (the
-report: the lifecycle does not import rendering). :func:`measured` is the one place a unit's
-failure becomes a row (``unsupported`` or ``failed``, with its error) so the run goes on;
-:func:`main` prints the dry run or executes and gives the exit status.
+report: the lifecycle does not import rendering). A unit's failure becomes a row through
+:func:`harness.failures.measured` (``unsupported`` or ``failed``, with its error) so the run
+goes on; :func:`main` prints the dry run or executes and gives the exit status
+(:mod:`harness.failures` holds every failure's handling).
 """
 
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -25,11 +25,11 @@ from typing import Any, ClassVar, Protocol
 
 from tqdm.auto import tqdm
 
-from harness.config import finish
 from harness.dryrun import priced
+from harness.failures import finish, recording_errors
 from harness.models.placement import Placement
 from harness.store import RunStore, record
-from specprefill.plan import Method, Unsupported
+from specprefill.plan import Method
 
 
 class Session(Protocol):
@@ -56,7 +56,7 @@ class Session(Protocol):
 
     def measure(self, unit: Any) -> list[dict[str, Any]]:
         """The rows of one unit (without the shared prefix); a failure inside a unit is a
-        row (:func:`measured`), never an exception that ends the run."""
+        row (:func:`harness.failures.measured`), never an exception that ends the run."""
         ...
 
 
@@ -108,21 +108,6 @@ class ModelJob:
         return Path(self.cfg.out)
 
 
-def measured(row: dict[str, Any], fn: Callable[[], dict[str, Any]], hardware: str | None = None) -> dict[str, Any]:
-    """``row`` with ``fn()``'s fields and status ``ok``; where ``fn`` raises, the failure
-    instead: :class:`~specprefill.plan.Unsupported` (the method cannot run on this hardware,
-    named with ``hardware``) is ``unsupported``, anything else ``failed`` with its error and
-    the end of its traceback. Stamped with the time it ended."""
-    try:
-        row.update(fn(), status="ok")
-    except Unsupported as e:
-        row.update(status="unsupported", error=f"{e} (hardware: {hardware})" if hardware else str(e))
-    except Exception as e:  # one bad unit must not end the run: recorded, the run goes on
-        row.update(status="failed", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
-    row["timestamp"] = time.time()
-    return row
-
-
 #: What a job kind refreshes once its rows are stored, given the results folder (the entry
 #: points pass :func:`harness.report.summary.write_all`: the lifecycle does not render).
 Refresh = Callable[[Path], object]
@@ -132,7 +117,7 @@ def execute(job: Job, refresh: Refresh | None = None) -> Path:
     """Run ``job`` to completion, resuming, then ``refresh`` its results folder (the summaries
     and report)."""
     store = RunStore(job.folder)
-    with store.recording_errors():
+    with recording_errors(store.folder):
         with job.session(store) as session:
             store.write_config(job.config())
             done = store.done_units(ok_only=job.retry_failed)

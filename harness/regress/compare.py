@@ -98,7 +98,7 @@ class SpeedPoint:
     """A point's speedup as the gate reads it, with what its summary flagged."""
 
     estimate: Estimate
-    flags: str = ""  # the summary's words (harness.analysis.latency), "" for eval points
+    flags: str = ""  # the summary's words (harness.analysis.speed), "" for eval points
     comparable: bool = True  # False: a flag that makes its speed claim unsafe
     old_protocol: bool = False  # timed before the paired protocol (the reference always first)
     loaded: bool = False

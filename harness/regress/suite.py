@@ -171,7 +171,7 @@ SET_ASIDE = ".remeasured"
 
 def unsafe_runs(candidate: Path) -> dict[str, str]:
     """The candidate's latency run folders whose speed claims are unsafe (a failed A/A
-    check, a point flagged not comparable: harness.analysis.latency), with why."""
+    check, a point flagged not comparable: harness.analysis.speed), with why."""
     out = {}
     for rel in run_folders(candidate):
         a = analyze(candidate / rel)

@@ -395,9 +395,9 @@ def _finish_speedup(fig: Any, ax: Any, lines: pd.DataFrame, path: Path) -> Path 
 def speedup_vs_length(lat: pd.DataFrame, path: Path) -> Path | None:
     """Measured TTFT speedup over the reference (95 % interval) and the FLOP model's ideal
     (dashed) vs prompt length (log2 axis), one line per method and keep, each break-even
-    length (:func:`harness.analysis.latency.break_even`: its interval first above 1) marked
+    length (:func:`harness.analysis.speed.break_even`: its interval first above 1) marked
     with a dotted vertical. Drawn where a line has two lengths or more."""
-    from harness.analysis.latency import BREAK_EVEN_LINE, break_even
+    from harness.analysis.speed import BREAK_EVEN_LINE, break_even
 
     lines = lat[~lat["is_reference"].astype(bool)].dropna(subset=["speedup"])
     lines = lines[lines.groupby(BREAK_EVEN_LINE, dropna=False)["length"].transform("nunique") >= 2]

@@ -275,7 +275,7 @@ def latency_markdown(lat: pd.DataFrame) -> str:
     slower = decode_notes(lat)
     if slower:
         lines += ["", "Decoding after the prefill:", "", *(f"* {n}" for n in slower)]
-    from harness.analysis.latency import break_even
+    from harness.analysis.speed import break_even
 
     be = break_even(lat)
     if not be.empty:
@@ -295,7 +295,7 @@ def _tokens(n: float, how: str, lengths: list[int]) -> str:
 
 def break_even_lines(be: pd.DataFrame) -> list[str]:
     """One line per method and keep: the shortest prompt length at which the measured
-    speedup's 95 % interval lies above 1 (:func:`harness.analysis.latency.break_even`), and
+    speedup's 95 % interval lies above 1 (:func:`harness.analysis.speed.break_even`), and
     the FLOP model's."""
     out = []
     for r in be.itertuples():

@@ -25,8 +25,8 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 from harness.analysis.folder import Analysis
-from harness.paper import data as paper_data
-from harness.paper import tables as paper_render
+from harness.paper import builders as paper_render
+from harness.paper import numbers as paper_data
 from harness.rendering.tables import (
     BETWEEN_RUNS,
     INTERVAL_NOTE,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.config import RunFailures
+from harness.failures import RunFailures
 from harness.models.catalog import ModelConfig
 from harness.models.factory import EngineRefused
 from harness.models.loading import load_tokenizer, vllm_engine_args

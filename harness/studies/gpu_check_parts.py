@@ -101,7 +101,7 @@ def latency_grid(
     on the same fresh random prompts at every ``(batch, length)`` point, in the order
     :func:`harness.timing.iteration_order` turns over every iteration, timed through
     :func:`harness.timing.measure` (the protocol and path ``make latency`` times);
-    the speedups are :func:`harness.analysis.latency.summarize_latency`'s. Returns the markdown table
+    the speedups are :func:`harness.analysis.speed.summarize_latency`'s. Returns the markdown table
     and the rows; a point that fails (out of memory) is recorded and the grid goes on."""
 
     full = FullPrefill()

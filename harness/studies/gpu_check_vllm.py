@@ -184,15 +184,19 @@ def ttft_point(engine: Any, length: int, iters: int) -> str:
     return f"1 x {length} tokens, 1 warm-up + {iters} timed, interleaved (speculator included):\n\n{table}"
 
 
+#: The vLLM part's sections, in order.
+TITLES = [
+    "engine and position canary",
+    "keep 1.0 equals full prefill",
+    "vLLM against transformers",
+    "one TTFT point",
+    "FP8 engine: position canary and keep 1.0 equals full prefill",
+]
+
+
 def run(cpu_mode: bool, device: torch.device) -> tuple[str, list[str], list[str]]:
     """The vLLM part: its markdown, the parts that ran, the parts skipped (with why)."""
-    titles = [
-        "engine and position canary",
-        "keep 1.0 equals full prefill",
-        "vLLM against transformers",
-        "one TTFT point",
-        "FP8 engine: position canary and keep 1.0 equals full prefill",
-    ]
+    titles = TITLES
     reason = skip_reason()
     if reason is not None:
         return f"## vLLM part: skipped\n\n{reason}.\n\n", [], [f"vLLM: {t} ({reason})" for t in titles]
@@ -248,7 +252,7 @@ def run(cpu_mode: bool, device: torch.device) -> tuple[str, list[str], list[str]
                 parts.section(title, fn)
             else:
                 parts.skipped.append(f"vLLM: {title} (the engine did not start)")
-        fp8 = "FP8 engine: position canary and keep 1.0 equals full prefill"
+        fp8 = titles[4]
         if reason := fp8_skip_reason(cpu_mode):
             parts.skipped.append(f"vLLM: {fp8} ({reason})")
         else:

@@ -1,7 +1,7 @@
 """Study: multi-turn SpecPrefill over a shared context. How much of turn 1's quality does each
 policy keep on turns 2-4, at what TTFT?
 
-The multi-turn benchmark (:mod:`harness.benchmarks.multiturn`: RULER's niah_multikey_1 at
+The multi-turn benchmark (:mod:`harness.benchmarks.shared_context`: RULER's niah_multikey_1 at
 ``--length``, four needles with different keys, one key asked per turn), ``--limit``
 conversations, one ``make eval`` job per keep running every policy (:mod:`specprefill.conversation`)
 turn by turn (``method=full also=[...]``):

@@ -55,12 +55,12 @@ def run_latency(out: Path, depths: list[int], keeps: list[float], iters: int) ->
     keep = ",".join(f"{k:g}" for k in keeps)
     run_job([sys.executable, "-m", "harness.jobs.latency", "model=smollm2-135m", "grid=[[1,4096]]", "warmup=1",
                     f"iters={iters}", "method=specprefill", f"keep={keep}", f"model.speculator={speculators}",
-                    f"out={out}"])  # fmt: skip
+                    "decode_tokens=0", f"out={out}"])  # fmt: skip
 
 
 def latency_speedups(a: Analysis, column: str = "depth", key: Callable[[Any], Any] = early_exit_layers) -> pd.DataFrame:
     """Per (depth, keep): the latency summary's interleaved TTFT speedup over full prefill
-    with its 95 % interval (:func:`harness.analysis.latency.summarize_latency`), the ideal
+    with its 95 % interval (:func:`harness.analysis.speed.summarize_latency`), the ideal
     speedup from FLOPs and the efficiency. ``column``/``key``: what names a speculator's
     line (the depth of ``self_layers:M``; the family study keys by the speculator itself)."""
     s = a.latency

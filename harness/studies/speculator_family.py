@@ -67,7 +67,7 @@ def run_latency(out: Path, length: int, speculators: list[str], keeps: list[floa
     run_job([sys.executable, "-m", "harness.jobs.latency", f"model={BASE}", f"grid=[[1,{length}]]",
                     "warmup=1", f"iters={iters}", "prompts=benchmark", "prompt_task=niah_single_1",
                     "method=specprefill", f"keep={keep}", f"model.speculator={','.join(speculators)}",
-                    f"out={out}"])  # fmt: skip
+                    "decode_tokens=0", f"out={out}"])  # fmt: skip
 
 
 def _same(speculator: Any) -> Any:

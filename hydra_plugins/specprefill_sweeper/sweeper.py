@@ -65,12 +65,8 @@ class ValidatingSweeper(BasicSweeper):
         """Check ``out`` before Hydra makes its sweep folder under it; after a dry run, remove
         the folders Hydra made for it; after the last job, exit 1 (one message naming the
         runs) if rows failed, unless ``allow_failures``."""
-        from harness.config import (  # deferred: Hydra imports every plugin when any app starts
-            ConfigError,
-            RunFailures,
-            check_out,
-            failure_message,
-        )
+        from harness.config import ConfigError, check_out  # deferred: Hydra imports every plugin when any app starts
+        from harness.failures import RunFailures, failure_message
 
         assert self.config is not None
         out = Path(str(self.config.out)).expanduser() if "out" in self.config and str(self.config.out).strip() else None

@@ -383,6 +383,7 @@ class VLLMBackend:
         #: Set by the caller around a timed call (harness.energy.energy_window): called with
         #: ``prefill_end`` as the prefill's clock stops.
         self.energy_mark: Callable[[str], None] | None = None
+        self.last_decode_s: float | None = None  # seconds of the decode_tokens after the last prefill
         self.llm = vllm.LLM(
             model=str(model_path),
             tokenizer=str(model_path),
@@ -467,21 +468,32 @@ class VLLMBackend:
 
     def prefill(self, plans: Sequence[Plan], decode_tokens: int = 0) -> float:
         """Prefill a batch of plans (each at its own positions, through the position hook)
-        and sample each first token; returns the wall time of the whole batch (latency
-        grids: one ``generate`` call, one output token per request). Decode timing
-        (``decode_tokens``) is the transformers backend's; the latency config refuses it here."""
-        if decode_tokens:
-            raise ValueError(f"decode_tokens={decode_tokens}: the vLLM backend times the prefill only; allowed: 0")
+        and sample each first token; returns the seconds until every request of the batch
+        had its first token (latency grids: one ``generate`` call).
+
+        With ``decode_tokens`` the same call goes on to decode that many more tokens per
+        request (``ignore_eos``: no early stop), and the engine's own per-request timestamps
+        split it (:func:`batch_decode_s`): ``last_decode_s`` is the batch's decode after its
+        last first token, and the returned prefill time is the call's wall time less that.
+        The energy counter cannot be marked inside the engine's call, so such a row says
+        why its energy columns are empty (``decode_tokens=0`` measures them)."""
         from vllm import SamplingParams, TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p.input_ids.tolist()]) for p in plans]
-        params = [SamplingParams(temperature=0.0, max_tokens=1, extra_args=extra_args(p)) for p in plans]
+        params = [
+            SamplingParams(temperature=0.0, max_tokens=1 + decode_tokens, ignore_eos=True, extra_args=extra_args(p))
+            for p in plans
+        ]
         t0 = time.perf_counter()
-        self.llm.generate(prompts, params, use_tqdm=False)
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - t0
-        if self.energy_mark is not None:  # harness.energy.energy_window, as the clock stops
-            self.energy_mark("prefill_end")
-        return elapsed
+        if not decode_tokens:
+            self.last_decode_s = None
+            if self.energy_mark is not None:  # harness.energy.energy_window, as the clock stops
+                self.energy_mark("prefill_end")
+            return elapsed
+        self.last_decode_s = batch_decode_s([o.metrics for o in outs], 1 + decode_tokens)
+        return elapsed - self.last_decode_s
 
     def base_capture(self, input_ids: torch.Tensor, num_layers: int) -> SpeculatorCapture:
         raise Unsupported("the vLLM backend does not expose the base model's attention (gemfilter: use transformers)")
@@ -523,3 +535,31 @@ def engine_times(metrics: Any) -> tuple[float, float, str]:
         last = float(getattr(metrics, "last_token_ts", 0.0) or 0.0)
         return first - scheduled, max(last - first, 0.0), "engine"
     return float("nan"), float("nan"), "none"
+
+
+def batch_decode_s(metrics: Sequence[Any], tokens: int) -> float:
+    """A batch's decode seconds from its requests' engine-core timestamps (monotonic, one
+    clock): the last request's last token less the batch's last first token, i.e. the
+    decode that follows once every request has its first token (the batch's TTFT). Each
+    request must have generated ``tokens`` tokens with both timestamps set; otherwise the
+    call cannot be split and this says why, loudly, rather than time the prefill with the
+    decode in it."""
+    firsts, lasts = [], []
+    for i, m in enumerate(metrics):
+        first = float(getattr(m, "first_token_ts", 0.0) or 0.0)
+        last = float(getattr(m, "last_token_ts", 0.0) or 0.0)
+        made = int(getattr(m, "num_generation_tokens", 0) or 0)
+        if m is None or first <= 0.0 or last <= 0.0:
+            raise RuntimeError(
+                f"request {i} of the batch carries no engine timestamps ({type(m).__name__}): the decode cannot "
+                f"be timed apart from the prefill (the engine runs with disable_log_stats=False; another vLLM "
+                f"than the pinned one may not fill RequestOutput.metrics); allowed: decode_tokens=0"
+            )
+        if made != tokens:
+            raise RuntimeError(
+                f"request {i} generated {made} tokens, not {tokens} (the first and decode_tokens more, "
+                f"ignore_eos): its decode time would not be decode_tokens steps"
+            )
+        firsts.append(first)
+        lasts.append(last)
+    return max(0.0, max(lasts) - max(firsts))

@@ -28,7 +28,6 @@ import re
 from typing import Any, ClassVar
 
 from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
-from harness.benchmarks.data import Source, load_rows, split_parts
 from harness.benchmarks.infinitebench.metrics import (
     INFINITEBENCH_DEFAULT_SCORER,
     INFINITEBENCH_METRICS_VERSION,
@@ -37,6 +36,7 @@ from harness.benchmarks.infinitebench.metrics import (
     infinitebench_score,
     infinitebench_scorer,
 )
+from harness.benchmarks.sources import Source, load_rows, split_parts
 from harness.types import PromptFormat, Sample
 from specprefill.options import FLAG, Allowed
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
-from harness.benchmarks.data import Source, load_rows, split_parts
 from harness.benchmarks.longbench.metrics import LONGBENCH_METRICS_VERSION, longbench_score
+from harness.benchmarks.sources import Source, load_rows, split_parts
 from harness.types import PromptFormat, Sample
 from specprefill.options import Allowed
 

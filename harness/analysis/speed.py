@@ -66,6 +66,7 @@ kv_mib         median over the timed iterations of the KV cache one prompt leave
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -342,13 +343,7 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
         entry.update(_timings(good, decoded))
         runs = [k for k in good.groupby(by_run).groups if k in refs]
         if item["is_reference"]:
-            entry.update(speedup=1.0, ideal_speedup=1.0, efficiency=1.0, comparable=True, flags="", anomaly="")
-            if "decode_s_per_token" in entry:
-                entry.update(e2e_speedup=1.0, decode_speedup=1.0)
-            if "energy_j_per_request" in entry:
-                entry["energy_ratio"] = 1.0
-            entry.update(load_of(good))
-            out.append(entry)
+            out.append(_reference_entry(entry, good))
             continue
         per_run = {
             k: run_speedup(refs[k], _by_iteration(gr, gr["ttft_s"])) for k, gr in good.groupby(by_run) if k in refs
@@ -362,17 +357,12 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
             if run in aa and item["method"] != AA_METHOD:
                 a = aa[run]
                 entry.update(aa_speedup=a.value, aa_speedup_lo=a.lo, aa_speedup_hi=a.hi)
-        paired = []  # (column, the reference's values by run, the per-row value): the speedup's estimator
+        paired: list[Any] = []  # (column, the reference's values by run, the per-row value): the speedup's estimator
         if np.isfinite(entry.get("energy_j_per_request", math.nan)):
             paired.append(("energy_ratio", ref_j, lambda r: _num(r, "energy_j")))
         if "decode_s_per_token" in entry:
             paired += [("e2e_speedup", ref_e2e, _e2e), ("decode_speedup", ref_tpot, _tpot)]
-        for col, ref, value in paired:
-            est = point_speedup(
-                [run_speedup(ref[k], _by_iteration(gr, value(gr))) for k, gr in good.groupby(by_run) if k in ref]
-            )
-            if est is not None:
-                entry.update({col: est.value, f"{col}_lo": est.lo, f"{col}_hi": est.hi})
+        entry.update(_paired_ratios(good.groupby(by_run), paired))
         on_two = _num(good, "speculator_flop_rate").notna().any() and _num(good, "flops_speculator").gt(0).any()
         if on_two:  # the method's own calls ran on the speculator's engine
             ideals = [engine_ideal(ref_rows[k], gr) for k, gr in good.groupby(by_run) if k in ref_rows]
@@ -385,6 +375,31 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
         _flags(entry, pair_rows, pd.concat([all_by_run[k] for k in runs]) if runs else g)
         out.append(entry)
     return _with_ideal_ttft(pd.DataFrame(out).reindex(columns=COLUMNS))
+
+
+def _reference_entry(entry: dict[str, Any], good: pd.DataFrame) -> dict[str, Any]:
+    """The reference's own line: every ratio 1.0 by definition (those its rows have), and its load."""
+    entry.update(speedup=1.0, ideal_speedup=1.0, efficiency=1.0, comparable=True, flags="", anomaly="")
+    if "decode_s_per_token" in entry:
+        entry.update(e2e_speedup=1.0, decode_speedup=1.0)
+    if "energy_j_per_request" in entry:
+        entry["energy_ratio"] = 1.0
+    entry.update(load_of(good))
+    return entry
+
+
+def _paired_ratios(
+    by_run: Any, paired: list[tuple[str, dict[Any, dict[int, float]], Callable[[pd.DataFrame], pd.Series]]]
+) -> dict[str, float]:
+    """Each ``(column, the reference's values by run, the per-row value)`` as the speedup is:
+    the reference's value over the method's, paired by iteration within a run, then
+    :func:`point_speedup` over runs; ``column``, ``column_lo``, ``column_hi``."""
+    out: dict[str, float] = {}
+    for col, ref, value in paired:
+        est = point_speedup([run_speedup(ref[k], _by_iteration(gr, value(gr))) for k, gr in by_run if k in ref])
+        if est is not None:
+            out.update({col: est.value, f"{col}_lo": est.lo, f"{col}_hi": est.hi})
+    return out
 
 
 def _timings(good: pd.DataFrame, decoded: bool) -> dict[str, Any]:

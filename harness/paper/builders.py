@@ -25,7 +25,8 @@ from harness.paper.cells import (
     retention_cell,
     slug,
 )
-from harness.paper.data import (
+from harness.paper.figures import Mark, figure
+from harness.paper.numbers import (
     MODEL_OF,
     POINTS,
     RESULTS,
@@ -42,7 +43,6 @@ from harness.paper.data import (
     published,
     variant_rows,
 )
-from harness.paper.figures import Mark, figure
 from harness.rendering.tables import flag_word
 
 Built = tuple[str, list[Mark]]
