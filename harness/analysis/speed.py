@@ -357,7 +357,7 @@ def summarize_latency(rows: pd.DataFrame) -> pd.DataFrame:
             if run in aa and item["method"] != AA_METHOD:
                 a = aa[run]
                 entry.update(aa_speedup=a.value, aa_speedup_lo=a.lo, aa_speedup_hi=a.hi)
-        paired: list[Any] = []  # (column, the reference's values by run, the per-row value): the speedup's estimator
+        paired: list[Paired] = []  # the ratios paired like the speedup
         if np.isfinite(entry.get("energy_j_per_request", math.nan)):
             paired.append(("energy_ratio", ref_j, lambda r: _num(r, "energy_j")))
         if "decode_s_per_token" in entry:
@@ -388,9 +388,12 @@ def _reference_entry(entry: dict[str, Any], good: pd.DataFrame) -> dict[str, Any
     return entry
 
 
-def _paired_ratios(
-    by_run: Any, paired: list[tuple[str, dict[Any, dict[int, float]], Callable[[pd.DataFrame], pd.Series]]]
-) -> dict[str, float]:
+#: A ratio measured as the speedup is: (its column, the reference's values by run and
+#: iteration, the per-row value).
+Paired = tuple[str, dict[Any, dict[int, float]], Callable[[pd.DataFrame], pd.Series]]
+
+
+def _paired_ratios(by_run: Any, paired: list[Paired]) -> dict[str, float]:
     """Each ``(column, the reference's values by run, the per-row value)`` as the speedup is:
     the reference's value over the method's, paired by iteration within a run, then
     :func:`point_speedup` over runs; ``column``, ``column_lo``, ``column_hi``."""

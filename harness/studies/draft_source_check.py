@@ -85,9 +85,12 @@ def specpc_cases(theirs: Any, cases: int, seed: int) -> tuple[int, list[str]]:
         pool = rng.choice(["max", "avg", "mean", None])
         scores = _scores(rng, n, ties=i % 2 == 1)
         config = types.SimpleNamespace(
-            kernel_size=kernel, neighbor_tokens=neighbors, pool_type=pool, max_capacity_prompt=capacity,
+            kernel_size=kernel,
+            neighbor_tokens=neighbors,
+            pool_type=pool,
+            max_capacity_prompt=capacity,
             window_size=window,
-        )  # fmt: skip
+        )
         a = theirs(scores[None].clone(), config)[0].tolist()
         b = specpc_select(scores.clone(), capacity, window, kernel=kernel, pool=pool, neighbors=neighbors).tolist()
         if a == b:
@@ -153,7 +156,7 @@ def report(repo: Path, cases: int, seed: int) -> str:
         "kernels 1-64, neighbourhoods none/0/1/5/32/64 (none: the kernel), pools max/avg/mean/none; every "
         "second case's scores on eight levels, so most are tied and the order top-k returns ties in matters. "
         "SpecKV cases: 1/2/4 KV heads x 1/2/7 query heads each, head sizes 8-64, 40-900 keys, windows 1-32, "
-        "budgets 1 to all, max/mean reductions and pools, odd kernels 1-13 (theirs pads kernel // 2).",
+        "budgets from 1 to all but one key before the window, max/mean reductions and pools, odd kernels 1-13 (theirs pads kernel // 2).",
         "",
     ]
     if bad_a or bad_b:
