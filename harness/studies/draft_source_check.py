@@ -39,6 +39,7 @@ import torch
 
 from baselines.speckv import speckv_compress
 from baselines.specpc import specpc_select
+from harness.provenance import hardware
 
 #: The authors' commit our methods follow (the tests' and the method modules' pin).
 PINNED = "d79e404"
@@ -143,8 +144,9 @@ def report(repo: Path, cases: int, seed: int) -> str:
         "# SpecPC and SpecKV selection against the authors' code",
         "",
         f"`python -m harness.studies.draft_source_check --repo <checkout> --cases {cases} --seed {seed}`: the "
-        f"authors' functions (furiosa-ai/draft-based-approx-llm at {commit}{pin}) and ours on the same random "
-        f"inputs, torch {torch.__version__}, CPU.",
+        f"authors' functions (furiosa-ai/draft-based-approx-llm at {commit}{pin}) and ours (this project at "
+        f"{commit_of(Path(__file__).resolve().parents[2])}) on the same random inputs, float32, torch "
+        f"{torch.__version__}, {hardware()}.",
         "",
         "| check | their function | ours | cases | identical |",
         "|---|---|---|---|---|",
