@@ -23,7 +23,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hydra.errors import CompactHydraException
+try:
+    from hydra.errors import CompactHydraException
+except ImportError:  # the GPU check's bare machine has no Hydra (it reads rows, raises none of these)
+    CompactHydraException = Exception  # type: ignore[misc,assignment]
 
 from harness.store import RunStore, run_folders
 from specprefill.plan import Unsupported

@@ -85,9 +85,9 @@ def test_the_reference_beside_minference_never_runs_patched(tmp_path, monkeypatc
     bases: list[Any] = []
     prefill = TransformersBackend.prefill
 
-    def noting(self: TransformersBackend, plans: Any) -> float:
+    def noting(self: TransformersBackend, plans: Any, *decode: Any) -> float:
         before = fake_minference.calls
-        out = prefill(self, plans)
+        out = prefill(self, plans, *decode)
         ran_patched.append(fake_minference.calls > before)
         bases.append(self.base)
         return out
