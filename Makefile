@@ -140,8 +140,9 @@ bench-ruler-generation: setup
 
 # SpecPrefill's early-exit speculator depth x keep on RULER 4K, beside full prefill, and its
 # interleaved TTFT speedups (results/speculator-depth/; committed copy in results/reference/).
+# quality_from=<its committed CSV> re-times that table: only the latency jobs run.
 speculator-depth: setup
-	$(PY) -m harness.studies.speculator_depth $(if $(limit),--limit $(limit))
+	$(PY) -m harness.studies.speculator_depth $(if $(limit),--limit $(limit)) $(if $(quality_from),--quality-from $(quality_from))
 
 # Same-family vs cross-family vs early-exit speculators for the real Qwen2.5-Coder-1.5B (after
 # make fetch-models): RULER 2K NIAH + qa_1, interleaved TTFT (results/speculator-family/).

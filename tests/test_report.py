@@ -296,6 +296,40 @@ def test_speculator_depth_table_and_the_choice_of_depth():
     assert all(line.count("|") == md.splitlines()[0].count("|") for line in md.splitlines())
 
 
+def test_a_committed_depth_table_re_timed_keeps_its_quality_and_replaces_its_speed():
+    """``--quality-from``: the committed table's quality columns as they were, the interleaved
+    columns from the new latency rows only (a point they lack is empty, never the old number),
+    and the new rows' A/A and check printed beside each speedup."""
+    from harness.studies.speculator_depth import markdown, retimed, summary_of
+
+    committed = pd.DataFrame({
+        "method": ["full", "specprefill", "specprefill"], "depth": [None, 4.0, 8.0], "keep": [1.0, 0.1, 0.1],
+        "n": 30, "score": [80.0, 20.0, 60.0], "score_lo": [70.0, 10.0, 50.0], "score_hi": [90.0, 30.0, 70.0],
+        "retention": [1.0, 0.25, 0.75], "retention_lo": [1.0, 0.1, 0.6], "retention_hi": [1.0, 0.4, 0.9],
+        "needle_kept": [1.0, 0.2, 0.7], "speculator_s": [None, 0.5, 0.9], "ttft_s": [3.6, 0.8, 1.2],
+        "ttft_ratio": [1.0, 0.2, 0.3], "speedup": [1.0, 4.4, 2.9], "ideal_speedup": [1.0, 9.8, 5.0],
+        "efficiency": [1.0, 0.45, 0.58], "lat_n": [None, 8.0, 8.0], "lat_speedup": [None, 4.42, 2.99],
+        "lat_speedup_lo": [None, 4.06, 2.50], "lat_speedup_hi": [None, 5.60, 3.66], "lat_ideal": [None, 5.04, 3.01],
+        "lat_efficiency": [None, 0.88, 0.99],
+    })  # fmt: skip
+    new = pd.DataFrame({"depth": [4, 4], "keep": [0.1, 1.0], "lat_n": 10, "lat_speedup": [3.9, 1.0],
+                        "lat_speedup_lo": [3.7, 0.97], "lat_speedup_hi": [4.1, 1.04], "lat_ideal": [4.6, 1.0],
+                        "lat_efficiency": [0.85, 1.0], "lat_aa": [1.01, 1.0], "lat_aa_lo": [0.97, 0.97],
+                        "lat_aa_hi": [1.05, 1.04], "lat_check": ["ok", "ok"]})  # fmt: skip
+    t = retimed(committed, new)
+    assert len(t) == 3 and t["retention"].tolist() == [1.0, 0.25, 0.75] and t["speedup"].tolist() == [1.0, 4.4, 2.9]
+    assert t["lat_speedup"].iloc[1] == pytest.approx(3.9) and t["lat_n"].iloc[1] == 10
+    assert t[["lat_speedup", "lat_ideal", "lat_check"]].iloc[2].isna().all()  # depth 8 not re-timed: no old number
+    md = markdown(t)
+    assert "| A/A | check |" in md and "| 3.90 [3.70, 4.10] | 4.60x | 0.85 | 1.01 [0.97, 1.05] | ok |" in md
+    assert md.splitlines()[-1].endswith("| - | - | - | - | - |")  # depth 8: no speed shown, old or new
+    assert all(line.count("|") == md.splitlines()[0].count("|") for line in md.splitlines())
+    s = summary_of(t).set_index("method")
+    assert s.loc["self_layers:4", "speedup"] == pytest.approx(3.9) and s.loc["self_layers:4", "retention"] == 0.25
+    with pytest.raises(ValueError, match="no latency rows"):
+        retimed(committed, new.iloc[0:0])
+
+
 def test_latency_speedups_per_depth_from_latency_rows():
     """Each depth's latency job has its own full prefill beside it: the speedup is that job's
     median full prefill TTFT over the depth's median, per keep."""

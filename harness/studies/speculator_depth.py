@@ -15,6 +15,11 @@ base scores the prompt (a quality ceiling, no speedup possible).
 
     python -m harness.studies.speculator_depth [--limit 5] [--depths 4 8 12 16 20 24 30]
         [--keeps 0.1 0.3] [--iters 10] [--out results/speculator-depth] [--no-latency] [--no-run]
+        [--quality-from results/reference/speculator_depth_smollm2_cpu.csv]
+
+``--quality-from`` re-times a committed table: its quality columns (score, retention, needle
+kept, the eval run's TTFTs) are read from that CSV, as committed, and only the latency jobs
+run (their interleaved columns replaced); the eval rows need not be on this machine.
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ def latency_speedups(a: Analysis, column: str = "depth", key: Callable[[Any], An
         column: s["speculator"].map(key), "keep": s["keep_rate"].astype(float),
         "lat_n": s["n"].astype(int), "lat_speedup": s["speedup"], "lat_speedup_lo": s["speedup_lo"],
         "lat_speedup_hi": s["speedup_hi"], "lat_ideal": s["ideal_speedup"], "lat_efficiency": s["efficiency"],
+        "lat_aa": s["aa_speedup"], "lat_aa_lo": s["aa_speedup_lo"], "lat_aa_hi": s["aa_speedup_hi"],
+        "lat_check": s["flags"].fillna("").replace("", "ok"),
     }).reset_index(drop=True)  # fmt: skip
 
 
@@ -93,6 +100,37 @@ def table(a: Analysis, latency: pd.DataFrame | None = None) -> pd.DataFrame:
     return df.sort_values(["_keep", "depth"]).drop(columns="_keep").reset_index(drop=True)
 
 
+#: The interleaved columns :func:`latency_speedups` gives (and a re-time replaces).
+LATENCY_COLUMNS = ["lat_n", "lat_speedup", "lat_speedup_lo", "lat_speedup_hi", "lat_ideal", "lat_efficiency",
+                   "lat_aa", "lat_aa_lo", "lat_aa_hi", "lat_check"]  # fmt: skip
+
+
+def retimed(committed: pd.DataFrame, latency: pd.DataFrame) -> pd.DataFrame:
+    """A committed table (:func:`table`'s CSV) with its interleaved columns replaced by
+    ``latency`` (:func:`latency_speedups` of new latency rows); its quality columns as they
+    were. A (depth, keep) the new rows lack keeps no old number: its columns are empty."""
+    quality = committed.drop(columns=[c for c in LATENCY_COLUMNS if c in committed])
+    if latency.empty:
+        raise ValueError("--quality-from: no latency rows to re-time the table with")
+    return quality.merge(latency, on=["depth", "keep"], how="left")
+
+
+def summary_of(df: pd.DataFrame, model: str = "smollm2-135m", length: int = 4096) -> pd.DataFrame:
+    """:func:`table`'s lines as the ``ALL`` lines of a quality summary, for the Pareto plot
+    where only the table is at hand (:func:`retimed`): one series per depth, the interleaved
+    speedup and its interval on x, the FLOP ideal beside it."""
+    spec = df[df["method"] == "specprefill"]
+    return pd.DataFrame({
+        "task": "ALL", "model": model, "benchmark": "ruler", "length": length, "reference": "full",
+        "method_name": "specprefill", "method": [f"self_layers:{int(d)}" for d in spec["depth"]],
+        "speculator": [f"self_layers:{int(d)}" for d in spec["depth"]], "keep_rate": spec["keep"].to_numpy(),
+        "n": spec["n"].to_numpy(), "score": spec["score"].to_numpy(), "retention": spec["retention"].to_numpy(),
+        "retention_lo": spec["retention_lo"].to_numpy(), "retention_hi": spec["retention_hi"].to_numpy(),
+        "speedup": spec["lat_speedup"].to_numpy(), "speedup_lo": spec["lat_speedup_lo"].to_numpy(),
+        "speedup_hi": spec["lat_speedup_hi"].to_numpy(), "ideal_speedup": spec["lat_ideal"].to_numpy(),
+    })  # fmt: skip
+
+
 def speedup_used(df: pd.DataFrame) -> str:
     """The speedup the choice reads: the interleaved one where it was measured."""
     return "lat_speedup" if "lat_speedup" in df and df["lat_speedup"].notna().any() else "speedup"
@@ -113,7 +151,9 @@ def markdown(df: pd.DataFrame) -> str:
 
     lat = "lat_speedup" in df
     head = "| speculator | keep | n | score | retention | needle kept | speculator s | TTFT s | speedup (eval run) |"
+    check = "lat_check" in df and df["lat_check"].notna().any()  # rows of the paired protocol say their check
     head += " speedup (interleaved) | ideal | efficiency |" if lat else " ideal | efficiency |"
+    head += " A/A | check |" if check else ""
     lines = [head, "|---" * head.count(" | ") + "|---|"]
     for r in df.itertuples():
         name = (
@@ -128,9 +168,15 @@ def markdown(df: pd.DataFrame) -> str:
         )
         if lat:  # the interleaved speedup, and ideal / efficiency from FLOPs (latency rows)
             full = r.method == "full"
-            sp = "1.00x" if full else ci(r.lat_speedup, r.lat_speedup_lo, r.lat_speedup_hi, ".2f")
-            ideal, eff = (1.0, 1.0) if full else (r.lat_ideal, r.lat_efficiency)
-            line += f" {sp} | {ideal:.2f}x | {eff:.2f} |"
+            if not full and pd.isna(r.lat_speedup):  # not timed side by side (a re-time that skipped it)
+                line += " - | - | - |"
+            else:
+                sp = "1.00x" if full else ci(r.lat_speedup, r.lat_speedup_lo, r.lat_speedup_hi, ".2f")
+                ideal, eff = (1.0, 1.0) if full else (r.lat_ideal, r.lat_efficiency)
+                line += f" {sp} | {ideal:.2f}x | {eff:.2f} |"
+            if check:
+                aa = "-" if full or pd.isna(r.lat_aa) else ci(r.lat_aa, r.lat_aa_lo, r.lat_aa_hi, ".2f")
+                line += f" {aa} | {'-' if full or pd.isna(r.lat_check) else r.lat_check} |"
         else:
             line += f" {r.ideal_speedup:.2f}x | {r.efficiency:.2f} |"
         lines.append(line)
@@ -146,14 +192,24 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10, help="timed pairs per latency point (the protocol's default)")
     ap.add_argument("--no-latency", action="store_true", help="speedups from the eval run only")
     ap.add_argument("--no-run", action="store_true", help="only read the rows already under --out")
+    ap.add_argument("--quality-from", type=Path, help="re-time this committed table: its quality columns as they "
+                    "are, only the latency jobs run (their columns replaced)")  # fmt: skip
     a = ap.parse_args()
+    if a.quality_from is not None and not a.quality_from.is_file():
+        ap.error(f"--quality-from {a.quality_from}: no such file (a table this study wrote, speculator_depth.csv)")
+    if a.quality_from is not None and a.no_latency:
+        ap.error("--quality-from re-times a table: it needs the latency jobs (drop --no-latency)")
     if not a.no_run:
-        run_sweep(a.out, a.limit, a.depths, a.keeps)
+        if a.quality_from is None:
+            run_sweep(a.out, a.limit, a.depths, a.keeps)
         if not a.no_latency:
             run_latency(a.out / "latency", a.depths, a.keeps, a.iters)
 
     found = analyze(a.out)
-    df = table(found, latency_speedups(found) if not found.of_kind("latency").empty else None)
+    if a.quality_from is not None:
+        df = retimed(pd.read_csv(a.quality_from), latency_speedups(found))
+    else:
+        df = table(found, latency_speedups(found) if not found.of_kind("latency").empty else None)
     df.to_csv(a.out / "speculator_depth.csv", index=False)
     text = markdown(df)
     col = speedup_used(df)
@@ -165,6 +221,10 @@ def main() -> None:
             f"retention {best['retention']:.2f}, speedup {best[col]:.2f}x."
         )
     (a.out / "speculator_depth.md").write_text(text + "\n")
+    if a.quality_from is not None:
+        plots.pareto(summary_of(df), a.out / "speculator_depth_pareto.png")
+        print(text)
+        return
     summary = found.summary
     if col == "lat_speedup":  # the Pareto's x: the interleaved speedup and its interval
         summary = with_latency_speedups(summary, df)
