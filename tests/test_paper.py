@@ -217,7 +217,8 @@ def test_the_committed_tables_re_render_byte_for_byte_from_the_committed_point_f
     for f in points:
         (tmp_path / f.relative_to(data.RESULTS)).parent.mkdir(parents=True)
         shutil.copy(f, tmp_path / f.relative_to(data.RESULTS))
-        assert f.stat().st_size < 150_000, f  # rows trimmed to the columns the tables read
+        # rows trimmed to the columns the tables read (a latency grid of 10 pairs + A/A a point: ~200 KB)
+        assert f.stat().st_size < 300_000, f
     tables.write_report(tmp_path)
     committed = sorted(p.name for p in data.RESULTS.glob("*.md")) + sorted(p.name for p in data.RESULTS.glob("*.png"))
     assert committed == sorted(p.name for p in tmp_path.glob("*.md")) + sorted(p.name for p in tmp_path.glob("*.png"))

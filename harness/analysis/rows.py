@@ -72,6 +72,7 @@ PAPER_POINT_COLUMNS = (
     "prompt_source", "batch", "iteration", "warmup", "kept_fraction", "method_s", "base_prefill_s", "ideal_speedup",
     "arrival", "rate", "request", "prompt_tokens", "kept_tokens", "timed_out", "e2e_s", "tpot_s", "speculator_s",
     "pass_timeout_rule", "pass_ttft_slo", "passed", "request_throughput",
+    "order", "foreign_cpu", "loadavg_1m", "cpus",  # the paired protocol's: pair order and the load while timed
 )  # fmt: skip
 #: The point files' text columns, read back as text (a git SHA of digits alone stays a SHA).
 PAPER_TEXT_COLUMNS = (
