@@ -39,10 +39,20 @@ from harness.rendering.tables import ci
 from harness.studies import run_job
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_multikey_1"]
+MODEL, LENGTH = "smollm2-135m", 4096
+#: The interleaved columns :func:`latency_speedups` gives (and a re-time replaces), each
+#: from its latency summary column (:func:`harness.analysis.speed.summarize_latency`).
+LATENCY_COLUMNS = {
+    "lat_n": "n", "lat_speedup": "speedup", "lat_speedup_lo": "speedup_lo", "lat_speedup_hi": "speedup_hi",
+    "lat_ideal": "ideal_speedup", "lat_efficiency": "efficiency", "lat_aa": "aa_speedup",
+    "lat_aa_lo": "aa_speedup_lo", "lat_aa_hi": "aa_speedup_hi", "lat_check": "flags",
+}  # fmt: skip
+#: What ``--quality-from`` needs of a committed table besides its speed.
+QUALITY_COLUMNS = ["method", "depth", "keep", "n", "score", "retention", "needle_kept", "ttft_s", "speedup"]
 
 
 def run_sweep(out: Path, limit: int, depths: list[int], keeps: list[float]) -> None:
-    common = [sys.executable, "-m", "harness.jobs.eval", "model=smollm2-135m", "length=4096", f"limit={limit}",
+    common = [sys.executable, "-m", "harness.jobs.eval", f"model={MODEL}", f"length={LENGTH}", f"limit={limit}",
               f"tasks=[{','.join(TASKS)}]", f"out={out}"]  # fmt: skip
     run_job([*common, "method=full", "keep=1"])
     speculators = ",".join(f"self_layers:{m}" for m in depths)
@@ -58,7 +68,7 @@ def run_latency(out: Path, depths: list[int], keeps: list[float], iters: int) ->
     speed drifts by 20 % over minutes, its ratios drift with it.)"""
     speculators = ",".join(f"self_layers:{m}" for m in depths)
     keep = ",".join(f"{k:g}" for k in keeps)
-    run_job([sys.executable, "-m", "harness.jobs.latency", "model=smollm2-135m", "grid=[[1,4096]]", "warmup=1",
+    run_job([sys.executable, "-m", "harness.jobs.latency", f"model={MODEL}", f"grid=[[1,{LENGTH}]]", "warmup=1",
                     f"iters={iters}", "method=specprefill", f"keep={keep}", f"model.speculator={speculators}",
                     "decode_tokens=0", f"out={out}"])  # fmt: skip
 
@@ -70,13 +80,11 @@ def latency_speedups(a: Analysis, column: str = "depth", key: Callable[[Any], An
     line (the depth of ``self_layers:M``; the family study keys by the speculator itself)."""
     s = a.latency
     s = s[~s["is_reference"].astype(bool)]
-    return pd.DataFrame({
-        column: s["speculator"].map(key), "keep": s["keep_rate"].astype(float),
-        "lat_n": s["n"].astype(int), "lat_speedup": s["speedup"], "lat_speedup_lo": s["speedup_lo"],
-        "lat_speedup_hi": s["speedup_hi"], "lat_ideal": s["ideal_speedup"], "lat_efficiency": s["efficiency"],
-        "lat_aa": s["aa_speedup"], "lat_aa_lo": s["aa_speedup_lo"], "lat_aa_hi": s["aa_speedup_hi"],
-        "lat_check": s["flags"].fillna("").replace("", "ok"),
-    }).reset_index(drop=True)  # fmt: skip
+    out = pd.DataFrame({column: s["speculator"].map(key), "keep": s["keep_rate"].astype(float),
+                        **{name: s[source] for name, source in LATENCY_COLUMNS.items()}})  # fmt: skip
+    out["lat_n"] = out["lat_n"].astype(int)
+    out["lat_check"] = out["lat_check"].fillna("").replace("", "ok")
+    return out.reset_index(drop=True)
 
 
 def table(a: Analysis, latency: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -100,11 +108,6 @@ def table(a: Analysis, latency: pd.DataFrame | None = None) -> pd.DataFrame:
     return df.sort_values(["_keep", "depth"]).drop(columns="_keep").reset_index(drop=True)
 
 
-#: The interleaved columns :func:`latency_speedups` gives (and a re-time replaces).
-LATENCY_COLUMNS = ["lat_n", "lat_speedup", "lat_speedup_lo", "lat_speedup_hi", "lat_ideal", "lat_efficiency",
-                   "lat_aa", "lat_aa_lo", "lat_aa_hi", "lat_check"]  # fmt: skip
-
-
 def retimed(committed: pd.DataFrame, latency: pd.DataFrame) -> pd.DataFrame:
     """A committed table (:func:`table`'s CSV) with its interleaved columns replaced by
     ``latency`` (:func:`latency_speedups` of new latency rows); its quality columns as they
@@ -115,7 +118,7 @@ def retimed(committed: pd.DataFrame, latency: pd.DataFrame) -> pd.DataFrame:
     return quality.merge(latency, on=["depth", "keep"], how="left")
 
 
-def summary_of(df: pd.DataFrame, model: str = "smollm2-135m", length: int = 4096) -> pd.DataFrame:
+def summary_of(df: pd.DataFrame, model: str = MODEL, length: int = LENGTH) -> pd.DataFrame:
     """:func:`table`'s lines as the ``ALL`` lines of a quality summary, for the Pareto plot
     where only the table is at hand (:func:`retimed`): one series per depth, the interleaved
     speedup and its interval on x, the FLOP ideal beside it."""
@@ -195,8 +198,14 @@ def main() -> None:
     ap.add_argument("--quality-from", type=Path, help="re-time this committed table: its quality columns as they "
                     "are, only the latency jobs run (their columns replaced)")  # fmt: skip
     a = ap.parse_args()
-    if a.quality_from is not None and not a.quality_from.is_file():
-        ap.error(f"--quality-from {a.quality_from}: no such file (a table this study wrote, speculator_depth.csv)")
+    committed = None
+    if a.quality_from is not None:
+        if not a.quality_from.is_file():
+            ap.error(f"--quality-from {a.quality_from}: no such file (a table this study wrote, speculator_depth.csv)")
+        committed = pd.read_csv(a.quality_from)
+        if missing := [c for c in QUALITY_COLUMNS if c not in committed]:
+            ap.error(f"--quality-from {a.quality_from}: not a depth table (no {', '.join(missing)}; "
+                     "speculator_depth.csv has them)")  # fmt: skip
     if a.quality_from is not None and a.no_latency:
         ap.error("--quality-from re-times a table: it needs the latency jobs (drop --no-latency)")
     if not a.no_run:
@@ -206,8 +215,10 @@ def main() -> None:
             run_latency(a.out / "latency", a.depths, a.keeps, a.iters)
 
     found = analyze(a.out)
-    if a.quality_from is not None:
-        df = retimed(pd.read_csv(a.quality_from), latency_speedups(found))
+    if committed is not None:
+        if found.of_kind("latency").empty:
+            ap.error(f"--quality-from: no latency rows under {a.out} to re-time the table with")
+        df = retimed(committed, latency_speedups(found))
     else:
         df = table(found, latency_speedups(found) if not found.of_kind("latency").empty else None)
     df.to_csv(a.out / "speculator_depth.csv", index=False)
@@ -221,7 +232,7 @@ def main() -> None:
             f"retention {best['retention']:.2f}, speedup {best[col]:.2f}x."
         )
     (a.out / "speculator_depth.md").write_text(text + "\n")
-    if a.quality_from is not None:
+    if committed is not None:
         plots.pareto(summary_of(df), a.out / "speculator_depth_pareto.png")
         print(text)
         return
