@@ -17,6 +17,7 @@ but do not need it.)"""
 from __future__ import annotations
 
 import inspect
+import os
 import tomllib
 import types
 from pathlib import Path
@@ -213,6 +214,38 @@ def test_other_vllm_versions_are_refused(fake_engine, monkeypatch):
     with pytest.raises(RuntimeError, match=r"vllm==0\.33\.0: .* written against vllm==0\.32\.0"):
         vb.VLLMBackend("/models/m", "tok")
     assert fake_engine.made == []
+
+
+def test_a_vllm_without_v1_is_refused_as_such_before_the_engine_or_the_pin(fake_engine, monkeypatch):
+    """vLLM 0.34.0 removed Model Runner V1 (no vllm/v1/worker/gpu_model_runner.py; its
+    platform check raises on VLLM_USE_V2_MODEL_RUNNER=0): the backend and ``vllm serve``
+    name that reason, not only "another version", before an engine starts or the pin is set."""
+    import subprocess
+    import sys
+
+    import vllm
+
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_model_runner", None)
+    monkeypatch.delenv(vb.RUNNER_SWITCH, raising=False)
+    with pytest.raises(
+        vb.PositionHookInactive, match=r"^vllm==0\.34\.0 has no V1 model runner .*allowed: vllm==0\.32\.0"
+    ):
+        vb.VLLMBackend("/models/m", "tok")
+    assert fake_engine.made == [] and vb.RUNNER_SWITCH not in os.environ
+    # vllm serve through the harness's entry point (vLLM's CLI stood in for): the same line,
+    # and neither the pin nor vLLM's CLI is reached
+    code = (
+        "import os, sys, runpy, types, vllm; vllm.__version__ = '0.34.0'; "
+        "sys.modules['vllm.v1.worker.gpu_model_runner'] = None; "
+        "sys.modules['vllm.entrypoints.cli.main'] = types.SimpleNamespace("
+        "main=lambda: print('CLI RAN', os.environ.get('VLLM_USE_V2_MODEL_RUNNER'))); "
+        "sys.argv = ['vllm', 'serve', '/models/m']; runpy.run_module('harness.serving.vllm_cli', run_name='__main__')"
+    )
+    env = {k: v for k, v in os.environ.items() if k != vb.RUNNER_SWITCH}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode != 0 and "vllm==0.34.0 has no V1 model runner" in out.stderr, out.stderr[-2000:]
+    assert "CLI RAN" not in out.stdout
 
 
 @pytest.mark.slow

@@ -31,7 +31,8 @@ if __name__ == "__main__":
     from vllm.entrypoints.cli.main import main
 
     if "serve" in sys.argv[1:2]:
-        from specprefill.backends.vllm import pin_runner
+        from specprefill.backends.vllm import pin_runner, require_tested_vllm
 
+        require_tested_vllm()  # before vLLM reads the pin: vLLM 0.34 refuses VLLM_USE_V2_MODEL_RUNNER=0 itself
         pin_runner()  # the V1 model runner, where SpecPrefill's position hook is (specprefill/backends/vllm.py)
     main()

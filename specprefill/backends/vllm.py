@@ -36,7 +36,8 @@ own switch ``VLLM_USE_V2_MODEL_RUNNER=0`` in every engine process (the offline
 the Triton check in ``use_v2_model_runner`` (only HiSparse attention and watermarking
 force V2, and neither is used here). Full prefill runs on the same runner as SpecPrefill,
 so the two are compared on one engine. Every row records the runner
-(``engine_runner``).
+(``engine_runner``). vLLM 0.34.0 removed the V1 runner (and refuses the switch at ``0``);
+:func:`require_tested_vllm` names that before an engine starts (docs/backends.md).
 
 **Checked, not assumed.** At engine start, :func:`check_positions` sends a canary: a few
 random tokens at non-contiguous positions. Their first-token log-probabilities must
@@ -134,6 +135,21 @@ def v1_runner_class() -> Any:
             f"original-position hook goes; allowed: vllm=={TESTED_VLLM} (make setup)"
         )
     return GPUModelRunner
+
+
+def require_tested_vllm() -> None:
+    """Refuse, in one line naming the installed version, any vLLM but :data:`TESTED_VLLM`.
+    A vLLM without the V1 model runner is named as such first (vLLM 0.34.0 removed it:
+    docs/backends.md, "When vLLM drops its V1 runner"); one that still has it but is
+    another version is refused as untested."""
+    import vllm
+
+    v1_runner_class()
+    if vllm.__version__ != TESTED_VLLM:
+        raise PositionHookInactive(
+            f"vllm=={vllm.__version__}: the SpecPrefill position hook is written against vllm=={TESTED_VLLM}; "
+            f"install that version (make setup) or re-check specprefill/backends/vllm.py"
+        )
 
 
 def install_position_hook() -> None:
@@ -368,11 +384,7 @@ class VLLMBackend:
     ) -> None:
         import vllm
 
-        if vllm.__version__ != TESTED_VLLM:
-            raise RuntimeError(
-                f"vllm=={vllm.__version__}: the SpecPrefill position hook is written against vllm=={TESTED_VLLM}; "
-                f"install that version (make setup) or re-check specprefill/backends/vllm.py"
-            )
+        require_tested_vllm()
         if engine_kwargs.pop("enable_prefix_caching", False):
             raise ValueError("enable_prefix_caching=True: SpecPrefill's position remap requires it off")
         pin_runner()
