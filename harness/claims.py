@@ -28,8 +28,9 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 _NUM = r"[-+]?\d+(?:\.\d+)?"
-#: ``1.40x [1.30, 1.52]``, ``0.73 [0.57, 0.87]``, ``-13.3 [-26.5, -2.9]`` (an ``x`` after any number).
-TRIPLE = re.compile(rf"(?<![\w.+\-])({_NUM})x? \[({_NUM})x?, ({_NUM})x?\]")
+#: ``1.40x [1.30, 1.52]``, ``0.73 [0.57, 0.87]``, ``-13.3 [-26.5, -2.9]`` (an ``x`` after any number;
+#: any white space, a wrapped and indented line's included, between the parts).
+TRIPLE = re.compile(rf"(?<![\w.+\-])({_NUM})x?\s+\[({_NUM})x?,\s+({_NUM})x?\]")
 SUPERSEDED = "(superseded)"
 
 

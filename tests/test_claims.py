@@ -20,10 +20,15 @@ def test_a_quote_the_summary_does_not_hold_is_found(tmp_path):
         "SpecPrefill keeps 0.73 [0.50, 1.04] at 1.40x [1.30,\n"  # found, the second across a line break
         "1.52]; retention 0.93 [0.83, 1.00] (the CSV's, rounded);\n"
         "re-rendered: 0.73 [0.49, 1.04]; typed wrong: 1.41x [1.30, 1.52]; old: 2.1x [1.9, 2.3] (superseded).\n"
+        "a wrapped, indented quote is read too: 1.10\n  [0.97, 1.32];\n"
     )
     have = claims.pool([summary, csv])
     wrong = [q for q in claims.quotes(doc) if not any(claims._matches(q.numbers, h) for h in have)]
-    assert [(q.text, q.line) for q in wrong] == [("0.73 [0.49, 1.04]", 3), ("1.41x [1.30, 1.52]", 3)]
+    assert [(q.text, q.line) for q in wrong] == [
+        ("0.73 [0.49, 1.04]", 3),
+        ("1.41x [1.30, 1.52]", 3),
+        ("1.10   [0.97, 1.32]", 4),
+    ]
     assert claims.same_value(wrong[0], have) == ["0.73 [0.50, 1.04]"]
 
 
