@@ -35,6 +35,12 @@ from specprefill.plan import Unsupported
 JOB_ERROR = "job_error.txt"
 
 
+class MixedModels(ValueError, CompactHydraException):
+    """A folder's rows put runs of one model under different settings that change results
+    (:data:`harness.analysis.rows.MODEL_SETTINGS`) at one point: pooling them would drop one
+    run's samples as duplicates of the other's. One line through Hydra."""
+
+
 class RunFailures(CompactHydraException):
     """Rows of a finished run (or sweep) failed: the exit status is 1 unless ``allow_failures=true``."""
 

@@ -82,6 +82,19 @@ def _weights_hash(model: Any) -> str | None:
     return weights_hash(model) if isinstance(model, ModelConfig) else None
 
 
+def _settings(model: Any) -> dict[str, Any]:
+    """The model's settings that change results under one name (RunRecord's
+    ``chat_template`` ... ``model_seed``); none for a model that is not a ModelConfig."""
+    if not isinstance(model, ModelConfig):
+        return {}
+    return {
+        "chat_template": bool(model.chat_template),
+        "model_revision": model.revision,
+        "model_path": model.path,
+        "model_seed": int(model.seed),
+    }
+
+
 def provenance(model: Any, backend: str, engine: Any = None, placement: Any = None) -> dict[str, Any]:
     """The provenance columns of a row: git SHA, versions (JSON), hardware, and the
     model as it ran (name, weights, dtype, speculator) on ``backend``; with the running
@@ -103,6 +116,7 @@ def provenance(model: Any, backend: str, engine: Any = None, placement: Any = No
         "model": model.name,
         "model_weights": model.weights_label,
         "weights_hash": _weights_hash(model),
+        **_settings(model),
         "dtype": model.dtype,
         "speculator": model.speculator,
         # a speculator from another family: its tokenizer and the rule carrying its scores over

@@ -90,6 +90,14 @@ class RunRecord:
     model: str
     model_weights: str
     weights_hash: str | None  # harness.models.loading.weights_hash: the verified checkpoint the row ran
+    #: The model settings that change results without changing its name (rows before
+    #: 2026-12-05 lack them): whether prompts went through its chat template, the hub
+    #: revision and path it loaded, and the seed of random weights
+    #: (harness.analysis.rows.MODEL_SETTINGS: one folder may not mix them at a point).
+    chat_template: bool | None = None
+    model_revision: str | None = None
+    model_path: str | None = None
+    model_seed: int | None = None
     dtype: str
     speculator: str | None
     #: A speculator with another tokenizer than the base's (another family): that tokenizer,

@@ -445,3 +445,36 @@ def test_kv_held_counts_a_second_cache_and_is_unknown_where_a_revival_row_lacks_
     assert held[:2] == [1000, 500] and np.isnan(held[2])
     old = normalize(rows.drop(columns="speculator_kv_bytes"))["kv_held_bytes"].tolist()
     assert old[0] == 1000 and np.isnan(old[1]) and np.isnan(old[2])
+
+
+def test_a_folder_mixing_model_settings_at_one_reference_is_refused():
+    """Two runs of one model under settings that change results (here the chat template)
+    would be pooled under one reference; the readers refuse it in one line naming the
+    setting. A setting older rows do not record, or a real model's seed, does not count."""
+    from harness.failures import MixedModels
+
+    rows = synthetic_rows()
+    rows["model_weights"] = "real"
+    rows["chat_template"] = True
+    mixed = rows.copy()
+    mixed.loc[mixed["keep_rate"] == 0.1, "chat_template"] = False
+    with pytest.raises(MixedModels, match=r"^model m: .*chat_template=False \(runs r0\.1\).*chat_template=True"):
+        summarize(mixed)
+    older = rows.copy()
+    older["chat_template"] = older["chat_template"].astype(object)
+    older.loc[older["keep_rate"] == 0.1, "chat_template"] = None  # a run written before the column
+    older["model_seed"] = np.where(older["keep_rate"] == 0.1, 1, 0)  # real weights: the seed changes nothing
+    assert summarize(older).equals(summarize(rows))
+    randoms = older.assign(model_weights="random")
+    with pytest.raises(MixedModels, match=r"model_seed=0 .*model_seed=1"):
+        summarize(randoms)
+
+
+def test_every_row_records_the_model_settings_that_change_results():
+    from harness.models.catalog import model_config
+    from harness.provenance import provenance
+
+    p = provenance(model_config("tiny-random", chat_template=False, seed=3), "transformers")
+    assert {k: p[k] for k in ("chat_template", "model_revision", "model_seed")} == {
+        "chat_template": False, "model_revision": None, "model_seed": 3,
+    }  # fmt: skip

@@ -89,6 +89,10 @@ OPTIONAL_TEXT = (
 RUN_KEYS = ("dtype", "backend", "speculator")
 #: Point fields a table does not show as columns: a label names them where runs differ.
 LABELLED = ("speculator", "benchmark_options", "method_options", "dtype", "backend")
+#: A model's settings that change its results under one name (rows record them; older rows
+#: lack them): a point must not pool runs that differ in one, which a label cannot tell apart
+#: (:func:`require_one_model`). ``model_seed`` counts only for random weights.
+MODEL_SETTINGS = ("model_weights", "weights_hash", "chat_template", "model_revision", "model_path", "model_seed")
 #: Marks a normalized frame (normalizing twice is a no-op).
 NORMALIZED = "is_reference"
 
@@ -121,6 +125,46 @@ def label_variants(df: pd.DataFrame, point: list[str]) -> pd.Series:
             if desc:
                 labels[g.index[g["config_hash"] == h]] = f"{g['method'].iloc[0]} ({desc})"
     return labels
+
+
+def _setting(df: pd.DataFrame, column: str) -> pd.Series:
+    """One of :data:`MODEL_SETTINGS` as text, ``""`` where a row does not record it (an older
+    row, a kind without it; a seed of real weights)."""
+    v = df[column].astype(object).where(df[column].notna(), "").astype(str)
+    if column == "model_seed" and "model_weights" in df:
+        v = v.where(df["model_weights"].fillna("").astype(str).str.startswith("random"), "")
+    return v.replace({"None": "", "nan": ""})
+
+
+def require_one_model(df: pd.DataFrame, key: list[str]) -> None:
+    """Refuse (:class:`~harness.failures.MixedModels`, one line) rows that share ``key`` but
+    hold runs of one model under different :data:`MODEL_SETTINGS`: the readers would pool
+    them (one run's samples kept as the other's duplicates) or take one's ratios against the
+    other's reference. Eval and serving rows are checked by their reference's key
+    (:data:`REFERENCE_OF`: a method and the reference it is compared with), latency rows by
+    point and label. A setting a row does not record does not count."""
+    from harness.failures import MixedModels
+
+    have = [c for c in MODEL_SETTINGS if c in df]
+    if not have:
+        return
+    settings = pd.DataFrame({c: _setting(df, c) for c in have}, index=df.index)
+    for _, g in df.groupby(key, dropna=False, sort=False):
+        for c in have:
+            values = sorted({v for v in settings.loc[g.index, c] if v})
+            if len(values) > 1:
+                runs = {
+                    v: sorted(set(g.loc[settings.loc[g.index, c] == v, "run_id"].astype(str)))[:2]
+                    if "run_id" in g
+                    else []
+                    for v in values
+                }
+                seen = "; ".join(f"{c}={v} (runs {', '.join(r) or '?'})" for v, r in runs.items())
+                raise MixedModels(
+                    f"model {g['model'].iloc[0]}: runs compared or pooled together ran it with different settings "
+                    f"that change results, {seen}; allowed: one setting a folder (write each to its own out=), or a "
+                    "model config of its own name for each"
+                )
 
 
 def normalize(rows: pd.DataFrame) -> pd.DataFrame:
@@ -172,6 +216,7 @@ def normalize(rows: pd.DataFrame) -> pd.DataFrame:
         if not part.empty:  # the columns a table shows; the label carries the rest where runs differ
             shown = [k for k in point if k not in LABELLED]
             df.loc[part.index, "label"] = label_variants(part, shown)
+            require_one_model(df.loc[part.index], [*point, "label"] if kind == "latency" else REFERENCE_OF)
     if "keep_tokens" in df:  # a budget in tokens: keep_rate reads 1 (no fraction), the label says the budget
         tokens = pd.to_numeric(df["keep_tokens"], errors="coerce")
         has = tokens.notna()

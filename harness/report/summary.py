@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.analysis.folder import Analysis, analyze
+from harness.failures import MixedModels
 from harness.rendering import plots
 from harness.rendering.tables import by_task_markdown, latency_markdown, numbers_md, speculator_note, to_markdown
 from harness.report.html import write_html
@@ -88,7 +89,10 @@ def main() -> None:
     problem = report_problem(a.out, a.plots)
     if problem:
         sys.exit(problem)  # one line on stderr, exit status 1
-    write_all(a.out, a.plots, html=not a.no_html)
+    try:
+        write_all(a.out, a.plots, html=not a.no_html)
+    except MixedModels as e:
+        sys.exit(str(e))  # one line: the folder mixes a model's settings at one point
 
 
 def report_problem(out: Path, plots: Path | None = None) -> str | None:
