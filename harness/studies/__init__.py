@@ -19,6 +19,25 @@ def run_job(cmd: list[str]) -> None:
         raise SystemExit(done.returncode)
 
 
+def require_runs(ap: Any, *folders: Path) -> None:
+    """``--no-run``: each of ``folders`` must hold a run's rows (a run folder with its
+    ``config.yaml``), else one line through ``ap.error`` naming the folder (not a traceback
+    from the first reader)."""
+    from harness.store import run_folders
+
+    for f in folders:
+        if not f.is_dir() or not run_folders(f):
+            ap.error(f"--no-run: no run's rows under {f}; allowed: the --out of a run of this study (or drop --no-run)")
+
+
+def require_values(ap: Any, flag: str, values: list[Any], ok: Any, allowed: str) -> None:
+    """Each of a flag's ``values`` must pass ``ok``, else one line naming the value and what
+    is allowed, before any job starts."""
+    for v in values:
+        if not ok(v):
+            ap.error(f"{flag} {v}: allowed: {allowed}")
+
+
 def write_reference(path: Path, benchmark: str, rows: list[dict[str, Any]], **meta: Any) -> None:
     """Write one benchmark's rows with the hardware and library versions they were measured on."""
     from harness.provenance import (  # deferred: gpu_check imports this package on the GPU machine (torch, transformers, pandas only)

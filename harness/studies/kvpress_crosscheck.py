@@ -42,7 +42,7 @@ from harness.benchmarks.samples import benchmark_samples
 from harness.models.catalog import model_config
 from harness.models.loading import load
 from harness.registry import build_benchmark, build_method
-from harness.studies import run_job
+from harness.studies import require_runs, run_job
 from specprefill.backends.transformers import cache_positions_restored
 
 TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "qa_1")
@@ -159,6 +159,9 @@ def main() -> None:
     a = ap.parse_args()
     presses = a.presses.split(",")
     if a.no_run:  # the table again from what a run left under --out
+        require_runs(ap, a.out / "ours")
+        if not (a.out / "kvpress_pipeline.csv").is_file():
+            ap.error(f"--no-run: no {a.out / 'kvpress_pipeline.csv'}; allowed: the --out of a run of this study")
         theirs = pd.read_csv(a.out / "kvpress_pipeline.csv", keep_default_na=False)
     else:
         run_ours(a.out / "ours", a.model, presses, a.keeps, a.limit, a.setting)

@@ -25,7 +25,7 @@ import pandas as pd
 
 from harness.analysis.folder import analyze
 from harness.analysis.stats import Estimate, estimate, mean_draws, task_seed
-from harness.studies import run_job
+from harness.studies import require_runs, run_job
 
 #: our task -> lm-eval's task of the same data
 TASKS = {
@@ -119,7 +119,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("results/lm-eval-crosscheck"))
     ap.add_argument("--no-run", action="store_true", help="only read the rows already under --out")
     a = ap.parse_args()
-    if not a.no_run:
+    if a.no_run:
+        require_runs(ap, a.out / "ours", a.out / "lm-eval")
+    else:
         run_both(a.out, a.limit, a.model)
     text = table(rows(a.out / "ours"), rows(a.out / "lm-eval"), lm_eval_references(a.out / "lm-eval"))
     (a.out / "crosscheck.md").write_text(text + "\n")

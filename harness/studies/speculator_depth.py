@@ -36,10 +36,12 @@ from harness.analysis.folder import Analysis, analyze
 from harness.models.catalog import early_exit_layers
 from harness.rendering import plots
 from harness.rendering.tables import ci
-from harness.studies import run_job
+from harness.studies import require_runs, require_values, run_job
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_multikey_1"]
 MODEL, LENGTH = "smollm2-135m", 4096
+#: The model's layers: ``self_layers:LAYERS`` is the oracle (the base scores itself).
+LAYERS = 30
 #: The interleaved columns :func:`latency_speedups` gives (and a re-time replaces), each
 #: from its latency summary column (:func:`harness.analysis.speed.summarize_latency`).
 LATENCY_COLUMNS = {
@@ -162,7 +164,7 @@ def markdown(df: pd.DataFrame) -> str:
         name = (
             "full prefill"
             if r.method == "full"
-            else f"self_layers:{int(r.depth)}" + (" (oracle)" if r.depth == 30 else "")
+            else f"self_layers:{int(r.depth)}" + (" (oracle)" if r.depth == LAYERS else "")
         )
         line = (
             f"| {name} | {r.keep:g} | {r.n} | {ci(r.score, r.score_lo, r.score_hi)} | "
@@ -198,6 +200,12 @@ def main() -> None:
     ap.add_argument("--quality-from", type=Path, help="re-time this committed table: its quality columns as they "
                     "are, only the latency jobs run (their columns replaced)")  # fmt: skip
     a = ap.parse_args()
+    require_values(ap, "--depths", a.depths, lambda m: 1 <= m <= LAYERS, f"1 to {LAYERS} ({MODEL}'s layers)")
+    require_values(ap, "--keeps", a.keeps, lambda k: 0 < k <= 1, "a fraction in (0, 1]")
+    require_values(ap, "--limit", [a.limit], lambda n: n >= 1, "1 or more samples a task")
+    require_values(ap, "--iters", [a.iters], lambda n: n >= 1, "1 or more timed pairs (5 or more for an interval)")
+    if a.no_run:
+        require_runs(ap, a.out)
     committed = None
     if a.quality_from is not None:
         if not a.quality_from.is_file():

@@ -36,7 +36,7 @@ import pandas as pd
 from harness.analysis.folder import Analysis, analyze
 from harness.rendering import plots
 from harness.rendering.tables import ci, num
-from harness.studies import run_job
+from harness.studies import require_runs, require_values, run_job
 from harness.studies import speculator_depth as depth
 
 BASE = "qwen2.5-coder-1.5b"
@@ -140,6 +140,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-latency", action="store_true", help="speedups from the eval run only")
     ap.add_argument("--no-run", action="store_true", help="only read the rows already under --out")
     a = ap.parse_args(argv)
+    require_values(ap, "--keeps", a.keeps, lambda k: 0 < k <= 1, "a fraction in (0, 1]")
+    require_values(ap, "--limit", [a.limit], lambda n: n >= 1, "1 or more samples a task")
+    require_values(ap, "--iters", [a.iters], lambda n: n >= 1, "1 or more timed pairs (5 or more for an interval)")
+    if a.no_run:
+        require_runs(ap, a.out)
     if not a.no_run:
         run_sweep(a.out, a.limit, a.length, a.speculators, a.keeps)
         if not a.no_latency:
