@@ -137,6 +137,9 @@ class EvalRecord(RunRecord):
     benchmark_version: str
     benchmark_options: str  # JSON
     metrics_version: str
+    #: The benchmark's deliberate differences from its official code (Benchmark.notes; None in
+    #: rows before 2026-12-05 and where there is none).
+    benchmark_notes: str | None = None
     task: str
     category: str | None
     bucket: str | None
@@ -261,6 +264,7 @@ class QPSRecord(RunRecord):
     benchmark_version: str
     benchmark_options: str
     metrics_version: str
+    benchmark_notes: str | None = None  # as EvalRecord's
     task: str
     category: str | None
     length: int

@@ -103,6 +103,9 @@ def test_end_to_end_rows_resume_and_failures(tiny_run, monkeypatch):
     assert (opts["chunk_size"], opts["pool_kernel"]) == (32, 13)
     assert "pool_kernel" not in df  # the generic store names no method's options but the keep rate
     assert row["model_weights"] == "random" and row["benchmark_version"] == "ruler-1" and row["length"] == 1024
+    # every deliberate difference from RULER's official generator, and the model's settings
+    assert row["benchmark_notes"].startswith("bisect haystack search") and "niah keys" in row["benchmark_notes"]
+    assert row["chat_template"] in (True, False) and row["model_seed"] == 0
     assert json.loads(row["method_options"])["position_mode"] == "original"
     assert 0.3 <= row["kept_fraction"] <= 0.45  # chunk mode rounds up to whole chunks
     assert row["ttft_s"] == pytest.approx(row["speculator_s"] + row["selection_s"] + row["base_prefill_s"])

@@ -51,6 +51,9 @@ class Benchmark(ABC):
     version: ClassVar[str]
     #: Version of the metric code this benchmark scores with (stored in every row).
     metrics_version: ClassVar[str]
+    #: The deliberate differences from the benchmark's official code, in a few words (stored
+    #: in every row as ``benchmark_notes``; "" where there is none).
+    notes: ClassVar[str] = ""
     all_tasks: ClassVar[tuple[str, ...]]
     #: The keys ``options`` may hold, each with what it takes (anything else is refused,
     #: so it cannot silently change the run's hash; a bad value is refused in one line).

@@ -36,6 +36,7 @@ from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
 from harness.benchmarks.ruler import cached_samples
 from harness.benchmarks.ruler.metrics import VERSION as RULER_METRICS_VERSION
 from harness.benchmarks.ruler.metrics import score_one
+from harness.benchmarks.ruler.tasks import DEVIATIONS as RULER_DEVIATIONS
 from harness.benchmarks.ruler.tasks import MAX_LENGTH, MIN_LENGTH
 from harness.benchmarks.ruler.tasks import VERSION as RULER_VERSION
 from harness.types import Sample
@@ -96,6 +97,7 @@ class MultiTurn(Benchmark):
     name = "multiturn"
     version = f"2+ruler{RULER_VERSION}"
     metrics_version = RULER_METRICS_VERSION
+    notes = f"turn 1 is RULER's sample, so RULER's: {RULER_DEVIATIONS}"
     all_tasks = tuple(SOURCES)
     allowed_options: ClassVar[dict[str, Allowed]] = {
         "turns": Allowed(int, ge=2, le=4, note="one per needle key"),

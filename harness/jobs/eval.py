@@ -166,6 +166,7 @@ class EvalJob(ModelJob):
             "benchmark_version": self.benchmark.version,
             "benchmark_options": json.dumps(self.benchmark.options(), sort_keys=True),
             "metrics_version": self.benchmark.metrics_version,
+            "benchmark_notes": self.benchmark.notes or None,
             "length": cfg.benchmark.length,
         }
         yield EvalSession(self, backend, tok, samples, common)

@@ -232,6 +232,7 @@ class QPSJob(ModelJob):
             "benchmark_version": self.benchmark.version,
             "benchmark_options": json.dumps(self.benchmark.options(), sort_keys=True),
             "metrics_version": self.benchmark.metrics_version,
+            "benchmark_notes": self.benchmark.notes or None,
             "length": cfg.benchmark.length,
             "arrival": q.arrival,
             "prefix_cache": False,

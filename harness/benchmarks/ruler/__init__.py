@@ -6,7 +6,8 @@ freq_words_extraction,qa}.py``, ``synthetic.yaml``, ``constants.py``): same temp
 answer prefixes, tokens to generate, needle/haystack formats, depths, seed 42, and
 ``string_match_all`` / ``string_match_part`` scoring.
 
-Deliberate differences (all recorded in :data:`GENERATOR_NOTES` and in the version):
+Deliberate differences (all in every row's ``benchmark_notes``, :data:`DEVIATIONS`; the
+first three also key the sample cache, :data:`GENERATOR_NOTES`):
 
 * Haystack size: the official code grows the haystack linearly (500 words or 25
   sentences at a time, tokenizing the whole prompt each step: slow at 128K). We bisect
@@ -31,6 +32,7 @@ from harness.benchmarks.ruler.length import _largest_fitting, generate
 from harness.benchmarks.ruler.metrics import VERSION as METRICS_VERSION
 from harness.benchmarks.ruler.metrics import score_one
 from harness.benchmarks.ruler.tasks import (
+    DEVIATIONS,
     GENERATOR_NOTES,
     MAX_LENGTH,
     MIN_LENGTH,
@@ -44,6 +46,7 @@ from harness.benchmarks.ruler.tasks import (
 from harness.types import Sample
 
 __all__ = [
+    "DEVIATIONS",
     "GENERATORS",
     "GENERATOR_NOTES",
     "MAX_LENGTH",
@@ -77,6 +80,7 @@ class Ruler(Benchmark):
     name = "ruler"
     version = VERSION
     metrics_version = METRICS_VERSION
+    notes = DEVIATIONS
     all_tasks = tuple(TASKS)
 
     @classmethod
