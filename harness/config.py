@@ -329,6 +329,50 @@ def check_explicit(cfg: Any, keys: Sequence[str]) -> None:
         )
 
 
+#: Shorthands a command may type that a method's preset may not read (``conf/method``:
+#: ``${lookahead}``, ``${keep}``), each with two values that tell reading from ignoring.
+UNREAD_PROBES = {"lookahead": (1, 2), "keep": (0.25, 0.5)}
+
+
+def reads_shorthand(cfg: Any, key: str) -> bool:
+    """Whether a composed job's method uses the shorthand ``key`` (``lookahead``, ``keep``):
+    its options (:func:`method_spec`, a composed method's parts included) change with it."""
+    if "method" not in cfg or key not in cfg:
+        return False
+    if cfg.get("also"):
+        return True  # methods timed beside it (a latency job's also=) may read it
+    specs = []
+    for v in UNREAD_PROBES[key]:
+        c = OmegaConf.merge(cfg, {key: v})
+        assert isinstance(c, DictConfig)
+        specs.append(method_spec(container(c)["method"], int(c.get("lookahead", 1))))
+    return specs[0] != specs[1]
+
+
+def check_unread(points: Sequence[Any], typed: Sequence[str], presets: Sequence[str] = ()) -> None:
+    """A shorthand the command typed (``typed``: its override keys) that no job of the sweep
+    reads is refused in one line, naming it and the methods that ignore it (``lookahead=4``
+    with ``method=specprefill_lah8``, whose preset fixes 8; ``keep=0.1`` with ``minference``):
+    a job run without it would look like a run with it. One job that reads it is enough
+    (``method=full,specprefill lookahead=4``); the reference's jobs do not count (full
+    prefill ignores both by design: ``method=full keep=1`` runs). ``presets``: the
+    ``conf/method`` names the command typed."""
+    for key in UNREAD_PROBES:
+        if key not in typed or not points:
+            continue
+        methods = [c for c in points if "method" in c and c.method.get("name") != c.get("reference", "full")]
+        if not methods or any(reads_shorthand(c, key) for c in methods):
+            continue  # the reference alone (it ignores both by design), or a method that reads it
+        if key == "keep" and any(c.get("keep_tokens") is not None for c in points):
+            continue  # a budget in tokens replaces the fraction (method_spec): said in the rows' label
+        names = sorted(set(presets) or {str(c.method.get("name")) for c in points if "method" in c})
+        raise ConfigError(
+            f"{key}={points[0].get(key)}: no method of this command reads it ({', '.join(names)}: their "
+            f"conf/method presets fix or ignore it); allowed: drop {key}=, or a method whose preset reads it "
+            f"(e.g. specprefill), or set the method's own option (method.<option>=)"
+        )
+
+
 def longest_prompt(model: Any, benchmark: BenchmarkConfig) -> int:
     """The longest prompt a benchmark config can give this model, in tokens: the benchmark's
     length (RULER's target), never past the model's input budget (LongBench's truncation)."""

@@ -81,3 +81,26 @@ def test_fetch_models_takes_the_conf_model_names():
     assert by_model_name("qwen2.5-coder-1.5b-instruct") == "qwen2.5-coder-1.5b-instruct"
     with pytest.raises(ValueError, match="'smollm2-135m' is not fetched by make fetch-models"):
         by_model_name("smollm2-135m")
+
+
+@pytest.mark.parametrize(
+    ("args", "starts"),
+    [
+        (
+            ["method=specprefill_lah8", "lookahead=4"],
+            "lookahead=4: no method of this command reads it (specprefill_lah8",
+        ),
+        (["method=full,specprefill_ref", "lookahead=4"], "lookahead=4: no method of this command reads it (full, "),
+        (["method=minference", "keep=0.1"], "keep=0.1: no method of this command reads it (minference"),
+    ],
+)
+def test_a_shorthand_no_method_reads_is_one_line(tmp_path, args, starts):
+    """What the command typed that every method ignores (a preset fixes it) is refused, in
+    the dry run too: a run without it would read as a run with it."""
+    _one_line(_run("harness.jobs.eval", *args, "dry_run=true", f"out={tmp_path / 'o'}"), starts)
+
+
+def test_a_shorthand_one_method_reads_or_the_reference_alone_runs(tmp_path):
+    for args in (["method=full,specprefill", "lookahead=4"], ["method=full", "keep=1"]):
+        r = _run("harness.jobs.eval", *args, "dry_run=true", f"out={tmp_path / 'o'}")
+        assert r.returncode == 0, r.stderr[-3000:]

@@ -132,13 +132,17 @@ class ValidatingSweeper(BasicSweeper):
         if not self.validate:
             return batch
         from harness.command_line import describe  # deferred: Hydra imports every plugin when any app starts
-        from harness.config import check_explicit  # deferred: Hydra imports every plugin when any app starts
+        from harness.config import (
+            check_explicit,
+            check_unread,
+        )  # deferred: Hydra imports every plugin when any app starts
 
         assert self.hydra_context is not None and self.config is not None
         check = get_method(self.validate)
         errors: list[tuple[str, str]] = []
         failing: list[Sequence[str]] = []
         seen, keep = set(), []
+        composed = []  # every valid point's job config, for the sweep-wide checks
         for overrides in batch:
             point = f"  {' '.join(overrides) or '(defaults)'}"
             try:
@@ -157,6 +161,7 @@ class ValidatingSweeper(BasicSweeper):
                 errors.append((point, str(e)))
                 failing.append(overrides)
                 continue
+            composed.append(cfg)
             rest = OmegaConf.to_container(cfg, resolve=True)
             assert isinstance(rest, dict)
             key = json.dumps(
@@ -165,6 +170,10 @@ class ValidatingSweeper(BasicSweeper):
             if key not in seen:
                 seen.add(key)
                 keep.append(overrides)
+        if not errors:  # what the command typed (not the sweep's own params) that no job reads
+            task = self.config.hydra.overrides.get("task", []) if "overrides" in self.config.hydra else []
+            presets = {o.split("=", 1)[1] for b in keep for o in b if o.startswith("method=")}
+            check_unread(composed, [str(o).split("=", 1)[0].lstrip("+~") for o in task], sorted(presets))
         if errors:
             from harness.config import ConfigError  # deferred: Hydra imports every plugin when any app starts
 
