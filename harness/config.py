@@ -349,14 +349,28 @@ def reads_shorthand(cfg: Any, key: str) -> bool:
     return specs[0] != specs[1]
 
 
+def _reads_data_dir(cfg: Any) -> bool:
+    """Whether a composed job's benchmark takes the top-level ``data_dir`` (``conf/benchmark``:
+    ``data_dir: ${data_dir}`` in its options)."""
+    bench = cfg.get("benchmark") if "benchmark" in cfg else None
+    return bench is not None and "data_dir" in (bench.get("options") or {})
+
+
 def check_unread(points: Sequence[Any], typed: Sequence[str], presets: Sequence[str] = ()) -> None:
     """A shorthand the command typed (``typed``: its override keys) that no job of the sweep
-    reads is refused in one line, naming it and the methods that ignore it (``lookahead=4``
+    reads is refused in one line (``data_dir`` for a benchmark that builds its own samples), naming it and the methods that ignore it (``lookahead=4``
     with ``method=specprefill_lah8``, whose preset fixes 8; ``keep=0.1`` with ``minference``):
     a job run without it would look like a run with it. One job that reads it is enough
     (``method=full,specprefill lookahead=4``); the reference's jobs do not count (full
     prefill ignores both by design: ``method=full keep=1`` runs). ``presets``: the
     ``conf/method`` names the command typed."""
+    if "data_dir" in typed and points and not any(_reads_data_dir(c) for c in points):
+        names = sorted({str(c.benchmark.get("name")) for c in points if "benchmark" in c})
+        raise ConfigError(
+            f"data_dir={points[0].get('data_dir')}: benchmark {', '.join(names)} does not read it (it builds its "
+            f"samples itself); allowed: drop data_dir=, or a benchmark of official files (longbench, longbench_e, "
+            f"infinitebench)"
+        )
     for key in UNREAD_PROBES:
         if key not in typed or not points:
             continue

@@ -92,6 +92,7 @@ def test_fetch_models_takes_the_conf_model_names():
         ),
         (["method=full,specprefill_ref", "lookahead=4"], "lookahead=4: no method of this command reads it (full, "),
         (["method=minference", "keep=0.1"], "keep=0.1: no method of this command reads it (minference"),
+        (["data_dir=/tmp/nowhere"], "data_dir=/tmp/nowhere: benchmark ruler does not read it"),
     ],
 )
 def test_a_shorthand_no_method_reads_is_one_line(tmp_path, args, starts):
@@ -101,6 +102,10 @@ def test_a_shorthand_no_method_reads_is_one_line(tmp_path, args, starts):
 
 
 def test_a_shorthand_one_method_reads_or_the_reference_alone_runs(tmp_path):
-    for args in (["method=full,specprefill", "lookahead=4"], ["method=full", "keep=1"]):
+    for args in (
+        ["method=full,specprefill", "lookahead=4"],
+        ["method=full", "keep=1"],
+        ["benchmark=longbench", "data_dir=tests/fixtures/longbench", "limit=1"],
+    ):
         r = _run("harness.jobs.eval", *args, "dry_run=true", f"out={tmp_path / 'o'}")
         assert r.returncode == 0, r.stderr[-3000:]
