@@ -478,3 +478,20 @@ def test_every_row_records_the_model_settings_that_change_results():
     assert {k: p[k] for k in ("chat_template", "model_revision", "model_seed")} == {
         "chat_template": False, "model_revision": None, "model_seed": 3,
     }  # fmt: skip
+
+
+def test_a_method_doing_the_references_work_whose_interval_lies_above_it_is_an_anomaly():
+    """A press (ideal 1.0) cannot be faster than full prefill: an interval wholly above 1.0 is
+    the job's timing, flagged even inside the 10 % tolerance; a method doing less work, or an
+    interval reaching 1.0, is not flagged by it."""
+    from harness.analysis.speed import interval_anomaly
+
+    assert "lies wholly above 1.00x" in interval_anomaly(Estimate(1.09, 1.01, 1.15, 10), 1.0)
+    assert interval_anomaly(Estimate(1.05, 0.99, 1.09, 10), 1.0) == ""
+    assert interval_anomaly(Estimate(0.88, 0.878, 0.89, 10), 0.871) == ""  # above its ideal, below 1: anomaly()'s
+    assert interval_anomaly(Estimate(2.02, 1.85, 2.16, 10), 1.84) == ""  # does less work: the tolerance holds
+    folder = ROOT / "results" / "reference" / "kv_compare_smollm2_cpu"
+    lat = analyze_rows(folder, read_results(folder)).latency
+    flagged = lat[lat["anomaly"].fillna("").str.contains("wholly above")]
+    assert sorted(zip(flagged["method"], flagged["keep_rate"])) == [("knorm", 0.1), ("tova", 0.1)]
+    assert not flagged["comparable"].any()

@@ -36,7 +36,10 @@ ideal_engine_speedup
 anomaly        a speedup above its ideal (the ideal per engine where there is one, else the
                FLOP ideal) by more than :func:`anomaly_tolerance` (10 % for a method that
                does the reference's whole work, a press or the A/A check; 15 % for one that
-               does less): the words say by how much and the likely causes
+               does less): the words say by how much and the likely causes; and, for a
+               method that does at least the reference's work (ideal 1.0 or less, the A/A
+               check aside), an interval lying wholly above 1.0, inside the tolerance or
+               not (:func:`interval_anomaly`: such a method cannot be faster)
 loaded         the machine had work of others while the point was timed: some timed row
                of the point's runs saw more than :data:`FOREIGN_CPU_MAX` of its cores busy
                with other processes (``foreign_cpu``), or a 1-minute load average above the
@@ -174,6 +177,20 @@ def anomaly(speedup: float, ideal: float, kind: str = "FLOP") -> str:
     )
 
 
+def interval_anomaly(e: Estimate, ideal: float, kind: str = "FLOP") -> str:
+    """The words for a method that does at least the reference's work (its ideal 1.0 or
+    less: a press, SpecKV, SpecPrefill at a high keep) whose whole interval lies above 1.0: it
+    cannot be faster than the reference, so such an interval is the job's timing (order,
+    drift), inside the tolerance of :func:`anomaly` or not; ``""`` otherwise (above its ideal
+    but not above 1.0, the FLOP model's precision, is :func:`anomaly`'s to judge)."""
+    if not (np.isfinite(e.lo) and np.isfinite(ideal) and 0 < ideal <= 1.0 + 1e-9) or e.lo <= 1.0:
+        return ""
+    return (
+        f"anomaly: {e.value:.2f}x [{e.lo:.2f}, {e.hi:.2f}] lies wholly above 1.00x, and the method does at least the "
+        f"reference's work ({kind} ideal {ideal:.2f}x); likely causes: {ANOMALY_CAUSES}"
+    )
+
+
 def engine_ideal(reference: pd.DataFrame, method: pd.DataFrame) -> float:
     """The ideal speedup per engine of one run's pairs (rows of each side, matched by
     ``iteration``): per pair, the base's rate is the reference's FLOPs over its TTFT, the
@@ -274,6 +291,13 @@ def _flags(entry: dict[str, Any], pair_rows: pd.DataFrame, all_rows: pd.DataFram
         words = anomaly(entry.get("speedup", math.nan), per_engine, "per-engine")
     else:
         words = anomaly(entry.get("speedup", math.nan), entry.get("ideal_speedup", math.nan))
+    if not words and entry.get("method") != AA_METHOD:  # the A/A check has its own rule (aa_fails)
+        e = Estimate(entry.get("speedup", math.nan), entry.get("speedup_lo", math.nan),
+                     entry.get("speedup_hi", math.nan), 0)  # fmt: skip
+        ideal, kind = (
+            (per_engine, "per-engine") if np.isfinite(per_engine) else (entry.get("ideal_speedup", math.nan), "FLOP")
+        )
+        words = interval_anomaly(e, ideal, kind)
     entry["anomaly"] = words
     if words:
         flags.append(words)
