@@ -495,3 +495,15 @@ def test_random_ids_for_a_cross_family_speculator_are_called_out(capsys):
     assert RANDOM_CROSS_FAMILY in capsys.readouterr().err
     PromptSource(job, SimpleNamespace(speculator_tokenizer=None), 1, 64)  # type: ignore[arg-type]
     assert capsys.readouterr().err == ""
+
+
+def test_prompt_settings_that_random_ids_would_ignore_are_refused(tmp_path):
+    """prompts=auto with methods that need no text times random ids: a prompt task, benchmark
+    or options the command set would be silently unused, so they are refused in one line."""
+    with pytest.raises(ValueError, match=r"^prompt_task=bogus: with prompts=auto these methods time on random"):
+        _lat(tmp_path, "prompt_task=bogus")
+    with pytest.raises(
+        ValueError, match=r"^prompt_task=hotpotqa, prompt_benchmark=longbench: .*drop prompt_task, prompt_benchmark$"
+    ):
+        _lat(tmp_path, "prompt_benchmark=longbench", "prompt_task=hotpotqa")
+    assert _lat(tmp_path, "prompt_task=qa_1").prompt_source == "random"  # the default, typed: nothing ignored

@@ -340,6 +340,16 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
             f"answer length, which random token ids do not have; allowed: prompts=benchmark (or auto)"
         )
     source = "random"
+    if cfg.prompts == "auto" and not needs_text:
+        given = {k: v for k, v, default in (("prompt_task", cfg.prompt_task, "qa_1"),
+                                             ("prompt_benchmark", cfg.prompt_benchmark, "ruler"),
+                                             ("prompt_options", cfg.prompt_options, {})) if v != default}  # fmt: skip
+        if given:  # set, but random ids would be timed: the run would not be what the command says
+            raise ValueError(
+                f"{', '.join(f'{k}={v}' for k, v in given.items())}: with prompts=auto these methods time on random "
+                f"token ids (none needs text), so no benchmark prompt is used; allowed: prompts=benchmark to time on "
+                f"them, or drop {', '.join(given)}"
+            )
     if (needs_text and cfg.prompts == "auto") or cfg.prompts == "benchmark":
         source = f"{cfg.prompt_benchmark}/{cfg.prompt_task}"
         if cfg.prompt_options:
