@@ -295,6 +295,16 @@ class QPSRecord(RunRecord):
     request_throughput: float | None
     duration_s: float | None
     prefix_cache: bool
+    #: The serving settings that decide the rate's verdicts (``qps.<setting>``,
+    #: harness.analysis.serving.SETTINGS: ``warmup_requests`` is ``qps.warmups``,
+    #: ``arrival_seed`` ``qps.seed``) and the planning front's (JSON; None without a front).
+    #: None in rows written before they were recorded.
+    timeout_s: float | None = None
+    max_timeouts: int | None = None
+    ttft_p90_slo_s: float | None = None
+    warmup_requests: int | None = None
+    arrival_seed: int | None = None
+    front_options: str | None = None
 
 
 def method_columns(method: Any, reference: str) -> dict[str, Any]:

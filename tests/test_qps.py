@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from harness.analysis.serving import point_stats, summarize_qps, summarize_qps_rates
+from harness.analysis.serving import NO_MATCHING_REFERENCE, SETTINGS, point_stats, summarize_qps, summarize_qps_rates
 from harness.jobs import qps
 from harness.jobs.qps import QPSConfig, next_rate, passes, prepare, request_text, truncate_at_stop
 from harness.serving import processes
-from harness.store import RunStore
+from harness.store import RunStore, record
 from harness.types import Sample
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -124,6 +124,69 @@ def test_a_max_qps_at_the_top_of_the_search_is_a_lower_bound():
     assert (
         pd.isna(s.loc["specprefill", "qps_ratio_to_reference"]) and s.loc["specprefill", "qps_ratio_bound"] == "unknown"
     )
+
+
+def _slo(slo: float, **more) -> dict:
+    """A run's recorded serving settings (harness.analysis.serving.SETTINGS) at a TTFT p90 SLO."""
+    return {"timeout_s": 60.0, "max_timeouts": 4, "ttft_p90_slo_s": slo, "warmup_requests": 1, "arrival_seed": 0,
+            **more}  # fmt: skip
+
+
+def test_a_max_qps_is_compared_only_with_the_reference_under_the_same_settings():
+    """Full prefill at a 30 s and a 10 s SLO, SpecPrefill at 10 s: its ratio is over the 10 s
+    reference's max QPS (2.0), never the 30 s one's (0.5); at an SLO no reference ran under,
+    no ratio, flagged."""
+    rows = pd.concat([
+        _served("full", [(0.1, True, 80.0), (0.2, True, 80.0), (0.4, True, 80.0), (0.8, False, 80.0)],
+                run_id="full-30", **_slo(30.0)),
+        _served("specprefill", [(0.1, True, 70.0), (0.2, True, 70.0), (0.4, False, 70.0)],
+                run_id="spec-10", **_slo(10.0)),
+        _served("full", [(0.1, True, 80.0), (0.2, False, 80.0)], run_id="full-10", **_slo(10.0)),
+        _served("specprefill", [(0.1, True, 70.0), (0.2, True, 70.0), (0.4, False, 70.0)],
+                run_id="spec-10-seed1", **_slo(10.0, arrival_seed=1)),
+    ], ignore_index=True)  # fmt: skip
+    s = summarize_qps(rows).set_index("run_id")
+    assert s.loc["spec-10", "qps_ratio_to_reference"] == pytest.approx(2.0)
+    assert s.loc["spec-10", "qps_ratio_bound"] == "exact" and s.loc["spec-10", "ttft_p90_slo_s"] == 10.0
+    assert pd.isna(s.loc["spec-10-seed1", "qps_ratio_to_reference"])
+    assert s.loc["spec-10-seed1", "qps_ratio_bound"] == NO_MATCHING_REFERENCE
+    assert s.loc["full-30", "qps_ratio_to_reference"] == 1.0 and s.loc["full-10", "qps_ratio_to_reference"] == 1.0
+    # the paper table says why there is no ratio instead of printing one
+    from harness.paper.builders import _qps_ratio
+
+    assert _qps_ratio(s.loc["spec-10-seed1"], None, None, "not run", "")[0].startswith("? (full ran only under other")
+    # rows written before the settings were recorded (none in either run) are compared as before;
+    # a reference whose settings are known is not taken for one whose are not
+    old = rows[rows["run_id"].isin(["full-10", "spec-10"])].drop(columns=list(_slo(0.0)))
+    assert summarize_qps(old).set_index("run_id").loc["spec-10", "qps_ratio_to_reference"] == pytest.approx(2.0)
+    mixed = pd.concat([old[old["run_id"] == "spec-10"], rows[rows["run_id"] == "full-10"]], ignore_index=True)
+    s = summarize_qps(mixed).set_index("run_id")
+    assert pd.isna(s.loc["spec-10", "qps_ratio_to_reference"]) and pd.isna(s.loc["spec-10", "ttft_p90_slo_s"])
+    assert s.loc["spec-10", "qps_ratio_bound"] == NO_MATCHING_REFERENCE
+
+
+def test_every_row_records_the_settings_its_verdicts_depend_on(tmp_path, monkeypatch):
+    """The timeout rule, the TTFT SLO, the warm-ups and the arrival seed (the front's settings
+    too, for a method served behind one) are columns of each row the job writes."""
+    sample = Sample(benchmark="ruler", task="t", sample_id=0, length=1, instruction="", context="", question="",
+                    answer_prefix="", prompt="hi", references=("x",), max_new_tokens=4, metric="m")  # fmt: skip
+    monkeypatch.setattr(qps, "check_runnable", lambda model: None)
+    monkeypatch.setattr(qps, "benchmark_samples", lambda model, bench: (_BosTokenizer(), [sample]))
+    over = ("qps.timeout_s=10", "qps.max_timeouts=2", "qps.ttft_p90_slo_s=5", "qps.warmups=0", "qps.seed=3")
+    for method in ("full", "specprefill"):
+        job = prepare(_cfg(f"method={method}", "keep=0.3", "length=1024", "tasks=[niah_single_1]", "rates=[0.5]",
+                           f"out={tmp_path}", *over))  # fmt: skip
+        store = RunStore(job.folder)  # its one rate measured: the session opens without servers
+        store.append([record("qps", run_id=job.folder.name, row_key="0.5/0", unit="rate-0.5", rate=0.5, passed=True,
+                             timestamp=1.0, status="ok")])  # fmt: skip
+        with job.session(store) as session:
+            got = session.common  # what every row of the job starts from
+        assert {k: got[k] for k in SETTINGS} == _slo(5.0, timeout_s=10.0, max_timeouts=2, warmup_requests=0,
+                                                     arrival_seed=3)  # fmt: skip
+        front = got["front_options"]
+        assert front is None if method == "full" else json.loads(front)["max_batch"] == 16
+        row = record("qps", **got)  # the record has a field for each
+        assert row.ttft_p90_slo_s == 5.0 and row.arrival_seed == 3
 
 
 def test_a_request_the_front_did_not_log_has_no_kept_count():

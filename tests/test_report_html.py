@@ -165,8 +165,13 @@ def test_failures_are_grouped_by_reason_with_counts(folder):
 
 
 def test_qps_slo_comes_from_each_runs_config(folder):
-    rates = build(folder, folder / "p").analysis.qps_rates
-    assert set(rates["slo_s"]) == {3.5} and len(rates) == 6
+    """Rows written before the serving settings were recorded take them from their run's config."""
+    analysis = build(folder, folder / "p").analysis
+    rates = analysis.qps_rates
+    assert set(rates["ttft_p90_slo_s"]) == {3.5} and len(rates) == 6
+    assert rates["timeout_s"].isna().all()  # not in these configs either: unknown, not made up
+    assert set(analysis.qps["ttft_p90_slo_s"]) == {3.5}
+    assert analysis.qps.set_index("method").loc["specprefill", "qps_ratio_to_reference"] == pytest.approx(1.0)
 
 
 def test_the_paper_tables_join_a_report_inside_results_paper(tmp_path):

@@ -23,7 +23,7 @@ import pandas as pd
 
 from harness.analysis.quality import summarize
 from harness.analysis.rows import normalize
-from harness.analysis.serving import summarize_qps, summarize_qps_rates
+from harness.analysis.serving import summarize_qps, summarize_qps_rates, with_settings
 from harness.analysis.speed import summarize_latency
 from harness.failures import job_errors
 from harness.store import read_results, run_folders
@@ -78,20 +78,24 @@ class Analysis:
         return summarize_latency(self.of_kind("latency"))
 
     @cached_property
+    def qps_rows(self) -> pd.DataFrame:
+        """The qps rows with their runs' serving settings (:data:`harness.analysis.serving.SETTINGS`):
+        a row's own, else (rows written before they were recorded) its run's config.yaml's."""
+        qrows = self.of_kind("qps")
+        if qrows.empty:
+            return qrows
+        configs = run_configs(self.out) if self.out is not None else {}
+        return with_settings(qrows, {k: c.get("qps") or {} for k, c in configs.items()})
+
+    @cached_property
     def qps(self) -> pd.DataFrame:
         """Serving: :func:`harness.analysis.serving.summarize_qps` of the qps rows."""
-        return summarize_qps(self.of_kind("qps"))
+        return summarize_qps(self.qps_rows)
 
     @cached_property
     def qps_rates(self) -> pd.DataFrame:
-        """Each offered rate of the qps rows, with the run's TTFT SLO (``slo_s``, from its config)."""
-        qrows = self.of_kind("qps")
-        rates = summarize_qps_rates(qrows) if not qrows.empty else pd.DataFrame()
-        if not rates.empty:
-            configs = run_configs(self.out) if self.out is not None else {}
-            slo = {k: (c.get("qps") or {}).get("ttft_p90_slo_s") for k, c in configs.items()}
-            rates["slo_s"] = rates["run_id"].map(slo).astype(float)
-        return rates
+        """Each offered rate of the qps rows, with its run's settings (the TTFT SLO ``ttft_p90_slo_s``, ...)."""
+        return summarize_qps_rates(self.qps_rows) if not self.qps_rows.empty else pd.DataFrame()
 
 
 def run_configs(out: Path) -> dict[str, dict[str, Any]]:

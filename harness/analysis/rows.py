@@ -60,6 +60,9 @@ GATE_COLUMNS = {
     "eval": ("benchmark", "length", "task", "sample_id", "score", "ttft_s", "hardware"),
     "latency": ("backend", "prompt_source", "batch", "length", "warmup", "ttft_s"),
 }
+#: The serving settings every qps row records (the columns; what each is in conf/qps.yaml, and
+#: how they are matched: harness.analysis.serving.SETTINGS).
+QPS_SETTING_COLUMNS = ("timeout_s", "max_timeouts", "ttft_p90_slo_s", "warmup_requests", "arrival_seed")
 #: The paper tables' point files (``results/paper/<table>/<variant>/rows.csv``): what the
 #: tables read, :class:`harness.paper.numbers.Ours` (lookups, provenance, why a cell is empty),
 #: :mod:`harness.analysis`'s latency and serving summaries; ``sub`` is the command's
@@ -73,6 +76,7 @@ PAPER_POINT_COLUMNS = (
     "arrival", "rate", "request", "prompt_tokens", "kept_tokens", "timed_out", "e2e_s", "tpot_s", "speculator_s",
     "pass_timeout_rule", "pass_ttft_slo", "passed", "request_throughput",
     "order", "foreign_cpu", "loadavg_1m", "cpus",  # the paired protocol's: pair order and the load while timed
+    *QPS_SETTING_COLUMNS,  # a max QPS is compared only with the reference's under the same settings
 )  # fmt: skip
 #: The point files' text columns, read back as text (a git SHA of digits alone stays a SHA).
 PAPER_TEXT_COLUMNS = (

@@ -29,7 +29,7 @@ servers are stopped (process group, TERM then KILL) however the job ends. Rows g
 one results store (``kind=qps``, one per request and rate; a killed run resumes by
 rate) under ``<out>/<model>/<benchmark>-<length>/qps-<method>-<hash>/``; the summaries
 (per rate, and max QPS per method with its ratio to the reference's, on the same
-machine and dtype) are in ``<out>/summary.md`` (:func:`harness.analysis.serving.summarize_qps`).
+machine and dtype under the same serving settings, which every row records) are in ``<out>/summary.md`` (:func:`harness.analysis.serving.summarize_qps`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import hydra
 import pandas as pd
 from omegaconf import DictConfig
 
-from harness.analysis.serving import point_stats
+from harness.analysis.serving import point_stats, setting_columns
 from harness.benchmarks.base import Benchmark, BenchmarkConfig
 from harness.benchmarks.samples import benchmark_samples
 from harness.config import (
@@ -235,6 +235,7 @@ class QPSJob(ModelJob):
             "benchmark_notes": self.benchmark.notes or None,
             "length": cfg.benchmark.length,
             "arrival": q.arrival,
+            **row_settings(q, self.method),
             "prefix_cache": False,
         }
         if next_rate(q, tested(store)) is None:  # the search is over: nothing to serve
@@ -282,6 +283,12 @@ def prepare(cfg: QPSConfig) -> QPSJob:
     folder = cfg.out / cfg.model.name / f"{cfg.benchmark.name}-{cfg.benchmark.length}" / f"qps-{method.name}-{h}"
     check_layout(folder, cfg.out)
     return QPSJob(cfg=cfg, method=method, benchmark=benchmark, config_hash=h, folder=folder, placement=placement)
+
+
+def row_settings(q: QPSSettings, method: Any) -> dict[str, Any]:
+    """The serving settings every row of the job records (harness.analysis.serving.SETTINGS:
+    what decides its verdicts, matched against the reference's; its front's, where it has one)."""
+    return setting_columns(q, None if method.identity else dataclasses.asdict(front_settings(q)))
 
 
 def front_settings(q: QPSSettings) -> Any:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.analysis.serving import NO_MATCHING_REFERENCE
 from harness.analysis.stats import Estimate
 from harness.experiments import Experiment, cannot_run
 from harness.paper.cells import (
@@ -183,6 +184,8 @@ def _qps_ratio(g: pd.Series | None, pq: Published | None, p_full: Published | No
         o, p, d = cell(None, paper, why=why, no_delta=nd)
     elif g.get("qps_ratio_bound", "exact") == "unknown":
         o, p, d = "? (full's max is a lower bound)", formatted(paper, "{:.2f}"), "-"
+    elif g.get("qps_ratio_bound") == NO_MATCHING_REFERENCE:
+        o, p, d = "? (full ran only under other SLO settings)", formatted(paper, "{:.2f}"), "-"
     else:
         o, p, d = cell(float(g["qps_ratio_to_reference"]), paper, no_delta=nd)
         ge = ">=" if g.get("qps_ratio_bound") == "lower bound" else ""

@@ -457,7 +457,7 @@ def latency_grid(lat: pd.DataFrame, path: Path) -> Path | None:
 def qps_curves(rates: pd.DataFrame, path: Path) -> Path | None:
     """TTFT p90 vs request rate, one line per serving run (method and keep rate); a filled
     marker is a rate that passed both rules (timeouts and the TTFT SLO), a cross one that
-    failed; the dashed line is the run's TTFT p90 SLO (``slo_s`` column, from its config)."""
+    failed; the dashed line is the run's TTFT p90 SLO (``ttft_p90_slo_s`` column)."""
     if rates.empty:
         return None
     groups = list(rates.groupby(["model", "benchmark", "length"], dropna=False))
@@ -471,7 +471,7 @@ def qps_curves(rates: pd.DataFrame, path: Path) -> Path | None:
             ok = gm["passed"].astype(bool)
             ax.plot(gm.loc[ok, "rate"], gm.loc[ok, "ttft_p90_s"], "o", color=color)
             ax.plot(gm.loc[~ok, "rate"], gm.loc[~ok, "ttft_p90_s"].fillna(0), "x", ms=9, mew=2, color=color)
-        for slo in sorted(set(g["slo_s"].dropna())) if "slo_s" in g else []:
+        for slo in sorted(set(g["ttft_p90_slo_s"].dropna())) if "ttft_p90_slo_s" in g else []:
             ax.axhline(slo, ls="--", color="red", lw=1, label=f"TTFT p90 SLO {slo:g} s")
         ax.plot([], [], "o", color="grey", label="rate passed")
         ax.plot([], [], "x", color="grey", mew=2, label="rate failed (timeouts or SLO)")
