@@ -195,6 +195,14 @@ class EvalRecord(RunRecord):
     #: niah_multikey_1's other keys; Sample.distractor_spans); None without any, or in older
     #: rows, whose ``needle_kept`` on niah_multikey_1 counted them with the asked one.
     distractor_kept: float | None = None
+    #: ``make lm-eval``: whether the prompt was cut to its last tokens to fit the window with
+    #: the output budget (as lm-eval's own HF model does), and the most prompts planned
+    #: together with this document's (lm-eval ``batch_size``; a method that plans a batch in
+    #: one call, SpecPrefill's one speculator forward, gives each document an equal share of
+    #: its seconds: ``speculator_s``, and so ``method_s`` and ``ttft_s``, are that share, not
+    #: the document's own). None elsewhere and in older rows.
+    truncated: bool | None = None
+    plan_batch_size: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -60,6 +60,9 @@ def test_make_lm_eval_writes_lm_evals_json_and_our_rows_and_resumes(tmp_path):
     assert (rows["kept_tokens"] < rows["prompt_tokens"]).all()
     assert rows["kept_fraction"].between(0.25, 0.45).all(), rows["kept_fraction"]
     assert rows["speculator_s"].notna().all() and (rows["ttft_s"] >= rows["method_s"]).all()
+    # planned one at a time (batch_size 1, in every row's options), no prompt cut to the window
+    assert set(rows["plan_batch_size"]) == {1} and not rows["truncated"].any()
+    assert {json.loads(o)["batch_size"] for o in rows["benchmark_options"]} == {1}
     mc = rows[rows["task"] == "specprefill_local_mc"]
     assert mc["prediction"].isin(["0", "1", "2", "3"]).all()  # the chosen candidate
     assert (folder / "config.yaml").exists() and (tmp_path / "summary.md").exists()
@@ -153,6 +156,16 @@ def test_lm_eval_folder_depends_on_the_tasks_and_the_method(tmp_path):
     assert a.folder != _prepare("tasks=[specprefill_local_qa]", "keep=0.1", f"out={tmp_path}").folder
 
 
+def test_lm_eval_folder_and_rows_depend_on_the_batch_size(tmp_path):
+    """A document's method seconds are its share of its batch's: another batch size is another
+    run (folder), recorded in the config and every row (``benchmark_options``)."""
+    one = _prepare("tasks=[specprefill_local_qa]", f"out={tmp_path}")
+    four = _prepare("tasks=[specprefill_local_qa]", "batch_size=4", f"out={tmp_path}")
+    assert one.folder != four.folder and one.folder.parent == four.folder.parent
+    assert one.options()["batch_size"] == 1 and four.options()["batch_size"] == 4
+    assert four.config()["benchmark"]["batch_size"] == 4
+
+
 @pytest.fixture(scope="module")
 def tiny_lm():
     from harness.lm_eval.model import SpecPrefillLM
@@ -199,6 +212,29 @@ def test_loglikelihood_plans_a_shared_context_once_and_unsupported_requests_are_
         tiny_lm.loglikelihood_rolling([_Req("text")])
     with pytest.raises(ValueError, match="allowed: greedy decoding"):
         tiny_lm.generate_until([_Req("hello", {"do_sample": True, "until": []})])
+
+
+def test_each_document_records_its_plan_batch_and_whether_its_prompt_was_cut(tiny_lm, monkeypatch):
+    """batch_size=2: the first batch's two documents record 2 (the speculator's one forward
+    shared equally), the third, alone in its batch, 1; a prompt cut to fit the window with
+    the output budget (lm-eval's HF model keeps its last tokens) says so in its row."""
+    import dataclasses
+
+    from harness.store import record
+
+    tiny_lm.costs.clear()
+    monkeypatch.setattr(tiny_lm, "batch_size", 2)
+    monkeypatch.setattr(tiny_lm, "model_cfg", dataclasses.replace(tiny_lm.model_cfg, max_context=64))
+    gen = {"until": ["\n"], "max_gen_toks": 4}
+    texts = ["The sky is blue. " * 30, "Is the sky blue?", "What colour is grass?"]
+    tiny_lm.generate_until([_Req(t, gen, doc_id=i) for i, t in enumerate(texts)])
+    cols = [tiny_lm.cost_columns("t", i) for i in range(3)]
+    assert [c["plan_batch_size"] for c in cols] == [2, 2, 1]
+    assert [c["truncated"] for c in cols] == [True, False, False]
+    assert cols[0]["prompt_tokens"] <= 64 - 4 < len(tiny_lm.tokenizer(texts[0]).input_ids)
+    assert cols[0]["speculator_s"] == cols[1]["speculator_s"]  # equal shares of one forward
+    row = record("eval", **cols[0])  # the row has a column for each
+    assert row.truncated is True and row.plan_batch_size == 2
 
 
 def test_crosscheck_table_sides_difference_and_the_qa_rescoring():

@@ -134,6 +134,9 @@ class LMEvalJob:
             "ruler_data": self.ruler_data,
             "include_path": self.include_path,
             "prompt_split": "whole prompt as context",
+            # Prompts planned together: a method that runs its model batched (SpecPrefill's
+            # speculator) gives each an equal share of the batch's seconds (speculator_s, ttft_s).
+            "batch_size": self.batch_size,
         }
 
 
@@ -181,6 +184,7 @@ def prepare(cfg: DictConfig) -> LMEvalJob:
         "length": int(c["length"]),
         "ruler_data": c["ruler_data"],
         "include_path": include,
+        "batch_size": int(c["batch_size"]),  # a row's method seconds are its share of its batch's
     }
     identity = {
         "model": model_identity(model),

@@ -76,7 +76,11 @@ class DocCost:
     output_tokens: int = 0
     max_new_tokens: int | None = None
     requests: int = 0
+    #: The prompt was cut to its last tokens to leave the output budget in the window.
     truncated: bool = False
+    #: The most prompts planned together with one of this document's (the method's seconds
+    #: are its equal share of what planning them cost: one batched speculator forward).
+    plan_batch_size: int = 0
 
     def add_plan(self, prompt_tokens: int, plan: Plan) -> None:
         self.prompt_tokens = max(self.prompt_tokens, prompt_tokens)
@@ -352,6 +356,7 @@ class SpecPrefillLM(LM):
                 cost.max_new_tokens = max_new
                 cost.requests += 1
                 cost.truncated |= cut
+                cost.plan_batch_size = max(cost.plan_batch_size, len(batch))
                 out.append(gen.text)
                 self.cache_hook.add_partial("generate_until", r.args, gen.text)
         return out
@@ -382,6 +387,7 @@ class SpecPrefillLM(LM):
             if key not in plans:
                 plans[key] = self.method.plan(self._prompt(context, ctx, add), self.backend)
                 cost.add_plan(len(ctx), plans[key])
+                cost.plan_batch_size = max(cost.plan_batch_size, 1)
             logprob, greedy, seconds = score(plans[key], cont)
             cost.base_prefill_s += seconds
             cost.requests += 1
@@ -415,4 +421,6 @@ class SpecPrefillLM(LM):
             "timing_source": "wall",
             "output_tokens": c.output_tokens,
             "max_new_tokens": c.max_new_tokens,
+            "truncated": c.truncated,
+            "plan_batch_size": c.plan_batch_size,
         }
