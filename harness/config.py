@@ -32,6 +32,7 @@ from harness.benchmarks.base import BenchmarkConfig
 from harness.models.catalog import BACKENDS, ModelConfig, check_backend, parse_speculator
 from harness.models.placement import WINDOW_MARGIN, layer_count
 from harness.registry import build_method, method_names, method_option_names
+from harness.store import token_budget
 from specprefill.options import FLAG, KEEP_TOKENS, SEED, Allowed, check_options, option
 from specprefill.plan import Method, method_class
 
@@ -555,19 +556,20 @@ def model_from(c: dict[str, Any]) -> ModelConfig:
 
 def method_spec(method: dict[str, Any], lookahead: int = 1) -> tuple[str, dict[str, Any]]:
     """(name, options) of a composed ``conf/method`` entry. With a budget in tokens
-    (``keep_tokens``) the keep fraction is 1 (no fraction: the tokens are the budget), so a
-    sweep over ``keep`` beside it maps to one run folder, run once. A composed method's parts
-    (``method=compose``) without options get their ``conf/method`` presets (``lookahead``:
-    the shorthand they read)."""
+    (``keep_tokens``, or SpecPC's / SpecKV's ``max_capacity_prompt``:
+    :func:`harness.store.token_budget`) the keep fraction is 1 (no fraction: the tokens are the
+    budget), so a sweep over ``keep`` beside it maps to one run folder, run once. A composed
+    method's parts (``method=compose``) without options get their ``conf/method`` presets
+    (``lookahead``: the shorthand they read)."""
     opts = dict(method)
-    if opts.get("keep_tokens") is not None and "keep_rate" in opts:
-        opts["keep_rate"] = 1.0
     name = str(opts.pop("name"))
     for part in getattr(method_class(name), "parts", ()) if name in method_names() else ():
         # a composed method's part: its options from its conf/method preset where the config gives none
         if opts.get(f"{part}_options") is None and (CONF / "method" / f"{opts.get(part)}.yaml").exists():
             _, preset = method_conf(str(opts[part]), 1.0, lookahead)
             opts[f"{part}_options"] = {k: v for k, v in preset.items() if k not in ("keep_rate", "keep_tokens")}
+    if token_budget(opts) is not None and "keep_rate" in opts:
+        opts["keep_rate"] = 1.0
     return name, opts
 
 

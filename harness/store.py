@@ -124,8 +124,9 @@ class RunRecord:
     #: reference, or a budget in tokens); every other option is in ``method_options`` only
     #: (rows before 2026-12-04 also copied SpecPrefill's into their own columns).
     keep_rate: float | None
-    #: The method's budget in tokens where one was asked (``keep_tokens=``; None otherwise): the
-    #: requested; what it achieved is ``kept_tokens`` (prompt methods) or ``kv_tokens`` (KV).
+    #: The method's budget in tokens where one was asked (``keep_tokens=``, or SpecPC's / SpecKV's
+    #: own ``max_capacity_prompt``: :func:`token_budget`; None otherwise): the requested; what it
+    #: achieved is ``kept_tokens`` (prompt methods) or ``kv_tokens`` (KV).
     keep_tokens: int | None = None
 
 
@@ -315,18 +316,40 @@ class QPSRecord(RunRecord):
     front_options: str | None = None
 
 
+#: Options that set a method's budget in tokens instead of its fraction ``keep_rate``: the
+#: harness's ``keep_tokens`` (every budgeted method), and SpecPC's / SpecKV's own
+#: ``max_capacity_prompt`` (the authors' budget; the two together are refused).
+TOKEN_BUDGETS = ("keep_tokens", "max_capacity_prompt")
+
+
+def token_budget(options: Mapping[str, Any]) -> Any:
+    """The budget in tokens a method's options set in place of ``keep_rate`` (None: none, the
+    budget is the fraction): :data:`TOKEN_BUDGETS` of the method, or of a composed method's
+    first part (``first_options``: the part ``keep_rate`` is the budget of). With one, the
+    run's keep fraction is 1 (harness.config.method_spec: a ``keep`` sweep beside it is one
+    run), rows record it as ``keep_tokens`` with no ``keep_rate``, and labels name it."""
+    first = options.get("first_options")
+    for opts in (options, first if isinstance(first, Mapping) else {}):
+        for key in TOKEN_BUDGETS:
+            if opts.get(key) is not None:
+                return opts[key]
+    return None
+
+
 def method_columns(method: Any, reference: str) -> dict[str, Any]:
     """The method fields of a row: name, scope, every option (JSON; the budget, which every
-    budgeted method has, in its own column too: ``keep_rate``, or ``keep_tokens`` where that
-    replaces it), and the reference method ratios are taken against."""
+    budgeted method has, in its own column too: ``keep_rate``, or ``keep_tokens`` where a budget
+    in tokens replaces it, :func:`token_budget`), and the reference method ratios are taken
+    against."""
     opts = method.options()
+    tokens = token_budget(opts)
     return {
         "method": method.name,
         "scope": method.scope,
         "method_options": json.dumps(opts, sort_keys=True),
         "reference_method": reference,
-        "keep_rate": opts.get("keep_rate") if opts.get("keep_tokens") is None else None,
-        "keep_tokens": opts.get("keep_tokens"),
+        "keep_rate": opts.get("keep_rate") if tokens is None else None,
+        "keep_tokens": tokens,
     }
 
 

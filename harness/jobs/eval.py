@@ -56,7 +56,7 @@ from harness.prompts import sample_prompt
 from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
 from harness.report.summary import write_all
-from harness.store import RunStore, check_layout, method_columns
+from harness.store import RunStore, check_layout, method_columns, token_budget
 from harness.timing import flops, iteration_order
 from harness.types import Sample
 from specprefill.conversation import ConversationRun, check_multiturn
@@ -187,7 +187,8 @@ class EvalSession:
     @property
     def progress(self) -> str:
         opts = self.job.method.options()
-        keep = f" keep_tokens={opts['keep_tokens']}" if opts.get("keep_tokens") is not None else ""
+        tokens = token_budget(opts)
+        keep = f" {tokens} tokens" if tokens is not None else ""
         keep = keep or (f" keep={opts['keep_rate']}" if opts.get("keep_rate") is not None else "")
         b = self.job.cfg.benchmark
         return f"{self.job.method.name}{keep} {b.name}-{b.length}"
