@@ -16,11 +16,13 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -233,9 +235,22 @@ LOOKAHEAD_MARGIN = 16
 
 
 def family(name: str) -> str:
-    """A model config's family as its name says it (``qwen2.5-coder-1.5b`` -> ``qwen2.5``):
-    models of one family share a tokenizer."""
-    return name.split("-", 1)[0].lower()
+    """A model config's family as its name says it (``qwen2.5-coder-1.5b`` -> ``qwen2.5``,
+    ``llama70b`` -> ``llama``: a size the name ends with is not the family): models of one
+    family share a tokenizer."""
+    return re.sub(r"(?<=[a-z])\d+(\.\d+)?b$", "", name.split("-", 1)[0].lower())
+
+
+#: Model sources that load a tokenizer of their own (harness.models.loading.load_tokenizer);
+#: every other source (SmolLM2's package, random-weight and replica models) loads SmolLM2's.
+OWN_TOKENIZER_SOURCES = ("hub", "gguf_parts")
+
+
+def tokenizer_family(model: Any) -> str:
+    """The family of the tokenizer a model config loads: its name's (:func:`family`) where
+    its source brings its own tokenizer, else SmolLM2's (``tiny-random``, ``synth8b`` and the
+    replicas carry SmolLM2's tokenizer, whatever their names say)."""
+    return family(str(model.name)) if model.source in OWN_TOKENIZER_SOURCES else family("smollm2")
 
 
 def check_speculator_window(model: Any, speculator: str, longest_prompt: int) -> None:
@@ -251,7 +266,7 @@ def check_speculator_window(model: Any, speculator: str, longest_prompt: int) ->
         other = model_config(speculator)
     except ValueError as e:
         raise ConfigError(f"speculator='model:{speculator}': {e}") from e
-    same = family(other.name) == family(model.name)
+    same = tokenizer_family(other) == tokenizer_family(model)
     factor, margin = (1.0, 0) if same else (OTHER_TOKENIZER_MARGIN, LOOKAHEAD_MARGIN)
     need = int(longest_prompt * factor + 0.999999) + margin
     if need > other.max_context:
@@ -266,14 +281,15 @@ def check_speculator_window(model: Any, speculator: str, longest_prompt: int) ->
         )
 
 
-def check_in_model(methods: list[Any], backend: str) -> None:
+def check_in_model(methods: list[Any], backend: str, model: Any = None) -> None:
     """A method that acts inside the base model (``acts_in_model``: MInference patches its
     attention) needs the base in this process, where its ``applied`` hook reaches it:
     backend ``transformers``. On vLLM the engine owns the model, so refuse the pairing
     before anything loads rather than record every sample unsupported beside a reference
     that ran at full cost. The same for a method that reads the base model's own attention
     (``reads_base``: a method reading the base's own attention), which only the transformers backend exposes.
-    Then :func:`check_side_models`: the models a method loads beside the base."""
+    Then, given the ``model``, :func:`check_speculator_tokenizer`; and
+    :func:`check_side_models`: the models a method loads beside the base."""
     for m in methods:
         if getattr(m, "acts_in_model", False) and backend != "transformers":
             raise ConfigError(
@@ -285,7 +301,48 @@ def check_in_model(methods: list[Any], backend: str) -> None:
                 f"method {m.name!r} reads the base model's own attention, which backend={backend!r} does not expose "
                 f"(the engine owns the model; every sample would be unsupported); allowed: backend=transformers"
             )
+    if model is not None:
+        check_speculator_tokenizer(model, methods, backend)
     check_side_models(methods)
+
+
+def check_speculator_tokenizer(model: Any, methods: list[Any], backend: str) -> None:
+    """A ``model:<name>`` speculator of another family (another tokenizer: its scores reach
+    the base's tokens through :mod:`specprefill.token_map`) runs beside the base on the
+    transformers backend only: an engine's prompts are the base's token ids, which nothing
+    maps to the speculator's. Refused in one line before anything loads, where a method
+    needs the speculator (the factory's own check, after the speculator has loaded, stays
+    for what the configs cannot tell)."""
+    spec = parse_speculator(model.speculator) if any(m.needs_speculator for m in methods) else None
+    if backend == "transformers" or spec is None or spec[0] != "model":
+        return
+    from harness.models.catalog import model_config
+
+    try:
+        other = model_config(str(spec[1]))
+    except ValueError as e:
+        raise ConfigError(f"speculator='model:{spec[1]}': {e}") from e
+    if tokenizer_family(other) == tokenizer_family(model):
+        return
+    mine = tokenizer_family(model)
+    same = [
+        p.stem
+        for p in sorted((CONF / "model").glob("*.yaml"))
+        if p.stem != model.name and tokenizer_family(SimpleNamespace(name=p.stem, **_source(p))) == mine
+    ]
+    raise ConfigError(
+        f"speculator={model.speculator!r} has another tokenizer ({tokenizer_family(other)}) than model "
+        f"{model.name!r} ({mine}): its token map runs on backend=transformers only, not on backend={backend!r}; "
+        f"allowed: backend=transformers, or a speculator with the base's tokenizer: self_layers:M"
+        + "".join(f", model:{n}" for n in same)
+    )
+
+
+def _source(path: Path) -> dict[str, Any]:
+    """``source`` of a ``conf/model`` file, read without validating the file."""
+    import yaml
+
+    return {"source": (yaml.safe_load(path.read_text()) or {}).get("source")}
 
 
 def check_side_models(methods: list[Any]) -> None:
@@ -611,5 +668,5 @@ def check_parts(c: dict[str, Any]) -> tuple[ModelConfig, Method, str]:
     method, model = build_method(name, opts), model_from(c)
     check_prompt_scope(method)
     check_model_fits(model, [method], 0)
-    check_in_model([method], backend)
+    check_in_model([method], backend, model)
     return model, method, backend

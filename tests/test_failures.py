@@ -43,6 +43,14 @@ BAD_EVAL = [
     (["model=tiny-random", "model.speculator=self_layers:3"], r"has 2 layers"),
     (["tasks=[]"], r"tasks is empty"),
     (["+foo=1"], r"unknown key\(s\) \['foo'\]"),
+    # a speculator of another family on vLLM: its token map runs on the transformers backend only
+    (
+        ["model=qwen2.5-coder-1.5b", "model.speculator=model:smollm2-135m", "backend=vllm", "dry_run=true"],
+        r"^speculator='model:smollm2-135m' has another tokenizer \(smollm2\) than model 'qwen2\.5-coder-1\.5b' "
+        r"\(qwen2\.5\): its token map runs on backend=transformers only, not on backend='vllm'; allowed: "
+        r"backend=transformers, or a speculator with the base's tokenizer: self_layers:M, model:qwen2\.5-14b, "
+        r"model:qwen2\.5-coder-0\.5b$",
+    ),
     (["method=full", "keep=5"], r"keep=5(\.0)?; allowed: a fraction in \(0, 1\]"),
     (["method=full", "keep=-0.1"], r"keep=-0.1; allowed"),
     (
@@ -129,6 +137,11 @@ GOOD_EVAL = [
     ["lookahead=8"],
     ["method=full", "keep=1"],
     ["model.name=my-model_v1.2"],
+    # on vLLM, a model: speculator with the base's tokenizer (SmolLM2's, whatever the name), or one no method runs
+    ["model=tiny-random", "model.speculator=model:smollm2-135m", "backend=vllm", "dry_run=true"],
+    ["model=qwen2.5-coder-1.5b", "model.speculator=model:qwen2.5-coder-0.5b", "backend=vllm", "dry_run=true"],
+    ["model=qwen2.5-coder-1.5b", "model.speculator=model:smollm2-135m", "backend=vllm", "method=full", "dry_run=true"],
+    ["model=llama70b", "model.speculator=model:llama8b", "dry_run=true"],  # Llama 3's tokenizer: one family, two sizes
 ]
 
 

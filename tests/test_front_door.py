@@ -43,6 +43,16 @@ def test_multiturn_before_fetch_models_is_one_line_and_the_dry_run_says_so(tmp_p
     assert "runnable here: no, not now: model 'qwen2.5-coder-1.5b' is not fetched" in r.stdout
 
 
+def test_a_speculator_of_another_family_on_vllm_is_refused_by_the_dry_run(tmp_path):
+    """Its token map runs on the transformers backend only: refused before anything loads (the
+    dry run too), not by the factory after the speculator has loaded; full prefill runs none."""
+    r = _run("harness.jobs.eval", "model=qwen2.5-coder-1.5b", "model.speculator=model:smollm2-135m", "backend=vllm",
+             "dry_run=true", f"out={tmp_path / 'o'}")  # fmt: skip
+    _one_line(r, "speculator='model:smollm2-135m' has another tokenizer (smollm2) than model 'qwen2.5-coder-1.5b'")
+    assert r.stderr.strip().endswith("(3 of 6 sweep points: method=specprefill; nothing ran)"), r.stderr
+    assert "[dry run]" not in r.stdout
+
+
 def test_a_paper_model_too_big_for_this_machine_is_one_line(tmp_path):
     r = _run("harness.jobs.eval", "model=llama405b", "limit=1", f"out={tmp_path / 'o'}")
     _one_line(r, "model 'llama405b' needs 8 GPUs")

@@ -227,7 +227,7 @@ def prepare(cfg: EvalConfig) -> EvalJob:
             f"also={[m.name for m in also]} names a method twice (or the job's method); allowed: each once"
         )
     check_model_fits(cfg.model, methods, longest_prompt(cfg.model, cfg.benchmark))
-    check_in_model(methods, cfg.backend)
+    check_in_model(methods, cfg.backend, cfg.model)
     if benchmark.multiturn:
         for m in methods:
             check_multiturn(m, cfg.backend)

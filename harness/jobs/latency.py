@@ -331,7 +331,7 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
                 f"({cfg.model.max_context} tokens)"
             )
     check_model_fits(cfg.model, methods, max(n for _, n in cfg.grid))
-    check_in_model(methods, cfg.backend)
+    check_in_model(methods, cfg.backend, cfg.model)
     placement = place(cfg.model, cfg.backend, any(m.needs_speculator for m in methods))
     needs_text = [m.name for m in methods if m.scope != "prompt" or m.needs_answer_length]
     if cfg.prompts == "random" and needs_text:
