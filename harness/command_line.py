@@ -134,10 +134,18 @@ def _close(name: str, options: Sequence[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def describe(e: BaseException, text: str = "", keys: Sequence[str] = (), config_name: str | None = None) -> str:
+def describe(
+    e: BaseException,
+    text: str = "",
+    keys: Sequence[str] = (),
+    config_name: str | None = None,
+    left_out: str | None = None,
+) -> str:
     """One line for Hydra's refusal ``e`` of the override ``text``: the key, the value, what
     is allowed (from the declaration of the key in ``config_name``'s schema). ``keys``: the
-    keys allowed where an unknown one was given (when known)."""
+    keys allowed where an unknown one was given (when known); ``left_out``: where the key was
+    refused as unknown but its record declares it (:func:`left_out_by`), whose config file
+    leaves it out: Hydra overrides only keys the file has, so ``+key=value`` is the form."""
     if isinstance(e, OverrideParseException):
         if text.rstrip().endswith(","):
             what = "ends with a comma"
@@ -173,13 +181,20 @@ def describe(e: BaseException, text: str = "", keys: Sequence[str] = (), config_
     if "is not Optional" in first:
         return f"{key}={value}: {key} cannot be null; allowed: {_allowed(key, None, config_name)}"
     if "Could not override" in str(e) or "not in struct" in first or re.match(r"Key '.*' not in", first):
+        if left_out is not None and text and not text.startswith(("+", "~")):
+            leaf = key.rsplit(".", 1)[-1]
+            return (
+                f"{text}: {left_out} takes {leaf!r}, but its config file leaves it out (Hydra overrides only keys a "
+                f"file has); allowed: '+{text}' (the + adds the key)"
+            )
         known = f"; allowed: {sorted(keys)}{_close(key.rsplit('.', 1)[-1], list(keys))}" if keys else ""
         return f"{text or key}: unknown key {key!r}{known}"
     return f"{text + ': ' if text else ''}{first}"
 
 
-def _keys_at(config_name: str, overrides: list[str], key: str) -> list[str]:
-    """The keys of the config node that holds ``key`` (composed without the unknown key)."""
+def _keys_at(config_name: str, overrides: list[str], key: str) -> tuple[list[str], str | None]:
+    """The keys of the config node that holds ``key`` (composed without the unknown key), and
+    :func:`left_out_by` of ``key`` there."""
     from hydra import compose
     from omegaconf import DictConfig, OmegaConf
 
@@ -187,9 +202,47 @@ def _keys_at(config_name: str, overrides: list[str], key: str) -> list[str]:
     try:
         cfg = compose(config_name, overrides=overrides)
     except Exception:
-        return []
+        return [], None
     node = OmegaConf.select(cfg, parent) if parent else cfg
-    return [str(k) for k in node] if isinstance(node, DictConfig) else []
+    keys = [str(k) for k in node] if isinstance(node, DictConfig) else []
+    return keys, left_out_by(cfg, key) if key.rsplit(".", 1)[-1] not in keys else None
+
+
+def left_out_by(cfg: Any, key: str) -> str | None:
+    """What declares ``key`` (dotted) where the composed ``cfg``'s files leave it out: the
+    record of its node (``model.*``: :class:`ModelConfig`; ``benchmark.*``:
+    :class:`BenchmarkConfig`; ``benchmark.options.*``: the benchmark's declared options;
+    ``method.*``, and a composed method's ``method.<part>_options.*``: the method's options),
+    named (e.g. ``"model 'smollm2-135m'"``); None where nothing declares it."""
+    from harness.registry import benchmark_class, method_names, method_option_names
+    from specprefill.plan import method_class
+
+    *parent, leaf = key.split(".")
+
+    def name(node: Any) -> str:
+        return str(node.get("name", "")) if hasattr(node, "get") else ""
+
+    model, bench, method = (cfg.get(g) for g in ("model", "benchmark", "method"))
+    if parent == ["model"] and leaf in declarations(ModelConfig):
+        return f"model {name(model)!r}"
+    if parent == ["benchmark"] and leaf in declarations(BenchmarkConfig):
+        return f"benchmark {name(bench)!r}"
+    if parent == ["benchmark", "options"]:
+        try:
+            declared = benchmark_class(name(bench)).allowed_options
+        except ValueError:  # an unknown benchmark: its own check names it
+            return None
+        return f"benchmark {name(bench)!r}" if leaf in declared else None
+    if not parent or parent[0] != "method" or name(method) not in method_names():
+        return None
+    if parent == ["method"]:
+        return f"method {name(method)!r}" if leaf in method_option_names(name(method)) else None
+    part = parent[1].removesuffix("_options") if len(parent) == 2 else ""
+    if part in getattr(method_class(name(method)), "parts", ()):
+        chosen = str(method.get(part))
+        if chosen in method_names() and leaf in method_option_names(chosen):
+            return f"method {chosen!r} (method.{part})"
+    return None
 
 
 def _compose(config_name: str, overrides: list[Override], extra: Override | None = None) -> Any:
@@ -205,9 +258,10 @@ def _compose(config_name: str, overrides: list[Override], extra: Override | None
             named = str(getattr(e.__cause__, "full_key", "") or "")
             bad = next((o for o in overrides if _key(o) == named or f" {_text(o)}" in str(e)), None)
         keys: list[str] = []
+        left_out = None
         if bad is not None and ("Could not override" in str(e)):
-            keys = _keys_at(config_name, [_text(o) for o in given if o is not bad], _key(bad))
-        raise ConfigError(describe(e, _text(bad) if bad is not None else "", keys, config_name)) from e
+            keys, left_out = _keys_at(config_name, [_text(o) for o in given if o is not bad], _key(bad))
+        raise ConfigError(describe(e, _text(bad) if bad is not None else "", keys, config_name, left_out)) from e
 
 
 def checked_overrides(config_name: str, texts: Sequence[str], compose_check: bool = True) -> list[str]:

@@ -142,6 +142,7 @@ GOOD_EVAL = [
     ["model=qwen2.5-coder-1.5b", "model.speculator=model:qwen2.5-coder-0.5b", "backend=vllm", "dry_run=true"],
     ["model=qwen2.5-coder-1.5b", "model.speculator=model:smollm2-135m", "backend=vllm", "method=full", "dry_run=true"],
     ["model=llama70b", "model.speculator=model:llama8b", "dry_run=true"],  # Llama 3's tokenizer: one family, two sizes
+    ["+model.speculator_chunk=512"],  # a declared key its config file leaves out: the + form the refusal names
 ]
 
 
@@ -419,6 +420,19 @@ HYDRA_REFUSALS = [
     ),
     (["foo=1"], r"^foo=1: unknown key 'foo'; allowed: \[.*'keep'.*\]"),
     (["method=truncate", "method.side=middle"], r"^method\.side=middle: unknown key 'method\.side'; allowed: \["),
+    (["model.nope=1"], r"^model\.nope=1: unknown key 'model\.nope'; allowed: \["),
+    # declared by the record, left out by the config file: the + form, not "did you mean 'speculator'?"
+    (
+        ["model.speculator_chunk=512"],
+        r"^model\.speculator_chunk=512: model 'smollm2-135m' takes 'speculator_chunk', but its config file leaves it "
+        r"out \(Hydra overrides only keys a file has\); allowed: '\+model\.speculator_chunk=512' \(the \+ adds the "
+        r"key\)$",
+    ),
+    (
+        ["method=speckvpc", "method.then_options.max_capacity_prompt=256"],
+        r"^method\.then_options\.max_capacity_prompt=256: method 'speckv' \(method\.then\) takes "
+        r"'max_capacity_prompt', .*; allowed: '\+method\.then_options\.max_capacity_prompt=256' \(the \+ adds",
+    ),
     (["dry_run=maybe"], r"^dry_run=maybe is not true or false"),
     (
         ["method=knorm,snapkv", "method.query_aware=false"],
@@ -442,6 +456,26 @@ def test_what_hydra_refuses_is_one_line_naming_the_key_and_what_is_allowed(args,
     with pytest.raises(ValueError) as e:
         checked_overrides("config", args)
     assert "\n" not in str(e.value) and re.search(line, str(e.value)), str(e.value)
+
+
+def test_a_benchmarks_declared_options_are_in_its_config(tmp_path):
+    """Every option a benchmark declares is in its ``conf/benchmark`` file, so the plain
+    ``benchmark.options.<key>=`` the docs give overrides it (multi-turn's ``key_order`` was
+    refused as unknown); at its default the run is the one without it (same identity)."""
+    import yaml
+
+    from harness.command_line import checked_overrides
+    from harness.registry import benchmark_class
+
+    for f in sorted((ROOT / "conf" / "benchmark").glob("*.yaml")):
+        conf = yaml.safe_load(f.read_text())
+        declared = set(benchmark_class(conf["name"]).allowed_options)
+        assert set(conf.get("options") or {}) == declared, f.name
+    checked_overrides("config", ["benchmark=multiturn", "benchmark.options.key_order=document"])
+    common = ["benchmark=multiturn", "method=full", f"out={tmp_path}"]
+    default = _validate(run, "config", *common)
+    assert _validate(run, "config", *common, "benchmark.options.key_order=shuffled") == default
+    assert _validate(run, "config", *common, "benchmark.options.key_order=document") != default
 
 
 def test_the_command_line_prints_the_one_line(tmp_path):
