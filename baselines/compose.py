@@ -96,6 +96,12 @@ class Compose(Method):
                 f"then_options={given}: the press compresses the kept tokens up to the question's end and the tail "
                 f"after it whole; allowed: query_aware true, compress_tail false"
             )
+        if self.speckv and self.first == "specpc" and given.get("lookahead_tokens") is not None:
+            raise ValueError(
+                f"then_options.lookahead_tokens={given['lookahead_tokens']}: SpecKV reuses SpecPC's draft here "
+                f"(SpecKV-PC), so it drafts nothing of its own and would not read it; allowed: null, or "
+                f"first_options.lookahead_tokens=N for the draft's length"
+            )
         object.__setattr__(self, "needs_speculator", first.needs_speculator)
         object.__setattr__(self, "reads_base", first.reads_base)
 

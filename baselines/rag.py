@@ -38,6 +38,10 @@ ORDERS = ("document", "relevance")
 DENSE_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 
+#: Words a chunk holds under ``chunking='words'`` (read by that chunking only).
+CHUNK_WORDS = 100
+
+
 def chunk(context: str, chunking: str, chunk_words: int) -> list[str]:
     """Split ``context`` into retrieval units."""
     if chunking == "sentences":
@@ -82,8 +86,16 @@ class _Rag(Method):
     keep_rate: float = option(0.3, KEEP)
     keep_tokens: int | None = option(None, KEEP_TOKENS)
     chunking: str = option("sentences", Allowed(str, choices=CHUNKINGS))
-    chunk_words: int = option(100, Allowed(int, ge=1))
+    chunk_words: int = option(CHUNK_WORDS, Allowed(int, ge=1))
     order: str = option("document", Allowed(str, choices=ORDERS))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.chunking == "sentences" and self.chunk_words != CHUNK_WORDS:
+            raise ValueError(
+                f"chunk_words={self.chunk_words}: chunking='sentences' splits the context by sentence and does not "
+                f"read it; allowed: chunking='words' to chunk by {self.chunk_words} words, or drop chunk_words"
+            )
 
     def score(self, query: str, chunks: list[str]) -> list[float]:
         raise NotImplementedError

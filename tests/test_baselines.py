@@ -116,6 +116,10 @@ def test_errors_name_the_value():
         build_method("truncate", {"keep_rate": 1.2})
     with pytest.raises(ValueError, match="chunking='pages'"):
         build_method("rag_bm25", {"keep_rate": 0.3, "chunking": "pages"})
+    # chunk_words is read by chunking='words' only: set beside 'sentences' it would be silently unused
+    with pytest.raises(ValueError, match=r"^chunk_words=50: chunking='sentences' .* does not read it"):
+        build_method("rag_dense", {"keep_rate": 0.3, "chunking": "sentences", "chunk_words": 50})
+    assert build_method("rag_bm25", {"keep_rate": 0.3, "chunking": "words", "chunk_words": 50}).chunk_words == 50
     with pytest.raises(ValueError, match="filter_layer=0"):
         build_method("gemfilter", {"keep_rate": 0.3, "filter_layer": 0})
     with pytest.raises(ValueError, match="position_mode='shuffled'"):

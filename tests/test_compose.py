@@ -119,9 +119,11 @@ def test_speckv_pc_is_speckv_over_specpcs_tokens_with_specpcs_draft(backend, pro
     is SpecPC's; the budget is then_keep_rate of the kept tokens."""
     first = {"window_size": 16, "kernel_size": 8, "neighbor_tokens": 8, "starting_layer_index": 0,
              "lookahead_tokens": 4}  # fmt: skip
-    then = {"window_size": 8, "kernel_size": 7, "lookahead_tokens": 99}  # 99: unused, SpecPC's draft is used
-    m = build_method("compose", {"first": "specpc", "then": "speckv", "keep_tokens": 200, "then_keep_rate": 0.25,
-                                 "first_options": first, "then_options": then})  # fmt: skip
+    then = {"window_size": 8, "kernel_size": 7}  # no lookahead_tokens: SpecPC's draft is SpecKV's
+    parts = {"first": "specpc", "then": "speckv", "keep_tokens": 200, "then_keep_rate": 0.25, "first_options": first}
+    with pytest.raises(ValueError, match=r"then_options.lookahead_tokens=99: SpecKV reuses SpecPC's draft"):
+        build_method("compose", {**parts, "then_options": {**then, "lookahead_tokens": 99}})  # would not be read
+    m = build_method("compose", {**parts, "then_options": then})
     alone = build_method("specpc", {**first, "keep_tokens": 200}).plan(prompt, backend)
     draft = alone.draft_ids
     assert draft is not None and draft.shape == (4,)
