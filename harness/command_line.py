@@ -76,6 +76,11 @@ def _key(o: Override) -> str:
     return str(o.key_or_group)
 
 
+def key_of(text: str) -> str:
+    """The key an override's text sets (``+model.seed=3`` -> ``model.seed``), unparsed."""
+    return text.split("=", 1)[0].lstrip("+~")
+
+
 def _text(o: Override) -> str:
     return str(o.input_line) if o.input_line else f"{o.get_key_element()}={o.get_value_element_as_str()}"
 
@@ -153,7 +158,7 @@ def describe(
             what = "has an unclosed bracket or quote"
         else:
             what = "is not in Hydra's override grammar"
-        key = text.split("=", 1)[0].lstrip("+~")
+        key = key_of(text)
         many = "the list" if key in LIST_KEYS else "a sweep"
         return (
             f"{text} {what}; allowed: {key}=<{_allowed(key, None, config_name)}>, or {key}=a,b ({many}, no trailing comma); "
@@ -167,7 +172,7 @@ def describe(
     cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else None
     lines = str(cause if cause is not None else e).splitlines()
     first = lines[0] if lines else type(e).__name__
-    key = str(getattr(cause, "full_key", "") or text.split("=", 1)[0].lstrip("+~"))
+    key = str(getattr(cause, "full_key", "") or key_of(text))
     value = text.split("=", 1)[1] if "=" in text else ""
     m = re.match(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", first)
     if m:

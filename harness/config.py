@@ -22,7 +22,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -328,7 +327,7 @@ def check_speculator_tokenizer(model: Any, methods: list[Any], backend: str) -> 
     same = [
         p.stem
         for p in sorted((CONF / "model").glob("*.yaml"))
-        if p.stem != model.name and tokenizer_family(SimpleNamespace(name=p.stem, **_source(p))) == mine
+        if p.stem != model.name and tokenizer_family(model_config(p.stem)) == mine
     ]
     raise ConfigError(
         f"speculator={model.speculator!r} has another tokenizer ({tokenizer_family(other)}) than model "
@@ -336,13 +335,6 @@ def check_speculator_tokenizer(model: Any, methods: list[Any], backend: str) -> 
         f"allowed: backend=transformers, or a speculator with the base's tokenizer: self_layers:M"
         + "".join(f", model:{n}" for n in same)
     )
-
-
-def _source(path: Path) -> dict[str, Any]:
-    """``source`` of a ``conf/model`` file, read without validating the file."""
-    import yaml
-
-    return {"source": (yaml.safe_load(path.read_text()) or {}).get("source")}
 
 
 def check_side_models(methods: list[Any]) -> None:
@@ -416,12 +408,12 @@ def _reads_data_dir(cfg: Any) -> bool:
 
 def check_unread(points: Sequence[Any], typed: Sequence[str], presets: Sequence[str] = ()) -> None:
     """A shorthand the command typed (``typed``: its override keys) that no job of the sweep
-    reads is refused in one line (``data_dir`` for a benchmark that builds its own samples), naming it and the methods that ignore it (``lookahead=4``
-    with ``method=specprefill_lah8``, whose preset fixes 8; ``keep=0.1`` with ``minference``):
-    a job run without it would look like a run with it. One job that reads it is enough
-    (``method=full,specprefill lookahead=4``); the reference's jobs do not count (full
-    prefill ignores both by design: ``method=full keep=1`` runs). ``presets``: the
-    ``conf/method`` names the command typed."""
+    reads is refused in one line, naming it and what ignores it: ``lookahead=4`` with
+    ``method=specprefill_lah8`` (its preset fixes 8), ``keep=0.1`` with ``minference``,
+    ``data_dir`` with a benchmark that builds its own samples. A job run without it would
+    look like a run with it. One job that reads it is enough (``method=full,specprefill
+    lookahead=4``); the reference's jobs do not count (full prefill ignores both by design:
+    ``method=full keep=1`` runs). ``presets``: the ``conf/method`` names the command typed."""
     if "data_dir" in typed and points and not any(_reads_data_dir(c) for c in points):
         names = sorted({str(c.benchmark.get("name")) for c in points if "benchmark" in c})
         raise ConfigError(
@@ -429,11 +421,9 @@ def check_unread(points: Sequence[Any], typed: Sequence[str], presets: Sequence[
             f"samples itself); allowed: drop data_dir=, or a benchmark of official files (longbench, longbench_e, "
             f"infinitebench)"
         )
+    methods = [c for c in points if "method" in c and c.method.get("name") != c.get("reference", "full")]
     for key in UNREAD_PROBES:
-        if key not in typed or not points:
-            continue
-        methods = [c for c in points if "method" in c and c.method.get("name") != c.get("reference", "full")]
-        if not methods or any(reads_shorthand(c, key) for c in methods):
+        if key not in typed or not methods or any(reads_shorthand(c, key) for c in methods):
             continue  # the reference alone (it ignores both by design), or a method that reads it
         if key == "keep" and any(c.get("keep_tokens") is not None for c in points):
             continue  # a budget in tokens replaces the fraction (method_spec): said in the rows' label

@@ -157,13 +157,9 @@ def require_one_model(df: pd.DataFrame, key: list[str]) -> None:
         for c in have:
             values = sorted({v for v in settings.loc[g.index, c] if v})
             if len(values) > 1:
-                runs = {
-                    v: sorted(set(g.loc[settings.loc[g.index, c] == v, "run_id"].astype(str)))[:2]
-                    if "run_id" in g
-                    else []
-                    for v in values
-                }
-                seen = "; ".join(f"{c}={v} (runs {', '.join(r) or '?'})" for v, r in runs.items())
+                run = g["run_id"].astype(str) if "run_id" in g else pd.Series("?", index=g.index)
+                at = settings.loc[g.index, c]
+                seen = "; ".join(f"{c}={v} (runs {', '.join(sorted(set(run[at == v]))[:2])})" for v in values)
                 raise MixedModels(
                     f"model {g['model'].iloc[0]}: runs compared or pooled together ran it with different settings "
                     f"that change results, {seen}; allowed: one setting a folder (write each to its own out=), or a "

@@ -154,12 +154,18 @@ ANOMALY_CAUSES = (
 )
 
 
+def does_reference_work(ideal: float) -> bool:
+    """Whether a method whose ideal speedup is ``ideal`` does at least the reference's work
+    (1.0 or less: a press, full prefill, the A/A check, SpecKV)."""
+    return ideal <= 1.0 + 1e-9
+
+
 def anomaly_tolerance(ideal: float) -> float:
     """How far a speedup may exceed its ideal before it is an anomaly: 10 % where the ideal
     is 1.0 or less (the method does at least the reference's work: a press, full prefill, the
     A/A check), 15 % where the method does less (its own overheads scale differently with
     the FLOPs, e.g. a short prefill's attention)."""
-    return 0.10 if ideal <= 1.0 + 1e-9 else 0.15
+    return 0.10 if does_reference_work(ideal) else 0.15
 
 
 def anomaly(speedup: float, ideal: float, kind: str = "FLOP") -> str:
@@ -183,7 +189,7 @@ def interval_anomaly(e: Estimate, ideal: float, kind: str = "FLOP") -> str:
     cannot be faster than the reference, so such an interval is the job's timing (order,
     drift), inside the tolerance of :func:`anomaly` or not; ``""`` otherwise (above its ideal
     but not above 1.0, the FLOP model's precision, is :func:`anomaly`'s to judge)."""
-    if not (np.isfinite(e.lo) and np.isfinite(ideal) and 0 < ideal <= 1.0 + 1e-9) or e.lo <= 1.0:
+    if not (np.isfinite(e.lo) and np.isfinite(ideal) and ideal > 0 and does_reference_work(ideal)) or e.lo <= 1.0:
         return ""
     return (
         f"anomaly: {e.value:.2f}x [{e.lo:.2f}, {e.hi:.2f}] lies wholly above 1.00x, and the method does at least the "
@@ -287,16 +293,13 @@ def _flags(entry: dict[str, Any], pair_rows: pd.DataFrame, all_rows: pd.DataFram
     ``all_rows``: every row of those runs, warm-ups included."""
     flags: list[str] = []
     per_engine = entry.get("ideal_engine_speedup", math.nan)
-    if np.isfinite(per_engine):
-        words = anomaly(entry.get("speedup", math.nan), per_engine, "per-engine")
-    else:
-        words = anomaly(entry.get("speedup", math.nan), entry.get("ideal_speedup", math.nan))
+    ideal, kind = (
+        (per_engine, "per-engine") if np.isfinite(per_engine) else (entry.get("ideal_speedup", math.nan), "FLOP")
+    )
+    words = anomaly(entry.get("speedup", math.nan), ideal, kind)
     if not words and entry.get("method") != AA_METHOD:  # the A/A check has its own rule (aa_fails)
         e = Estimate(entry.get("speedup", math.nan), entry.get("speedup_lo", math.nan),
                      entry.get("speedup_hi", math.nan), 0)  # fmt: skip
-        ideal, kind = (
-            (per_engine, "per-engine") if np.isfinite(per_engine) else (entry.get("ideal_speedup", math.nan), "FLOP")
-        )
         words = interval_anomaly(e, ideal, kind)
     entry["anomaly"] = words
     if words:

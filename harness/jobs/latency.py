@@ -341,9 +341,14 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
         )
     source = "random"
     if cfg.prompts == "auto" and not needs_text:
-        given = {k: v for k, v, default in (("prompt_task", cfg.prompt_task, "qa_1"),
-                                             ("prompt_benchmark", cfg.prompt_benchmark, "ruler"),
-                                             ("prompt_options", cfg.prompt_options, {})) if v != default}  # fmt: skip
+        # the prompt settings set to other than LatencyConfig's defaults (a dataclass keeps them on the class)
+        given = {
+            k: getattr(cfg, k)
+            for k in ("prompt_task", "prompt_benchmark")
+            if getattr(cfg, k) != getattr(LatencyConfig, k)
+        }
+        if cfg.prompt_options:
+            given["prompt_options"] = cfg.prompt_options
         if given:  # set, but random ids would be timed: the run would not be what the command says
             raise ValueError(
                 f"{', '.join(f'{k}={v}' for k, v in given.items())}: with prompts=auto these methods time on random "

@@ -131,7 +131,7 @@ class ValidatingSweeper(BasicSweeper):
         batch = super().get_job_batch()
         if not self.validate:
             return batch
-        from harness.command_line import describe  # deferred: Hydra imports every plugin when any app starts
+        from harness.command_line import describe, key_of  # deferred: Hydra imports every plugin when any app starts
         from harness.config import (
             check_explicit,
             check_unread,
@@ -155,7 +155,7 @@ class ValidatingSweeper(BasicSweeper):
             with open_dict(cfg):
                 del cfg["hydra"]  # what the job itself receives
             try:
-                check_explicit(cfg, [o.split("=", 1)[0].lstrip("+~") for o in overrides])
+                check_explicit(cfg, [key_of(o) for o in overrides])
                 folder = str(check(cfg))
             except ValueError as e:
                 errors.append((point, str(e)))
@@ -173,7 +173,7 @@ class ValidatingSweeper(BasicSweeper):
         if not errors:  # what the command typed (not the sweep's own params) that no job reads
             task = self.config.hydra.overrides.get("task", []) if "overrides" in self.config.hydra else []
             presets = {o.split("=", 1)[1] for b in keep for o in b if o.startswith("method=")}
-            check_unread(composed, [str(o).split("=", 1)[0].lstrip("+~") for o in task], sorted(presets))
+            check_unread(composed, [key_of(str(o)) for o in task], sorted(presets))
         if errors:
             from harness.config import ConfigError  # deferred: Hydra imports every plugin when any app starts
 
