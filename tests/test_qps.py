@@ -9,7 +9,14 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from harness.analysis.serving import NO_MATCHING_REFERENCE, SETTINGS, point_stats, summarize_qps, summarize_qps_rates
+from harness.analysis.serving import (
+    NO_MATCHING_REFERENCE,
+    SETTINGS,
+    SEVERAL_REFERENCES,
+    point_stats,
+    summarize_qps,
+    summarize_qps_rates,
+)
 from harness.jobs import qps
 from harness.jobs.qps import QPSConfig, next_rate, passes, prepare, request_text, truncate_at_stop
 from harness.serving import processes
@@ -163,6 +170,82 @@ def test_a_max_qps_is_compared_only_with_the_reference_under_the_same_settings()
     s = summarize_qps(mixed).set_index("run_id")
     assert pd.isna(s.loc["spec-10", "qps_ratio_to_reference"]) and pd.isna(s.loc["spec-10", "ttft_p90_slo_s"])
     assert s.loc["spec-10", "qps_ratio_bound"] == NO_MATCHING_REFERENCE
+
+
+def _burst(rate: float, ttfts: list[float], ok: bool = True, **run) -> pd.DataFrame:
+    """One rate's requests sent 1/rate apart (``start_time``) with these TTFTs."""
+    n = len(ttfts)
+    return _rows(ttfts, [t + 1.0 for t in ttfts]).assign(
+        start_time=[100.0 + i / rate for i in range(n)], task="t", sample_id=range(n), rate=rate,
+        pass_timeout_rule=ok, pass_ttft_slo=True, passed=ok, request_throughput=run.pop("thru", rate),
+        model="m", method=run.pop("method", "full"), keep_rate=0.3, benchmark="ruler", length=2048,
+        arrival="poisson", reference_method="full", **{"hardware": "cpu", "dtype": "float32", "run_id": "r", **run},
+    )  # fmt: skip
+
+
+def test_a_queue_that_grows_over_the_burst_is_seen_and_a_flat_one_is_not():
+    """TTFT rising with each request's send time (the server falls behind the offered rate)
+    gives a slope whose interval lies above 0; noise around a flat TTFT does not; rows
+    without send times (written before they were recorded) leave it unknown."""
+    noise = [0.03, -0.02, 0.01, -0.04, 0.02, 0.0, -0.01, 0.04, -0.03, 0.01, 0.02, -0.02]
+    flat = point_stats(_burst(1.0, [1.0 + e for e in noise]))
+    assert flat["queue_grows"] is False and flat["ttft_growth_lo"] < 0 < flat["ttft_growth_hi"]
+    # offered 1 req/s, served 1/1.5 req/s: each request waits 0.5 s more than the one before
+    rising = point_stats(_burst(1.0, [1.0 + 0.5 * i + e for i, e in enumerate(noise)]))
+    assert rising["queue_grows"] is True and rising["ttft_growth"] == pytest.approx(0.5, abs=0.02)
+    unknown = point_stats(_burst(1.0, [1.0] * 12).drop(columns=["start_time"]))
+    assert unknown["queue_grows"] is None and pd.isna(unknown["ttft_growth"])
+    assert point_stats(_burst(1.0, [1.0, 2.0, 3.0]))["queue_grows"] is None  # 3 requests: no trend fitted
+
+
+def test_a_burst_that_passes_while_its_queue_grows_is_not_a_steady_rate():
+    """12 requests can pass a rate the server cannot sustain: the steady max QPS is the
+    highest passing rate whose queue did not grow; the peak throughput is what was delivered."""
+    flat = [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 1.1, 0.9, 1.0, 1.05, 0.95]
+    grow = [1.0 + 0.8 * i for i in range(12)]
+    full = pd.concat([_burst(0.5, flat, thru=0.45, run_id="full"), _burst(1.0, grow, thru=0.6, run_id="full"),
+                      _burst(2.0, grow, ok=False, thru=0.62, run_id="full")], ignore_index=True)  # fmt: skip
+    spec = pd.concat([_burst(r, flat, thru=0.9 * r, method="specprefill", run_id="spec") for r in (0.5, 1.0)]
+                     + [_burst(2.0, grow, thru=1.2, method="specprefill", run_id="spec")], ignore_index=True)  # fmt: skip
+    s = summarize_qps(pd.concat([full, spec], ignore_index=True)).set_index("run_id")
+    assert s.loc["full", "max_qps"] == 1.0 and s.loc["full", "max_qps_steady"] == 0.5
+    assert s.loc["spec", "max_qps"] == 2.0 and s.loc["spec", "max_qps_steady"] == 1.0
+    assert s.loc["spec", "max_qps_censored"] and not s.loc["spec", "max_qps_steady_censored"]
+    assert s.loc["spec", "steady_qps_ratio"] == pytest.approx(2.0)
+    assert s.loc["spec", "peak_throughput"] == 1.2
+    assert s.loc["spec", "peak_throughput_ratio"] == pytest.approx(1.2 / 0.62)
+    rates = summarize_qps_rates(full).set_index("rate")
+    assert rates.loc[1.0, "delivered_fraction"] == pytest.approx(0.6) and bool(rates.loc[1.0, "queue_grows"])
+
+
+def test_a_max_qps_is_compared_only_with_the_reference_on_the_same_requests():
+    """Every rate's verdict is over all its requests: a reference that served other samples
+    (another limit) is not the method's reference, and two matching references give no
+    ratio rather than the last one's."""
+    flat = [1.0] * 12
+    spec = _burst(1.0, flat, method="specprefill", run_id="spec")
+    other = _burst(0.5, flat, run_id="full-other").assign(sample_id=range(100, 112))
+    s = summarize_qps(pd.concat([spec, other], ignore_index=True)).set_index("run_id")
+    assert pd.isna(s.loc["spec", "qps_ratio_to_reference"])
+    assert s.loc["spec", "qps_ratio_bound"] == NO_MATCHING_REFERENCE
+    assert s.loc["spec", "request_set"] != s.loc["full-other", "request_set"]
+    same = pd.concat([_burst(0.5, flat, run_id="full-a"), _burst(1.0, flat, ok=False, run_id="full-a")])
+    same = same.sample(frac=1.0, random_state=0)  # the same requests in another order
+    s = summarize_qps(pd.concat([spec, same], ignore_index=True)).set_index("run_id")
+    assert s.loc["spec", "qps_ratio_to_reference"] == pytest.approx(2.0)
+    twice = pd.concat([spec, same, _burst(0.25, flat, run_id="full-b")], ignore_index=True)
+    s = summarize_qps(twice).set_index("run_id")
+    assert pd.isna(s.loc["spec", "qps_ratio_to_reference"]) and s.loc["spec", "qps_ratio_bound"] == SEVERAL_REFERENCES
+    assert s.loc["full-a", "qps_ratio_bound"] == SEVERAL_REFERENCES
+
+
+def test_the_request_set_is_the_job_so_a_larger_limit_is_a_new_run():
+    """12 requests at a rate cannot be resumed into 48: limit and tasks are in the qps
+    job's identity (an eval's are not: its rows are per sample)."""
+    base = prepare(_cfg("method=full", "limit=2")).folder
+    assert prepare(_cfg("method=full", "limit=8")).folder != base
+    assert prepare(_cfg("method=full", "limit=2", "tasks=[niah_single_1]")).folder != base
+    assert prepare(_cfg("method=full", "limit=2")).folder == base
 
 
 def test_every_row_records_the_settings_its_verdicts_depend_on(tmp_path, monkeypatch):

@@ -74,7 +74,7 @@ PAPER_POINT_COLUMNS = (
     "benchmark", "benchmark_options", "length", "task", "category", "sample_id", "score", "ttft_s",
     "prompt_source", "batch", "iteration", "warmup", "kept_fraction", "method_s", "base_prefill_s", "ideal_speedup",
     "arrival", "rate", "request", "prompt_tokens", "kept_tokens", "timed_out", "e2e_s", "tpot_s", "speculator_s",
-    "pass_timeout_rule", "pass_ttft_slo", "passed", "request_throughput",
+    "pass_timeout_rule", "pass_ttft_slo", "passed", "request_throughput", "start_time",
     "order", "foreign_cpu", "loadavg_1m", "cpus",  # the paired protocol's: pair order and the load while timed
     *QPS_SETTING_COLUMNS,  # a max QPS is compared only with the reference's under the same settings
 )  # fmt: skip

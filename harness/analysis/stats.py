@@ -140,3 +140,35 @@ def paired_ratio_ci(
         return Estimate(value, float("nan"), float("nan"), int(ratios.size))
     draws = np.median(ratios[_indices(ratios.size, resamples, seed)], axis=1)
     return Estimate(value, *_interval(draws, level), int(ratios.size))
+
+
+def slope_ci(
+    x: Sequence[float] | np.ndarray,
+    y: Sequence[float] | np.ndarray,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    level: float = LEVEL,
+) -> Estimate:
+    """The least-squares slope of ``y`` on ``x`` with the percentile interval of the
+    bootstrap that resamples (x, y) pairs. Pairs with a NaN member are left out; with fewer
+    than :data:`MIN_PAIRS` pairs, or no spread in ``x``, the slope is NaN (too few points
+    to fit a trend); a resample without spread in ``x`` is left out of the interval."""
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"slope_ci: {a.size} x values against {b.size} y values; pairs need equal counts")
+    keep = ~(np.isnan(a) | np.isnan(b))
+    a, b = a[keep], b[keep]
+    n = int(a.size)
+    if n < MIN_PAIRS or np.ptp(a) == 0:
+        return Estimate(float("nan"), float("nan"), float("nan"), n)
+
+    def fit(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+        dx = xs - xs.mean(axis=-1, keepdims=True)
+        var = (dx * dx).sum(axis=-1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.asarray(
+                (dx * (ys - ys.mean(axis=-1, keepdims=True))).sum(axis=-1) / np.where(var > 0, var, np.nan)
+            )
+
+    idx = _indices(n, resamples, seed)
+    return Estimate(float(fit(a, b)), *_interval(fit(a[idx], b[idx]), level), n)

@@ -19,7 +19,9 @@ tokens of the whole prompt, such as SpecPrefill) on one model and benchmark. The
 3. scores every served answer with the benchmark's official metric and reads TTFT, TPOT
    and end-to-end latency per request; a rate passes when no more than ``max_timeouts``
    requests fail or exceed ``timeout_s`` end to end (the paper's rule) and the TTFT p90
-   is within ``ttft_p90_slo_s``;
+   is within ``ttft_p90_slo_s``; whether the queue grew during the rate's burst (TTFT
+   against send time) and the throughput delivered are reported beside the verdict
+   (:mod:`harness.analysis.serving`);
 4. searches the rate: ``start_rate`` times ``growth`` until a rate fails (at most
    ``max_points``), then ``bisect_steps`` bisections between the last pass and the
    first fail (or the explicit ``rates`` list). The max QPS is the highest passing rate.
@@ -27,7 +29,8 @@ tokens of the whole prompt, such as SpecPrefill) on one model and benchmark. The
 Everything is bounded (requests per point, points, a time limit per point) and the
 servers are stopped (process group, TERM then KILL) however the job ends. Rows go to the
 one results store (``kind=qps``, one per request and rate; a killed run resumes by
-rate) under ``<out>/<model>/<benchmark>-<length>/qps-<method>-<hash>/``; the summaries
+rate; the request set, ``tasks`` and ``limit``, is in the hash, as every rate serves all of
+it) under ``<out>/<model>/<benchmark>-<length>/qps-<method>-<hash>/``; the summaries
 (per rate, and max QPS per method with its ratio to the reference's, on the same
 machine and dtype under the same serving settings, which every row records) are in ``<out>/summary.md`` (:func:`harness.analysis.serving.summarize_qps`).
 """
@@ -268,6 +271,10 @@ def prepare(cfg: QPSConfig) -> QPSJob:
         "model": model_identity(cfg.model),
         "method": {"name": method.name, **method.options()},
         "benchmark": benchmark.options(),
+        # Every request is served at every rate and a rate's verdict is over all of them, so
+        # the request set is the job's (unlike an eval's per-sample rows, where a larger limit
+        # adds samples): 12 requests at a rate cannot be resumed into 48.
+        "requests": {"tasks": list(benchmark.tasks), "limit": cfg.benchmark.limit},
         "serving": {
             "arrival": q.arrival,
             "timeout_s": q.timeout_s,
