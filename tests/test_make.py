@@ -106,6 +106,61 @@ def test_gpu_check_quick_reads_yes_and_no_too():
     assert r.returncode != 0 and "make gpu-check: quick=fast: not a yes/no value" in r.stderr
 
 
+def _phony_targets() -> list[str]:
+    text = (ROOT / "Makefile").read_text()
+    return next(ln for ln in text.splitlines() if ln.startswith(".PHONY:")).split(":", 1)[1].split()
+
+
+# What setup would run on a machine without a virtualenv (make -n prints it; nothing runs).
+SETUP_STEPS = ("-m venv", "pip install")
+
+
+def test_every_refusal_of_a_variable_comes_before_setup(tmp_path):
+    """On a fresh machine `make paper dry_run=bogus` installed the virtualenv (minutes) before
+    refusing: the checks sat in the recipe, which runs after setup. With VENV a folder that does
+    not exist, make -n shows setup's steps for every target that needs it; a target that refuses
+    a variable it does not take must stop before them."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    fresh = f"VENV={tmp_path / 'venv'}"
+
+    def make_n(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["make", "-n", *args, fresh], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                              env=env)  # fmt: skip
+
+    assert any(step in make_n("paper", "table=latency_grid").stdout for step in SETUP_STEPS)  # setup would run
+    refusing = []
+    for target in _phony_targets():
+        r = make_n(target, "bogus=1")
+        if "unknown variable(s) bogus" in r.stderr:
+            refusing.append(target)
+            assert r.returncode != 0 and not any(step in r.stdout for step in SETUP_STEPS), (target, r.stdout)
+            assert [ln for ln in r.stderr.splitlines() if ln.strip()] == [r.stderr.strip()], r.stderr
+    assert sorted(refusing) == sorted(["regress", "regress-accept", "paper", "paper-report", "fetch-models",
+                                       "experiment", "report", "bench-scoring-memory", "bench-ruler-generation",
+                                       "speculator-depth", "speculator-family", "multiturn", "draft-family",
+                                       "lm-eval-crosscheck", "kv-compare", "kvpress-crosscheck",
+                                       "bench-front-throughput", "gpu-check"])  # fmt: skip
+    for target, var in [*((t[0][0], "dry_run") for t in DRY_RUN_TARGETS), ("gpu-check", "quick")]:
+        r = make_n(target, f"{var}=bogus")
+        assert r.returncode != 0 and f"make {target}: {var}=bogus: not a yes/no value" in r.stderr, r.stderr
+        assert not any(step in r.stdout for step in SETUP_STEPS), (target, r.stdout)
+
+
+def test_a_refusal_runs_nothing_even_in_parallel(tmp_path):
+    """The same for real, under -j: python3 (setup's first step) is a stub that leaves a mark."""
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python3").write_text(f"#!/bin/sh\ntouch {tmp_path / 'setup-ran'}\nexit 1\n")
+    (stub / "python3").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    env["PATH"] = f"{stub}:{env['PATH']}"
+    for args in (["paper", "table=latency_grid", "dry_run=bogus"], ["multiturn", "keeps=0.1"]):
+        r = subprocess.run(["make", "-j4", *args, f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60, env=env)  # fmt: skip
+        assert r.returncode != 0 and f"make {args[0]}: " in r.stderr, r.stderr
+        assert not (tmp_path / "setup-ran").exists() and not (tmp_path / "venv").exists()
+
+
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, **(env or {})})  # fmt: skip
