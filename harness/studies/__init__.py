@@ -39,13 +39,22 @@ def require_values(ap: Any, flag: str, values: list[Any], ok: Any, allowed: str)
 
 
 def write_reference(path: Path, benchmark: str, rows: list[dict[str, Any]], **meta: Any) -> None:
-    """Write one benchmark's rows with the hardware and library versions they were measured on."""
+    """Write one benchmark's rows with the commit (``-dirty`` when tracked files differed from it),
+    hardware and library versions they were measured at, as every row of a run records them."""
     from harness.provenance import (  # deferred: gpu_check imports this package on the GPU machine (torch, transformers, pandas only)
+        git_sha,
         hardware,
         versions,
     )
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": benchmark, **meta, "hardware": hardware(), "versions": versions(), "rows": rows}
+    payload = {
+        "benchmark": benchmark,
+        **meta,
+        "git_sha": git_sha(),
+        "hardware": hardware(),
+        "versions": versions(),
+        "rows": rows,
+    }
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {path}")
