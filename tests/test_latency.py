@@ -507,3 +507,20 @@ def test_prompt_settings_that_random_ids_would_ignore_are_refused(tmp_path):
     ):
         _lat(tmp_path, "prompt_benchmark=longbench", "prompt_task=hotpotqa")
     assert _lat(tmp_path, "prompt_task=qa_1").prompt_source == "random"  # the default, typed: nothing ignored
+
+
+def test_a_seed_that_benchmark_prompts_would_ignore_is_refused(tmp_path):
+    """The seed draws random token ids only: where every point times benchmark prompts (the same
+    samples for any seed) a seed other than the default is refused in one line, rather than
+    hashed into a new folder for the same measurement; under random ids it is the run's seed."""
+    grid = "grid=[[1,1024]]"
+    with pytest.raises(
+        ValueError, match=r"^seed=3: every point times ruler/qa_1 prompts .*allowed: drop seed \(its default, 0\)$"
+    ):
+        _lat(tmp_path, grid, "method=rag_bm25", "seed=3")  # needs text: benchmark prompts, no other choice
+    with pytest.raises(ValueError, match=r"^seed=3: .*, or prompts=random to time on random token ids$"):
+        _lat(tmp_path, grid, "prompts=benchmark", "seed=3")
+    assert _lat(tmp_path, grid, "prompts=benchmark", "seed=0").prompt_source == "ruler/qa_1"  # the default, typed
+    random_ids = [_lat(tmp_path, grid, f"seed={s}") for s in (0, 3)]
+    assert [j.prompt_source for j in random_ids] == ["random", "random"]
+    assert random_ids[0].folder != random_ids[1].folder  # there it draws other ids: another run

@@ -359,6 +359,12 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
         source = f"{cfg.prompt_benchmark}/{cfg.prompt_task}"
         if cfg.prompt_options:
             source += " " + json.dumps(cfg.prompt_options, sort_keys=True)
+        if cfg.seed != LatencyConfig.seed:  # set, but it draws random ids only: the run would not be what it says
+            raise ValueError(
+                f"seed={cfg.seed}: every point times {source} prompts (benchmark samples, the same for any seed), "
+                f"so the seed, which draws random token ids only, is unused; allowed: drop seed (its default, "
+                f"{LatencyConfig.seed})" + ("" if needs_text else ", or prompts=random to time on random token ids")
+            )
         for _, n in cfg.grid:  # the benchmark refuses a name, task, option or length it cannot give
             build_benchmark(cfg.prompt_config(n)).check_model(cfg.model.max_context)
     timing: dict[str, Any] = {"warmup": cfg.warmup, "iters": cfg.iters, "seed": cfg.seed, "protocol": PROTOCOL,
