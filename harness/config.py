@@ -280,7 +280,12 @@ def check_speculator_window(model: Any, speculator: str, longest_prompt: int) ->
         )
 
 
-def check_in_model(methods: list[Any], backend: str, model: Any = None) -> None:
+#: What a ``make qps`` run can do where a refusal would say ``backend=transformers``: it serves
+#: the base on ``vllm serve``, with no backend to choose; the other jobs measure there.
+ELSEWHERE = "or backend=transformers in make eval (quality) or make latency (TTFT)"
+
+
+def check_in_model(methods: list[Any], backend: str, model: Any = None, *, serving: bool = False) -> None:
     """A method that acts inside the base model (``acts_in_model``: MInference patches its
     attention) needs the base in this process, where its ``applied`` hook reaches it:
     backend ``transformers``. On vLLM the engine owns the model, so refuse the pairing
@@ -288,30 +293,37 @@ def check_in_model(methods: list[Any], backend: str, model: Any = None) -> None:
     that ran at full cost. The same for a method that reads the base model's own attention
     (``reads_base``: a method reading the base's own attention), which only the transformers backend exposes.
     Then, given the ``model``, :func:`check_speculator_tokenizer`; and
-    :func:`check_side_models`: the models a method loads beside the base."""
+    :func:`check_side_models`: the models a method loads beside the base. ``serving``: the base
+    is served by ``vllm serve`` (``make qps``), which has no backend to choose, so a refusal
+    names what such a run can do instead (another method or speculator; :data:`ELSEWHERE`)."""
+    engine = "make qps's vLLM server (its only backend)" if serving else f"backend={backend!r}"
     for m in methods:
         if getattr(m, "acts_in_model", False) and backend != "transformers":
+            allowed = "a method that only chooses prompt tokens (e.g. method=specprefill), " + ELSEWHERE
             raise ConfigError(
-                f"method {m.name!r} acts inside the base model (it patches it in this process), but backend={backend!r} "
-                f"runs the base in an engine the method cannot reach; allowed: backend=transformers (one device)"
+                f"method {m.name!r} acts inside the base model (it patches it in this process), but {engine} runs the "
+                f"base in an engine the method cannot reach; allowed: "
+                + (allowed if serving else "backend=transformers (one device)")
             )
         if getattr(m, "reads_base", False) and backend != "transformers":
+            allowed = "a method that needs no base attention (e.g. method=specprefill: its speculator's), " + ELSEWHERE
             raise ConfigError(
-                f"method {m.name!r} reads the base model's own attention, which backend={backend!r} does not expose "
-                f"(the engine owns the model; every sample would be unsupported); allowed: backend=transformers"
+                f"method {m.name!r} reads the base model's own attention, which {engine} does not expose (the engine "
+                f"owns the model; every {'request' if serving else 'sample'} would be unsupported); allowed: "
+                + (allowed if serving else "backend=transformers")
             )
     if model is not None:
-        check_speculator_tokenizer(model, methods, backend)
+        check_speculator_tokenizer(model, methods, backend, serving)
     check_side_models(methods)
 
 
-def check_speculator_tokenizer(model: Any, methods: list[Any], backend: str) -> None:
+def check_speculator_tokenizer(model: Any, methods: list[Any], backend: str, serving: bool = False) -> None:
     """A ``model:<name>`` speculator of another family (another tokenizer: its scores reach
     the base's tokens through :mod:`specprefill.token_map`) runs beside the base on the
     transformers backend only: an engine's prompts are the base's token ids, which nothing
     maps to the speculator's. Refused in one line before anything loads, where a method
     needs the speculator (the factory's own check, after the speculator has loaded, stays
-    for what the configs cannot tell)."""
+    for what the configs cannot tell). ``serving``: as :func:`check_in_model`'s."""
     spec = parse_speculator(model.speculator) if any(m.needs_speculator for m in methods) else None
     if backend == "transformers" or spec is None or spec[0] != "model":
         return
@@ -329,11 +341,13 @@ def check_speculator_tokenizer(model: Any, methods: list[Any], backend: str) -> 
         for p in sorted((CONF / "model").glob("*.yaml"))
         if p.stem != model.name and tokenizer_family(model_config(p.stem)) == mine
     ]
+    where = "and make qps serves the base on vLLM (its only backend)" if serving else f"not on backend={backend!r}"
     raise ConfigError(
         f"speculator={model.speculator!r} has another tokenizer ({tokenizer_family(other)}) than model "
-        f"{model.name!r} ({mine}): its token map runs on backend=transformers only, not on backend={backend!r}; "
-        f"allowed: backend=transformers, or a speculator with the base's tokenizer: self_layers:M"
+        f"{model.name!r} ({mine}): its token map runs on backend=transformers only, {where}; "
+        f"allowed: {'' if serving else 'backend=transformers, or '}a speculator with the base's tokenizer: self_layers:M"
         + "".join(f", model:{n}" for n in same)
+        + (f", {ELSEWHERE}" if serving else "")
     )
 
 

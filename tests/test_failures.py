@@ -643,6 +643,43 @@ def test_vllm_refuses_methods_that_cannot_run_there_before_loading(tmp_path, mon
               f"out={tmp_path}")  # fmt: skip
 
 
+# make qps serves the base on vLLM and has no backend to choose (backend=transformers is refused there), so
+# check_in_model's refusals on its path name what a qps run can do: the eval/latency lines say backend=transformers
+QPS_INSTEAD = r"or backend=transformers in make eval \(quality\) or make latency \(TTFT\)$"
+BAD_QPS = [
+    (
+        ["method=gemfilter"],
+        r"^method 'gemfilter' reads the base model's own attention, which make qps's vLLM server \(its only backend\) "
+        r"does not expose \(the engine owns the model; every request would be unsupported\); allowed: a method that "
+        r"needs no base attention \(e\.g\. method=specprefill: its speculator's\), " + QPS_INSTEAD,
+    ),
+    (
+        ["method=snapkv"],
+        r"^method 'snapkv' acts inside the base model \(it patches it in this process\), but make qps's vLLM server "
+        r"\(its only backend\) runs the base in an engine the method cannot reach; allowed: a method that only "
+        r"chooses prompt tokens \(e\.g\. method=specprefill\), " + QPS_INSTEAD,
+    ),
+    (
+        ["model=qwen2.5-coder-1.5b", "model.speculator=model:smollm2-135m", "dry_run=true"],
+        r"^speculator='model:smollm2-135m' has another tokenizer \(smollm2\) than model 'qwen2\.5-coder-1\.5b' "
+        r"\(qwen2\.5\): its token map runs on backend=transformers only, and make qps serves the base on vLLM \(its "
+        r"only backend\); allowed: a speculator with the base's tokenizer: self_layers:M, model:qwen2\.5-14b, "
+        r"model:qwen2\.5-coder-0\.5b, " + QPS_INSTEAD,
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides,match", BAD_QPS, ids=[" ".join(o) for o, _ in BAD_QPS])
+def test_qps_refusals_name_what_a_qps_run_can_do(overrides, match, tmp_path):
+    from harness.jobs import qps
+
+    with pytest.raises(ValueError, match=match) as e:
+        _validate(qps, "qps", f"out={tmp_path}", *overrides)
+    assert "\n" not in str(e.value) and "allowed: backend=transformers" not in str(e.value)
+    with pytest.raises(ValueError, match=r"; allowed: backend=transformers"):  # eval's line, on vLLM, is unchanged
+        _validate(run, "config", f"out={tmp_path}", "backend=vllm", *overrides)
+
+
 def test_longbench_without_data_and_hub_is_one_fast_line(tmp_path, monkeypatch):
     import time
 

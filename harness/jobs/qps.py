@@ -264,7 +264,7 @@ def prepare(cfg: QPSConfig) -> QPSJob:
     benchmark = build_benchmark(cfg.benchmark)
     benchmark.check_model(cfg.model.max_context)
     check_model_fits(cfg.model, [method], longest_prompt(cfg.model, cfg.benchmark))
-    check_in_model([method], "vllm", cfg.model)  # the base is served by vLLM
+    check_in_model([method], "vllm", cfg.model, serving=True)  # the base is served by vLLM, no other backend
     placement = place(cfg.model, "vllm", method.needs_speculator, longest_sequence(cfg.model, benchmark))
     q = cfg.qps
     identity = {
