@@ -246,3 +246,17 @@ def test_make_setup_gpu_insists_on_cuda_and_adds_minference(tmp_path):
         "make setup gpu=1: no CUDA driver found (nvidia-smi -L fails); install the NVIDIA driver, or run plain "
         "make setup on a machine without a GPU"
     )
+
+
+def test_the_virtualenv_is_never_part_of_the_tree():
+    """`make setup`'s venv is the machine's: a worktree's link to another checkout's venv was once
+    committed by `git add -A` ('.venv/' ignored only a folder), and checking that commit out
+    replaced a checkout's venv with a link to itself. Whatever `.venv` is, git ignores it."""
+    tracked = subprocess.run(["git", "ls-files", "--", ".venv", ".venv/*"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout  # fmt: skip
+    assert tracked == ""
+    # a name git cannot see as a folder (no such path: taken for a file or link, as a worktree's
+    # link is) and a file inside the folder
+    for path in ("no-such-folder/.venv", ".venv/bin/python"):
+        ignored = subprocess.run(["git", "check-ignore", "--no-index", "-q", path], cwd=ROOT)
+        assert ignored.returncode == 0, f"{path} is not ignored by .gitignore"
