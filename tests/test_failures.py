@@ -680,6 +680,29 @@ def test_qps_refusals_name_what_a_qps_run_can_do(overrides, match, tmp_path):
         _validate(run, "config", f"out={tmp_path}", "backend=vllm", *overrides)
 
 
+@pytest.mark.parametrize(
+    "module,config,overrides,key,job",
+    [
+        ("qps", "qps", ["benchmark=multiturn", "length=2048"], "benchmark", "make qps serves each sample as one request"),
+        ("latency", "latency", ["prompts=benchmark", "prompt_benchmark=multiturn", "prompt_task=niah_keys", "grid=[[1,2048]]"],
+         "prompt_benchmark", "make latency times one prompt per sample"),
+    ],
+)  # fmt: skip
+def test_a_multiturn_benchmark_where_one_prompt_a_sample_runs_is_refused(module, config, overrides, key, job, tmp_path):
+    """A multi-turn sample is a conversation: served or timed as one prompt, only its turn 1
+    would run, labelled with the multi-turn benchmark's name (qps planned it, dry run and all)."""
+    from harness.jobs import latency, qps
+
+    mod = {"qps": qps, "latency": latency}[module]
+    with pytest.raises(ValueError) as e:
+        _validate(mod, config, f"out={tmp_path}", "dry_run=true", *overrides)
+    assert str(e.value) == (
+        f"{key}=multiturn: its samples are conversations of several turns and {job}, so only turn 1 would run, "
+        f"under the multi-turn benchmark's name; allowed: {key}= one of ['infinitebench', 'longbench', 'longbench_e', 'ruler'] "
+        f"(turn 1 is RULER's sample: {key}=ruler), or make eval / make multiturn for the conversations"
+    )
+
+
 def test_longbench_without_data_and_hub_is_one_fast_line(tmp_path, monkeypatch):
     import time
 

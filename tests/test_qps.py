@@ -193,6 +193,9 @@ def test_a_queue_that_grows_over_the_burst_is_seen_and_a_flat_one_is_not():
     # offered 1 req/s, served 1/1.5 req/s: each request waits 0.5 s more than the one before
     rising = point_stats(_burst(1.0, [1.0 + 0.5 * i + e for i, e in enumerate(noise)]))
     assert rising["queue_grows"] is True and rising["ttft_growth"] == pytest.approx(0.5, abs=0.02)
+    # a gentle trend beyond noise (0.03 s/s: the burst's start, the task order) is not a growing queue
+    gentle = point_stats(_burst(1.0, [1.0 + 0.03 * i + e / 10 for i, e in enumerate(noise)]))
+    assert 0 < gentle["ttft_growth_lo"] < 0.1 and gentle["queue_grows"] is False
     unknown = point_stats(_burst(1.0, [1.0] * 12).drop(columns=["start_time"]))
     assert unknown["queue_grows"] is None and pd.isna(unknown["ttft_growth"])
     assert point_stats(_burst(1.0, [1.0, 2.0, 3.0]))["queue_grows"] is None  # 3 requests: no trend fitted

@@ -82,6 +82,17 @@ class Benchmark(ABC):
         tables group by it): the task itself unless the benchmark says otherwise."""
         return task
 
+    def require_single_turn(self, job: str, key: str) -> None:
+        """Refuse a multi-turn benchmark where ``job`` takes one prompt per sample (a served
+        request, a timed prompt): its turn 1 alone would run under the benchmark's name."""
+        if self.multiturn:
+            single = [n for n in registered_benchmarks() if not benchmark_class(n).multiturn]
+            raise ValueError(
+                f"{key}={self.name}: its samples are conversations of several turns and {job}, so only turn 1 "
+                f"would run, under the multi-turn benchmark's name; allowed: {key}= one of {single} (turn 1 is "
+                f"RULER's sample: {key}=ruler), or make eval / make multiturn for the conversations"
+            )
+
     def check_model(self, max_context: int) -> None:
         """Reject, before any work, a run the model's context window cannot hold."""
         n = self.cfg.length

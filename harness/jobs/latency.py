@@ -366,7 +366,9 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
                 f"{LatencyConfig.seed})" + ("" if needs_text else ", or prompts=random to time on random token ids")
             )
         for _, n in cfg.grid:  # the benchmark refuses a name, task, option or length it cannot give
-            build_benchmark(cfg.prompt_config(n)).check_model(cfg.model.max_context)
+            bench = build_benchmark(cfg.prompt_config(n))
+            bench.check_model(cfg.model.max_context)
+            bench.require_single_turn("make latency times one prompt per sample", "prompt_benchmark")
     timing: dict[str, Any] = {"warmup": cfg.warmup, "iters": cfg.iters, "seed": cfg.seed, "protocol": PROTOCOL,
                               "aa_check": cfg.aa_check}  # fmt: skip
     if cfg.decode_tokens:

@@ -263,6 +263,7 @@ def prepare(cfg: QPSConfig) -> QPSJob:
         )
     benchmark = build_benchmark(cfg.benchmark)
     benchmark.check_model(cfg.model.max_context)
+    benchmark.require_single_turn("make qps serves each sample as one request", "benchmark")
     check_model_fits(cfg.model, [method], longest_prompt(cfg.model, cfg.benchmark))
     check_in_model([method], "vllm", cfg.model, serving=True)  # the base is served by vLLM, no other backend
     placement = place(cfg.model, "vllm", method.needs_speculator, longest_sequence(cfg.model, benchmark))
