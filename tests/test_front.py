@@ -194,3 +194,70 @@ def test_the_fronts_speculator_is_chunked_as_placement_planned():
         planner = Planner({"model": dataclasses.asdict(model), "method": {"name": "specprefill", "keep_rate": 0.3}})
         assert planner.backend.prefill_chunk == chunk
         assert planner.backend.speculator is not None
+
+
+class _EchoPlanner:
+    """Keeps every token: a planner with no model (the app's forwarding is what is tested)."""
+
+    def tokenize(self, prompt, add_special_tokens):
+        return list(prompt) if isinstance(prompt, list) else [ord(c) for c in prompt]
+
+    def plan_batch(self, batch):
+        return [(ids, {}, {"kept_tokens": len(ids)}) for ids in batch]
+
+
+def test_a_connection_the_engine_closes_before_answering_is_retried_once(tmp_path):
+    """The engine (vLLM's server, keep-alive 5 s) may close a kept-alive connection just as
+    the front sends a request down it: nothing was served, so the front sends it once more
+    instead of failing the request (an Internal Server Error its client counted against the
+    method's rate). A second disconnect fails the request with 502, logged."""
+    from aiohttp import ClientSession, web
+
+    from harness.serving.front import UPSTREAM_KEEPALIVE_S, make_app
+
+    assert UPSTREAM_KEEPALIVE_S < 5  # below vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+
+    async def main(drops: int) -> tuple[int, str, list[dict]]:
+        seen = {"n": 0}
+
+        async def upstream_completions(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            seen["n"] += 1
+            if seen["n"] <= drops:  # hang up without a response, as a closing keep-alive connection does
+                assert request.transport is not None
+                request.transport.close()
+                return web.Response()
+            return web.json_response({"choices": [{"text": "ok"}]})
+
+        engine = web.Application()
+        engine.router.add_post("/v1/completions", upstream_completions)
+        runners = []
+        try:
+            urls = []
+            for app in (engine, None):
+                if app is None:
+                    log = tmp_path / f"front-{drops}.jsonl"
+                    app = make_app(_EchoPlanner(), urls[0], log)  # type: ignore[arg-type]
+                runner = web.AppRunner(app)
+                await runner.setup()
+                runners.append(runner)
+                site = web.TCPSite(runner, "127.0.0.1", 0)
+                await site.start()
+                port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+                urls.append(f"http://127.0.0.1:{port}")
+            async with ClientSession() as s, s.post(f"{urls[1]}/v1/completions", json={"prompt": "hi"}) as r:
+                text = await r.text()
+                status = r.status
+        finally:
+            for runner in reversed(runners):
+                await runner.cleanup()
+        import json
+
+        return status, text, [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+    status, text, entries = asyncio.run(main(drops=1))
+    assert status == 200 and "ok" in text and entries[-1]["upstream_retries"] == 1
+    status, text, entries = asyncio.run(main(drops=2))
+    assert status == 502 and "ServerDisconnectedError" in entries[-1]["error"]
+    status, _, entries = asyncio.run(main(drops=0))
+    assert status == 200 and entries[-1]["upstream_retries"] == 0

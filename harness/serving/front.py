@@ -312,14 +312,24 @@ class Planner:
         return kept, xargs, {**log, "tokenize_s": tokenize_s}
 
 
+#: How long the front keeps an idle connection to the engine for reuse: below vLLM's own
+#: keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s), so the front does not send a request down a
+#: connection the server is closing (aiohttp's default, 15 s, did: a request arriving after a
+#: gap of 5-15 s failed with ServerDisconnectedError, an Internal Server Error its client
+#: counted against the method's rate, on the served path only the front has).
+UPSTREAM_KEEPALIVE_S = 2.0
+
+
 def make_app(planner: Planner, upstream: str, log_path: Path | None, settings: FrontSettings | None = None) -> Any:
-    from aiohttp import ClientSession, ClientTimeout, web
+    from aiohttp import ClientSession, ClientTimeout, ServerDisconnectedError, TCPConnector, web
 
     batcher: Batcher[list[int], Planned] = Batcher(planner.plan_batch, settings or FrontSettings(), len)
     state: dict[str, Any] = {}
 
     async def on_startup(app: web.Application) -> None:
-        state["session"] = ClientSession(timeout=ClientTimeout(total=None))
+        state["session"] = ClientSession(
+            timeout=ClientTimeout(total=None), connector=TCPConnector(keepalive_timeout=UPSTREAM_KEEPALIVE_S)
+        )
         batcher.start()
 
     async def on_cleanup(app: web.Application) -> None:
@@ -359,7 +369,19 @@ def make_app(planner: Planner, upstream: str, log_path: Path | None, settings: F
         if rid:
             headers["x-request-id"] = rid
         forwarded = time.perf_counter()
-        async with state["session"].post(f"{upstream}/v1/completions", json=body, headers=headers) as up:
+        up, retries = None, 0
+        while up is None:
+            try:
+                up = await state["session"].post(f"{upstream}/v1/completions", json=body, headers=headers)
+            except ServerDisconnectedError as e:
+                # The engine closed the connection before answering (a kept-alive connection it
+                # was closing as the request went out): nothing was served, so send it once more
+                # on a new one. A server that stopped fails the retry to connect instead.
+                retries += 1
+                if retries > 1:
+                    write_log({"request_id": rid, "error": f"{type(e).__name__}: {e}", "arrived": arrived, **log})
+                    return web.json_response({"error": f"upstream: {type(e).__name__}: {e}"}, status=502)
+        async with up:
             resp = web.StreamResponse(status=up.status)
             for k, v in up.headers.items():
                 if k.lower() not in HOP_HEADERS:
@@ -371,7 +393,7 @@ def make_app(planner: Planner, upstream: str, log_path: Path | None, settings: F
                     first = time.perf_counter()
                 await resp.write(chunk)
             await resp.write_eof()
-        entry = {"request_id": rid, "status": up.status, **log, "tokenize_s": tokenize_s}
+        entry = {"request_id": rid, "status": up.status, **log, "tokenize_s": tokenize_s, "upstream_retries": retries}
         entry.update(batch_size=batch.size, batch_tokens=batch.tokens, batch_s=batch.batch_s, queue_s=batch.queue_s)
         entry.update(front_s=forwarded - arrived, upstream_first_byte_s=(first or forwarded) - forwarded)
         write_log({**entry, "arrived": arrived})
