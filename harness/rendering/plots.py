@@ -455,14 +455,18 @@ def latency_grid(lat: pd.DataFrame, path: Path) -> Path | None:
 
 
 def qps_curves(rates: pd.DataFrame, path: Path) -> Path | None:
-    """TTFT p90 vs request rate, one line per serving run (method and keep rate); a filled
-    marker is a rate that passed both rules (timeouts and the TTFT SLO), a cross one that
-    failed; the dashed line is the run's TTFT p90 SLO (``ttft_p90_slo_s`` column)."""
+    """Per model and benchmark, two panels. Left: TTFT p90 vs request rate, one line per
+    serving run (method and keep rate); a filled marker is a rate that passed both rules
+    (timeouts and the TTFT SLO), a cross one that failed; the dashed line is the run's TTFT
+    p90 SLO (``ttft_p90_slo_s`` column). Right: the throughput delivered against the rate
+    offered, the diagonal where a server keeps up; a hollow marker is a rate whose queue
+    grew during its burst (``queue_grows``), whether or not the rate passed."""
     if rates.empty:
         return None
     groups = list(rates.groupby(["model", "benchmark", "length"], dropna=False))
-    fig, axes = panels(len(groups), 6.5)
-    for ax, ((model, bench, length), g) in zip(axes, groups, strict=False):
+    fig, axes = panels(2 * len(groups), 6.5)
+    for i, ((model, bench, length), g) in enumerate(groups):
+        ax, thru = axes[2 * i], axes[2 * i + 1]
         for (method, keep, _run), gm in g.groupby(["method", "keep_rate", "run_id"], dropna=False):
             gm = gm.sort_values("rate")
             label = str(method) if gm["is_reference"].all() else f"{method} keep {keep:g}"
@@ -471,6 +475,18 @@ def qps_curves(rates: pd.DataFrame, path: Path) -> Path | None:
             ok = gm["passed"].astype(bool)
             ax.plot(gm.loc[ok, "rate"], gm.loc[ok, "ttft_p90_s"], "o", color=color)
             ax.plot(gm.loc[~ok, "rate"], gm.loc[~ok, "ttft_p90_s"].fillna(0), "x", ms=9, mew=2, color=color)
+            grew = gm["queue_grows"].eq(True) if "queue_grows" in gm else pd.Series(False, index=gm.index)
+            thru.plot(gm["rate"], gm["request_throughput"], "-", color=color, label=label)
+            thru.plot(gm.loc[~grew, "rate"], gm.loc[~grew, "request_throughput"], "o", color=color)
+            thru.plot(gm.loc[grew, "rate"], gm.loc[grew, "request_throughput"], "o", mfc="white", color=color)
+        top = float(g["rate"].max())
+        thru.plot([0, top], [0, top], ":", color="grey", lw=1, label="keeps up (delivered = offered)")
+        thru.plot([], [], "o", mfc="white", color="grey", label="queue grew during the burst")
+        thru.set_xlabel("request rate offered (req/s)")
+        thru.set_ylabel("requests delivered per second")
+        thru.set_title(f"{model} · {bench} {length}: throughput", fontsize=9)
+        thru.grid(alpha=0.3)
+        thru.legend(fontsize=7)
         for slo in sorted(set(g["ttft_p90_slo_s"].dropna())) if "ttft_p90_slo_s" in g else []:
             ax.axhline(slo, ls="--", color="red", lw=1, label=f"TTFT p90 SLO {slo:g} s")
         ax.plot([], [], "o", color="grey", label="rate passed")
