@@ -217,6 +217,12 @@ def test_a_burst_that_passes_while_its_queue_grows_is_not_a_steady_rate():
     assert s.loc["spec", "steady_qps_ratio"] == pytest.approx(2.0)
     assert s.loc["spec", "peak_throughput"] == 1.2
     assert s.loc["spec", "peak_throughput_ratio"] == pytest.approx(1.2 / 0.62)
+    # every rate passed with a flat queue: the steady max is a lower bound too, and no ratio is
+    # taken over a reference's such bound
+    calm = pd.concat([_burst(r, flat, run_id="full") for r in (0.5, 1.0)], ignore_index=True)
+    s = summarize_qps(pd.concat([calm, spec], ignore_index=True)).set_index("run_id")
+    assert s.loc["full", "max_qps_steady"] == 1.0 and s.loc["full", "max_qps_steady_censored"]
+    assert pd.isna(s.loc["spec", "steady_qps_ratio"])
     rates = summarize_qps_rates(full).set_index("rate")
     assert rates.loc[1.0, "delivered_fraction"] == pytest.approx(0.6) and bool(rates.loc[1.0, "queue_grows"])
 

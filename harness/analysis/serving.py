@@ -225,7 +225,8 @@ def summarize_qps(rows: pd.DataFrame) -> pd.DataFrame:
             steady = passing[~passing["queue_grows"].astype(bool)]["rate"]
             best["max_qps_steady"] = float(steady.max()) if len(steady) else 0.0
         top = pts.loc[pts["rate"].idxmax()]
-        best["max_qps_steady_censored"] = bool(top["passed"]) and top["queue_grows"] is False
+        grew = top["queue_grows"]  # a numpy bool where every rate's is known, None where not
+        best["max_qps_steady_censored"] = bool(top["passed"]) and pd.notna(grew) and not bool(grew)
         thru = pd.to_numeric(pts["request_throughput"], errors="coerce")
         best["peak_throughput"] = float(thru.max()) if thru.notna().any() else float("nan")
         at = pts[pts["rate"] == best["max_qps"]]
