@@ -53,6 +53,19 @@ def test_rate_search_bisects_towards_the_boundary():
     assert next_rate(c, {1.0: True, 2.0: False, 1.5: True, 1.75: True}) is None
 
 
+def test_a_resumed_search_on_another_ramp_still_bisects():
+    """A run resumed with another start_rate keeps its verdicts (a rate's does not depend on
+    the search); the old ramp's rates outside the new bracket are not counted as bisections."""
+    old = {0.05: True, 0.1: True, 0.2: True, 0.4: True}  # start_rate 0.05, max_points 4: all passed
+    c = _q("qps.start_rate=0.3", "qps.growth=2", "qps.max_points=4", "qps.bisect_steps=1")
+    assert next_rate(c, old) == 0.3
+    assert next_rate(c, {**old, 0.3: True}) == 0.6
+    assert next_rate(c, {**old, 0.3: True, 0.6: True, 1.2: False}) == 0.9  # one bisection of 0.6 .. 1.2
+    assert next_rate(c, {**old, 0.3: True, 0.6: True, 1.2: False, 0.9: True}) is None
+    # an old rate inside the bracket refines it as a bisection would, and counts as one
+    assert next_rate(c, {**old, 0.8: True, 0.3: True, 0.6: True, 1.2: False}) is None
+
+
 def test_explicit_rates_are_measured_in_order():
     c = _q("rates=[0.2,0.1]")
     assert next_rate(c, {}) == 0.2 and next_rate(c, {0.2: False}) == 0.1 and next_rate(c, {0.2: 1, 0.1: 1}) is None

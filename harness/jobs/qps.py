@@ -434,10 +434,12 @@ def next_rate(q: QPSSettings, tested: dict[float, bool]) -> float | None:
         todo = [r for r in q.rates if r not in tested]
         return todo[0] if todo else None
     ramp = [round(q.start_rate * q.growth**i, 6) for i in range(q.max_points)]
-    for r in ramp:
+    bracket = (0.0, math.inf)  # between the ramp's last pass and its first failure
+    for i, r in enumerate(ramp):
         if r not in tested:
             return r
         if not tested[r]:
+            bracket = (ramp[i - 1] if i else 0.0, r)
             break
     passed = [r for r, ok in tested.items() if ok]
     failed = [r for r, ok in tested.items() if not ok]
@@ -447,7 +449,9 @@ def next_rate(q: QPSSettings, tested: dict[float, bool]) -> float | None:
     if not above:
         return None
     lo, hi = max(passed), min(above)
-    bisections = sum(1 for r in tested if r not in ramp)
+    # The bisections so far: rates off the ramp inside its bracket. Rates a resumed run
+    # measured on another ramp (another start_rate or growth) outside it are not bisections.
+    bisections = sum(1 for r in tested if r not in ramp and bracket[0] < r < bracket[1])
     if bisections >= q.bisect_steps:
         return None
     return round((lo + hi) / 2, 6)
