@@ -270,6 +270,33 @@ def test_the_request_set_is_the_job_so_a_larger_limit_is_a_new_run():
     assert prepare(_cfg("method=full", "limit=2")).folder == base
 
 
+def test_requests_go_out_in_one_seeded_shuffle_unless_the_benchmark_order_is_asked_for():
+    """vLLM's load generator shuffles by default; the harness sends its own order (request i
+    is sample i in the rows), by default one permutation of qps.seed: the same at every rate,
+    for every method and on a resume, so no task always lands at the end of the burst."""
+    samples = [Sample(benchmark="ruler", task=f"t{i // 4}", sample_id=i % 4, length=1, instruction="", context="",
+                      question="", answer_prefix="", prompt=str(i), references=("x",), max_new_tokens=4, metric="m")
+               for i in range(24)]  # fmt: skip
+    shuffled = qps.request_order(samples, _q())
+    assert sorted(s.prompt for s in shuffled) == sorted(s.prompt for s in samples)
+    assert [s.prompt for s in shuffled] != [s.prompt for s in samples]
+    assert shuffled == qps.request_order(samples, _q())  # the same every time
+    assert qps.request_order(samples, _q("qps.seed=1")) != shuffled
+    assert qps.request_order(samples, _q("qps.request_order=benchmark")) == samples
+    with pytest.raises(ValueError, match=r"request_order='by_task'.*allowed"):
+        _q("qps.request_order=by_task")
+    # another order is another load: another run, and not the reference of a shuffled one
+    assert prepare(_cfg("method=full", "qps.request_order=benchmark")).folder != prepare(_cfg("method=full")).folder
+    flat = [1.0] * 12
+    spec = _burst(1.0, flat, method="specprefill", run_id="spec").assign(request=range(12))
+    ref = pd.concat([_burst(0.5, flat, run_id="full"), _burst(1.0, flat, ok=False, run_id="full")])
+    same = ref.assign(request=list(range(12)) * 2)
+    other = ref.assign(request=list(range(11, -1, -1)) * 2)
+    assert summarize_qps(pd.concat([spec, same])).set_index("run_id").loc["spec", "qps_ratio_bound"] == "lower bound"
+    s = summarize_qps(pd.concat([spec, other])).set_index("run_id")
+    assert s.loc["spec", "qps_ratio_bound"] == NO_MATCHING_REFERENCE
+
+
 def test_every_row_records_the_settings_its_verdicts_depend_on(tmp_path, monkeypatch):
     """The timeout rule, the TTFT SLO, the warm-ups and the arrival seed (the front's settings
     too, for a method served behind one) are columns of each row the job writes."""

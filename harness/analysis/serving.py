@@ -146,10 +146,13 @@ def with_settings(rows: pd.DataFrame, settings: Mapping[str, Mapping[str, Any]])
 
 def request_set(rows: pd.DataFrame) -> str:
     """One run's request set (:data:`REQUESTS`): how many requests, and a stable hash of its
-    benchmark options and its requests' (task, sample_id), the same whatever the row order."""
+    benchmark options and its requests' (task, sample_id) in the order it sent them (the
+    ``request`` index: ``qps.request_order``), the same whatever the order of the rows."""
     opts = sorted({str(v) for v in rows["benchmark_options"].dropna()}) if "benchmark_options" in rows else []
-    col = {c: rows[c] if c in rows else pd.Series("", index=rows.index) for c in ("task", "sample_id")}
-    reqs = sorted({(str(t), str(i)) for t, i in zip(col["task"], col["sample_id"], strict=True)})
+    col = {c: rows[c] if c in rows else pd.Series("", index=rows.index) for c in ("task", "sample_id", "request")}
+    sent = sorted({(str(r).zfill(9), str(t), str(i)) for t, i, r in zip(col["task"], col["sample_id"], col["request"],
+                                                                         strict=True)})  # fmt: skip
+    reqs = [(t, i) for _, t, i in sent]
     digest = zlib.crc32(json.dumps([opts, reqs]).encode())
     return f"{len(reqs)} requests #{digest:08x}"
 

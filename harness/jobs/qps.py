@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import hydra
+import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
@@ -92,6 +93,8 @@ from harness.store import RunStore, check_layout, method_columns
 from harness.types import Sample
 from specprefill.plan import check_choice
 
+REQUEST_ORDERS = ("shuffled", "benchmark")
+
 
 @dataclass(frozen=True)
 class QPSSettings:
@@ -108,6 +111,11 @@ class QPSSettings:
     ttft_p90_slo_s: float = 30.0
     warmups: int = 1
     seed: int = 0
+    #: The order each rate sends the requests in: ``shuffled`` (one permutation drawn from
+    #: ``seed``, the same at every rate and for every method, as vLLM's own load generator
+    #: shuffles by default) or ``benchmark`` (task by task, as the benchmark lists them: a
+    #: task's requests all land at the same point of the burst, early or late in the queue).
+    request_order: str = "shuffled"
     server_timeout_s: float = 900.0
     point_timeout_s: float = 1800.0
     #: How the planning front batches concurrent requests (harness.serving.front.FrontSettings).
@@ -116,6 +124,7 @@ class QPSSettings:
     def __post_init__(self) -> None:
 
         check_choice("arrival", self.arrival, ARRIVALS)
+        check_choice("request_order", self.request_order, REQUEST_ORDERS)
         FrontSettings.from_spec(self.front)  # bad or unknown keys fail before any server starts
         for r in self.rates:
             if isinstance(r, bool) or not isinstance(r, int | float) or not r > 0 or math.isinf(r):
@@ -223,6 +232,7 @@ class QPSJob(ModelJob):
         tok, samples = benchmark_samples(cfg.model, self.benchmark)
         if not samples:
             raise ValueError(f"{self.benchmark.name}-{cfg.benchmark.length}: no samples")
+        samples = request_order(samples, q)
         texts = [request_text(s, tok) for s in samples]
         prompt_tokens = [len(tok(s.prompt, add_special_tokens=s.add_special_tokens).input_ids) for s in samples]
         common = {
@@ -283,6 +293,7 @@ def prepare(cfg: QPSConfig) -> QPSJob:
             "ttft_p90_slo_s": q.ttft_p90_slo_s,
             "warmups": q.warmups,
             "seed": q.seed,
+            "request_order": q.request_order,
             **({} if method.identity else {"front": dataclasses.asdict(front_settings(q))}),
         },
         "decoding": "greedy",
@@ -313,6 +324,16 @@ def validate(cfg: DictConfig) -> Path:
 
 
 # --------------------------------------------------------------------------- load
+
+
+def request_order(samples: list[Sample], q: QPSSettings) -> list[Sample]:
+    """The samples in the order every rate sends them (``qps.request_order``): a permutation
+    drawn from ``qps.seed`` alone, so the same at every rate, in every method's run and on a
+    resume; or the benchmark's own order."""
+    if q.request_order == "benchmark":
+        return list(samples)
+    perm = np.random.default_rng(q.seed).permutation(len(samples))
+    return [samples[int(i)] for i in perm]
 
 
 def request_text(sample: Sample, tokenizer: Any) -> str:
