@@ -144,6 +144,14 @@ def test_a_max_qps_at_the_top_of_the_search_is_a_lower_bound():
     assert (
         pd.isna(s.loc["specprefill", "qps_ratio_to_reference"]) and s.loc["specprefill", "qps_ratio_bound"] == "unknown"
     )
+    # an exact max over a reference that never failed: at most their ratio (the reference's is higher)
+    exact = _served("specprefill", [(0.1, True, 70.0), (0.2, False, 70.0)])
+    s = summarize_qps(pd.concat([top_full, exact], ignore_index=True)).set_index("run_id")
+    assert s.loc["specprefill", "qps_ratio_bound"] == "upper bound"
+    assert s.loc["specprefill", "qps_ratio_to_reference"] == pytest.approx(0.25)
+    from harness.paper.builders import _qps_ratio
+
+    assert _qps_ratio(s.loc["specprefill"], None, None, "not run", "")[0].startswith("<=0.25")
 
 
 def _slo(slo: float, **more) -> dict:

@@ -23,7 +23,8 @@ peak thru      the highest delivered request throughput (completed requests / th
 qps ratio      max QPS / the reference's on the same model, benchmark, length, arrival,
                machine and dtype, on the same requests (:data:`REQUESTS`) under the same
                serving settings (:data:`SETTINGS`); a lower bound when the method's max is
-               censored, unknown when the reference's is; none (NaN, ``qps_ratio_bound``
+               censored, an upper bound when only the reference's is, unknown when both
+               are; none (NaN, ``qps_ratio_bound``
                :data:`NO_MATCHING_REFERENCE`) where the reference ran only on other
                requests or settings, or :data:`SEVERAL_REFERENCES` where more than one run
                of the reference matches. The steady max QPS and the peak throughput take
@@ -269,17 +270,20 @@ def summarize_qps(rows: pd.DataFrame) -> pd.DataFrame:
     steady_ref = df["_ref_steady"].where((df["_ref_steady"] > 0) & ~df["_ref_steady_censored"].eq(True))
     df["steady_qps_ratio"] = (df["max_qps_steady"] / steady_ref).astype(float)
     df["peak_throughput_ratio"] = (df["peak_throughput"] / df["_ref_peak"].where(df["_ref_peak"] > 0)).astype(float)
-    # A ratio over a censored reference is unknown (both could be anything above); over an
-    # exact one, a censored method's ratio is a lower bound.
+    # A ratio over a censored reference is unknown where the method's max is censored too
+    # (both could be anything above) and an upper bound where it is exact (the reference's
+    # true max is higher); over an exact one, a censored method's ratio is a lower bound.
+    ref_censored = df["_ref_censored"].astype("boolean").fillna(False).astype(bool)
     df["qps_ratio_bound"] = np.select(
         [
             several,
             other_settings,
             df["_ref"].isna(),
-            df["_ref_censored"].astype("boolean").fillna(False).astype(bool),
+            ref_censored & df["max_qps_censored"],
+            ref_censored,
             df["max_qps_censored"],
         ],
-        [SEVERAL_REFERENCES, NO_MATCHING_REFERENCE, "", "unknown", "lower bound"],
+        [SEVERAL_REFERENCES, NO_MATCHING_REFERENCE, "", "unknown", "upper bound", "lower bound"],
         "exact",
     )
     df.loc[df["qps_ratio_bound"] == "unknown", "qps_ratio_to_reference"] = np.nan

@@ -161,7 +161,7 @@ def _qps(exp: Experiment, pub: pd.DataFrame, rows: pd.DataFrame, variant: str) -
         "ratio to full prefill's max QPS on the same model (the paper's: the ratio of its two "
         "printed rates). `>=`: the highest rate the search tried still passed, so the true max "
         "QPS is higher (a lower bound); a ratio over a reference that is itself a lower bound is "
-        "unknown (`?`). Peak throughput (ours only: the paper prints none): the most requests per "
+        "at most the printed value (`<=`) where the method's max is exact, unknown (`?`) where it is not. Peak throughput (ours only: the paper prints none): the most requests per "
         "second a method delivered at any rate tried (completed requests over the burst's "
         "duration), over full prefill's; where the server could not keep up with a rate this is "
         "what it sustains, whether or not the rate passed; one run each, no interval.\n\n"
@@ -202,7 +202,7 @@ def _qps_ratio(g: pd.Series | None, pq: Published | None, p_full: Published | No
         o, p, d = "? (full ran only under other SLO settings)", formatted(paper, "{:.2f}"), "-"
     else:
         o, p, d = cell(float(g["qps_ratio_to_reference"]), paper, no_delta=nd)
-        ge = ">=" if g.get("qps_ratio_bound") == "lower bound" else ""
+        ge = {"lower bound": ">=", "upper bound": "<="}.get(str(g.get("qps_ratio_bound")), "")
         o, d = ge + o, (ge + d if d[0] in "+-" and d != "-" else d)
     return o, theirs or p, d
 
