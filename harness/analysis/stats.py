@@ -115,6 +115,18 @@ def ratio_of_medians_ci(
 MIN_PAIRS = 5
 
 
+def _pairs(
+    fn: str, x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, what: tuple[str, str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` and ``y`` as float arrays of equal shape (refused, naming ``fn`` and the two
+    sides ``what``, where they are not), with the pairs that have a NaN member left out."""
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"{fn}: {a.size} {what[0]} against {b.size} {what[1]}; pairs need equal counts")
+    keep = ~(np.isnan(a) | np.isnan(b))
+    return a[keep], b[keep]
+
+
 def paired_ratio_ci(
     numerator: Sequence[float] | np.ndarray,
     denominator: Sequence[float] | np.ndarray,
@@ -128,11 +140,8 @@ def paired_ratio_ci(
     whatever moves both members of a pair (a slower minute, a different prompt set) cancels
     in each ratio instead of widening or biasing the interval. Pairs with a NaN member are
     left out; with fewer than :data:`MIN_PAIRS` pairs the interval is NaN (the value stays)."""
-    a, b = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
-    if a.shape != b.shape:
-        raise ValueError(f"paired_ratio_ci: {a.size} numerators against {b.size} denominators; pairs need equal counts")
-    keep = ~(np.isnan(a) | np.isnan(b))
-    ratios = a[keep] / b[keep]
+    a, b = _pairs("paired_ratio_ci", numerator, denominator, ("numerators", "denominators"))
+    ratios = a / b
     if ratios.size == 0:
         return NAN
     value = float(np.median(ratios))
@@ -153,11 +162,7 @@ def slope_ci(
     bootstrap that resamples (x, y) pairs. Pairs with a NaN member are left out; with fewer
     than :data:`MIN_PAIRS` pairs, or no spread in ``x``, the slope is NaN (too few points
     to fit a trend); a resample without spread in ``x`` is left out of the interval."""
-    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if a.shape != b.shape:
-        raise ValueError(f"slope_ci: {a.size} x values against {b.size} y values; pairs need equal counts")
-    keep = ~(np.isnan(a) | np.isnan(b))
-    a, b = a[keep], b[keep]
+    a, b = _pairs("slope_ci", x, y, ("x values", "y values"))
     n = int(a.size)
     if n < MIN_PAIRS or np.ptp(a) == 0:
         return Estimate(float("nan"), float("nan"), float("nan"), n)
