@@ -74,18 +74,19 @@ def point_stats(rows: pd.DataFrame) -> dict[str, Any]:
 
 #: How steep a TTFT trend over a burst must be (its whole interval above this, in seconds of
 #: TTFT per second) to say the queue grew: 0.1 is a server at least 10 % behind the offered
-#: rate. Gentler trends come without overload: the burst's start from an empty server, and
-#: the request order (the requests go out task by task, so a later task's longer prompts or
-#: answers read as a trend). On the CPU default (24 requests a rate) full prefill's slope
-#: was 0.015 [0.002, 0.031] at half its capacity and 0.68 [0.56, 0.86] at twice it.
+#: rate. Gentler trends come without overload: the burst's start from an empty server, and,
+#: where requests go out task by task (``qps.request_order=benchmark``, the only order before
+#: the shuffled default), a later task's longer prompts or answers. On the CPU default (24
+#: requests a rate, task by task) full prefill's slope was 0.015 [0.002, 0.031] at half its
+#: capacity and 0.68 [0.56, 0.86] at twice it.
 GROWTH_TOLERANCE = 0.1
 
 
 def ttft_growth(ok: pd.DataFrame) -> dict[str, Any]:
     """How fast the queue grew during one rate's burst: the slope of the completed requests'
     TTFT on their send times (``start_time``) with its interval, and ``queue_grows`` where
-    the interval lies wholly above :data:`GROWTH_TOLERANCE` (None where the slope is unknown: too few requests,
-    or rows written before send times were recorded)."""
+    the interval lies wholly above :data:`GROWTH_TOLERANCE` (None where the slope is
+    unknown: too few requests, or rows written before send times were recorded)."""
     if "start_time" in ok and len(ok):
         est = slope_ci(pd.to_numeric(ok["start_time"], errors="coerce"), pd.to_numeric(ok["ttft_s"], errors="coerce"))
     else:

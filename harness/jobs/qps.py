@@ -29,8 +29,8 @@ tokens of the whole prompt, such as SpecPrefill) on one model and benchmark. The
 Everything is bounded (requests per point, points, a time limit per point) and the
 servers are stopped (process group, TERM then KILL) however the job ends. Rows go to the
 one results store (``kind=qps``, one per request and rate; a killed run resumes by
-rate; the request set, ``tasks`` and ``limit``, is in the hash, as every rate serves all of
-it) under ``<out>/<model>/<benchmark>-<length>/qps-<method>-<hash>/``; the summaries
+rate; the request set, ``tasks`` and ``limit``, and its order, ``qps.request_order``, are in
+the hash, as every rate serves all of it) under ``<out>/<model>/<benchmark>-<length>/qps-<method>-<hash>/``; the summaries
 (per rate, and max QPS per method with its ratio to the reference's, on the same
 machine and dtype under the same serving settings, which every row records) are in ``<out>/summary.md`` (:func:`harness.analysis.serving.summarize_qps`).
 """
