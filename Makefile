@@ -17,7 +17,7 @@ MINFERENCE := minference==0.1.6.0
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=% gpu=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare experiment fetch-models speculator-depth speculator-family multiturn draft-family report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
+.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare experiment fetch-models speculator-depth speculator-family multiturn draft-family positions report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
 
 setup: $(if $(filter 1,$(gpu)),cuda-driver) $(VENV)/.installed $(if $(filter 1,$(gpu)),$(VENV)/.installed-gpu)
 
@@ -186,6 +186,14 @@ multiturn: setup
 $(call takes,draft-family,limit length keep_tokens model dry_run,dry_run)
 draft-family: setup
 	$(PY) -m harness.studies.draft_family $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep_tokens),--keep-tokens $(keep_tokens)) $(if $(model),--model $(model)) $(call yes_no,dry_run,--dry-run)
+
+# The same kept tokens at their original positions or re-numbered 0..K-1 (needs make fetch-models
+# first): SpecPrefill and SpecPC, each in both position modes at keep 0.1 and 0.3, beside full
+# prefill, on Qwen2.5-Coder-1.5B with its 0.5B draft, RULER 2K on four tasks x 15, paired by sample
+# (results/positions/).
+$(call takes,positions,limit length keep methods model dry_run,dry_run)
+positions: setup
+	$(PY) -m harness.studies.positions $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(methods),--methods $(subst $(comma),$(space),$(methods))) $(if $(model),--model $(model)) $(call yes_no,dry_run,--dry-run)
 
 # Our RULER 4K against lm-eval's RULER tasks, full prefill, side by side (results/reference/).
 $(call takes,lm-eval-crosscheck,limit)

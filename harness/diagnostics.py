@@ -3,6 +3,8 @@ needle, a variable-tracking chain, a QA gold document) that survived into the pr
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 
@@ -18,6 +20,17 @@ def needle_kept(kept: torch.Tensor | None, needles: torch.Tensor) -> float | Non
     if needles.numel() == 0 or kept is None:
         return None
     return float(torch.isin(needles, kept).float().mean())
+
+
+def kept_hash(kept: torch.Tensor | None) -> str | None:
+    """Which prompt tokens a method kept, as SHA-256 (16 hex) of their sorted indices (None where
+    no token maps back to the prompt: a rewritten text, a KV press's per-head entries). Two rows
+    of one sample with the same hash prefilled the same tokens, whatever positions they gave them
+    (the position study pairs on it)."""
+    if kept is None:
+        return None
+    idx = torch.sort(kept.detach().to("cpu", torch.int64).flatten()).values
+    return hashlib.sha256(idx.numpy().astype("<i8").tobytes()).hexdigest()[:16]
 
 
 def needle_depth(prompt: str, context: str, spans: tuple[tuple[int, int], ...]) -> float | None:

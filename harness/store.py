@@ -196,6 +196,10 @@ class EvalRecord(RunRecord):
     #: niah_multikey_1's other keys; Sample.distractor_spans); None without any, or in older
     #: rows, whose ``needle_kept`` on niah_multikey_1 counted them with the asked one.
     distractor_kept: float | None = None
+    #: Which prompt tokens the base prefilled (:func:`harness.diagnostics.kept_hash`: SHA-256, 16
+    #: hex, of the kept indices; a conversation turn's: those the base holds); None where no token
+    #: maps back to the prompt (a rewritten text, a KV press) and in rows before 2026-12-05.
+    kept_hash: str | None = None
     #: ``make lm-eval``: whether the prompt was cut to its last tokens to fit the window with
     #: the output budget (as lm-eval's own HF model does), and the most prompts planned
     #: together with this document's (lm-eval ``batch_size``; a method that plans a batch in

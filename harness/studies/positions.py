@@ -1,0 +1,260 @@
+"""Study: does it matter that the kept tokens keep their original positions?
+
+SpecPrefill (Liu et al., ICML 2025) prefills the tokens it keeps at their original position ids,
+so RoPE sees the gaps it dropped, and decoding goes on from position N (the prompt's length).
+SpecPC (Galim et al., arXiv 2506.08373), choosing tokens by the same kind of draft attention,
+re-numbers them 0..K-1 and decodes from K, as GemFilter does. Ports of SpecPrefill have lost
+needle recall to position bugs. Which choice keeps more of the answer has not been measured
+with the selection held fixed. This study holds it fixed: each method chooses its tokens once
+per sample, and the two arms differ only in the positions the base gives them
+(``method.position_mode=original`` or ``contiguous``; :func:`specprefill.plan.kept_plan`).
+Every row records which tokens the base prefilled (``kept_hash``), so the study checks that the
+two arms of a sample kept the same tokens before it pairs them. The work is the same in both
+arms (the same tokens are prefilled), so the study measures quality only.
+
+The base and its speculator are a model config's pair (default Qwen2.5-Coder-1.5B with its 0.5B
+sibling: a separate draft of the paper's kind; ``make fetch-models`` first). RULER at
+``--length`` on ``--tasks``, ``--limit`` samples each. Jobs: full prefill once, then one sweep
+per method over ``--keeps`` x both position modes. Per arm: the score and its retention against
+full prefill with 95 % intervals, and the needle kept. Per method and keep: contiguous minus
+original, paired by sample (0-100 points, the tasks weighted equally, 95 % bootstrap), with the
+samples won and lost and the share of pairs that kept the same tokens; the same per task. A
+figure: retention against keep, one line per method and position mode.
+
+    python -m harness.studies.positions [--model qwen2.5-coder-1.5b] [--length 2048]
+        [--tasks niah_single_2 niah_multikey_1 vt qa_1] [--limit 15] [--keeps 0.1 0.3]
+        [--methods specprefill specpc] [--out results/positions] [--no-run] [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.analysis.folder import Analysis, analyze
+from harness.analysis.quality import Point, paired_difference
+from harness.rendering.tables import ci, difference, num
+from harness.studies import require_runs, require_values, run_job
+
+TASKS = ["niah_single_2", "niah_multikey_1", "vt", "qa_1"]
+#: The methods whose kept tokens can take either position mode (an option of theirs), in the
+#: tables' order; the study runs the first two by default.
+METHODS = ["specprefill", "specpc", "gemfilter", "random", "truncate"]
+MODES = ["original", "contiguous"]
+ALL = "ALL"
+PRESETS = Path(__file__).resolve().parents[2] / "conf" / "method"
+
+
+def own_mode(method: str) -> str | None:
+    """The method's own choice, its preset's ``position_mode`` (``conf/method/<method>.yaml``)."""
+    import yaml
+
+    path = PRESETS / f"{method}.yaml"
+    mode = (yaml.safe_load(path.read_text()) or {}).get("position_mode") if path.is_file() else None
+    return None if mode is None else str(mode)
+
+
+def position_mode(options: Any) -> str | None:
+    """A row's ``position_mode`` from its method options (None: a method without one)."""
+    opts = json.loads(options) if isinstance(options, str) else dict(options or {})
+    mode = opts.get("position_mode")
+    return None if mode is None else str(mode)
+
+
+def eval_commands(
+    out: Path, model: str, length: int, tasks: list[str], limit: int, methods: list[str], keeps: list[float]
+) -> list[list[str]]:
+    """Full prefill first (every arm's retention pairs with it), then one sweep per method over
+    the keeps and both position modes: the same samples everywhere."""
+    common = [sys.executable, "-m", "harness.jobs.eval", f"model={model}", "benchmark=ruler", f"length={length}",
+              f"tasks=[{','.join(tasks)}]", f"limit={limit}", f"out={out}"]  # fmt: skip
+    keep = ",".join(f"{k:g}" for k in keeps)
+    return [[*common, "method=full"]] + [
+        [*common, f"method={m}", f"keep={keep}", f"method.position_mode={','.join(MODES)}"] for m in methods
+    ]
+
+
+def table(a: Analysis) -> pd.DataFrame:
+    """One line per arm (method, keep, position mode) and full prefill: the summary's ``ALL`` row."""
+    s = a.summary
+    s = s[s["task"] == ALL]
+    df = pd.DataFrame({
+        "method": s["method_name"].astype(str),
+        "keep": s["keep_rate"].astype(float),
+        "position_mode": [position_mode(o) for o in s["method_options"]],
+        "n": s["n"].astype(int),
+        **{c: s[c] for c in ("score", "score_lo", "score_hi", "retention", "retention_lo", "retention_hi",
+                             "needle_kept", "kept_fraction")},
+    })  # fmt: skip
+    order = {m: i for i, m in enumerate(["full", *METHODS])}
+    df["_m"] = df["method"].map(lambda m: order.get(m, len(order)))
+    df["_p"] = df["position_mode"].map(lambda p: MODES.index(p) if p in MODES else -1)
+    return df.sort_values(["_m", "keep", "_p"]).drop(columns=["_m", "_p"]).reset_index(drop=True)
+
+
+def _arm(rows: pd.DataFrame, method: str, keep: float, mode: str) -> pd.DataFrame:
+    return rows[
+        (rows["method"] == method) & np.isclose(rows["keep_rate"].astype(float), keep) & (rows["position_mode"] == mode)
+    ]
+
+
+def differences(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (method, keep), over all tasks and per task: contiguous minus original on the same
+    samples (:func:`harness.analysis.quality.paired_difference`: 0-100 points, tasks weighted
+    equally, 95 % bootstrap), the samples won and lost by contiguous, and ``same_selection``,
+    the share of pairs whose two rows kept the same tokens (``kept_hash``; NaN where the rows
+    do not record it). Only where it is 1 is the difference the positions' alone.
+
+    ``rows``: eval rows with status ok (:meth:`Analysis.ok`)."""
+    d = rows.assign(position_mode=[position_mode(o) for o in rows["method_options"]])
+    d = d[d["position_mode"].isin(MODES) & d["keep_rate"].notna()]
+    out = []
+    for (method, keep), _ in d.groupby(["method", "keep_rate"], sort=True):
+        orig, cont = _arm(d, str(method), float(keep), "original"), _arm(d, str(method), float(keep), "contiguous")
+        if orig.empty or cont.empty:
+            continue
+        tasks = sorted(set(orig["task"]) & set(cont["task"]))
+        for scope in [ALL, *tasks]:
+            parts = [tasks] if scope == ALL else [[scope]]
+            diff, base_mean, cand_mean = paired_difference(Point(cont), Point(orig), "score", parts)
+            key = ["task", "sample_id"]
+            o, c = (f if scope == ALL else f[f["task"] == scope] for f in (orig, cont))
+            both = (
+                o.drop_duplicates(key).set_index(key)[["score", "kept_hash"]]
+                .join(c.drop_duplicates(key).set_index(key)[["score", "kept_hash"]], lsuffix="_o", rsuffix="_c",
+                      how="inner")
+                .dropna(subset=["score_o", "score_c"])
+            )  # fmt: skip
+            hashed = both["kept_hash_o"].notna() & both["kept_hash_c"].notna()
+            same = (
+                float((both.loc[hashed, "kept_hash_o"] == both.loc[hashed, "kept_hash_c"]).mean())
+                if hashed.all() and len(both)
+                else float("nan")
+            )
+            out.append({
+                "method": str(method), "keep": float(keep), "task": scope, "n": len(both),
+                "original": base_mean, "contiguous": cand_mean,
+                "difference": diff.value, "lo": diff.lo, "hi": diff.hi,
+                "wins": int((both["score_c"] > both["score_o"]).sum()),
+                "losses": int((both["score_c"] < both["score_o"]).sum()),
+                "same_selection": same,
+            })  # fmt: skip
+    return pd.DataFrame(
+        out,
+        columns=["method", "keep", "task", "n", "original", "contiguous", "difference", "lo", "hi", "wins", "losses",
+                 "same_selection"],
+    )  # fmt: skip
+
+
+def _arm_name(method: str, mode: str | None) -> str:
+    if method == "full":
+        return "full prefill"
+    own = " (its own)" if own_mode(method) == mode else ""
+    return f"{method}, {mode}{own}"
+
+
+def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
+    head = "| arm | keep | n | score | retention vs full | needle kept | prefilled (of prompt) |"
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for r in df.itertuples():
+        full = r.method == "full"
+        lines.append(
+            f"| {_arm_name(str(r.method), r.position_mode)} | {'1' if full else f'{r.keep:g}'} | {r.n} | "
+            f"{ci(r.score, r.score_lo, r.score_hi)} | {'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | "
+            f"{num(r.needle_kept, '.2f')} | {num(r.kept_fraction, '.2f')} |"
+        )  # fmt: skip
+    lines += ["", "Score (0-100) and retention (score over full prefill's on the same samples): 95 % bootstrap over "
+              "samples. Needle kept: the share of the asked evidence's tokens the base prefilled (the same in both "
+              "position modes where the selection is)."]  # fmt: skip
+    if diff.empty:
+        return "\n".join(lines)
+    lines += [
+        "",
+        "| method | keep | tasks | n | original | contiguous | contiguous - original [95 %] | wins / losses | "
+        "same tokens kept |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in diff.itertuples():
+        lines.append(
+            f"| {r.method} | {r.keep:g} | {r.task} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
+            f"{difference(r.difference, r.lo, r.hi)} | {r.wins} / {r.losses} | "
+            f"{'not recorded' if pd.isna(r.same_selection) else f'{r.same_selection:.0%}'} |"
+        )  # fmt: skip
+    lines += ["", "Paired by sample: the score with the kept tokens re-numbered 0..K-1 (decoding from K) minus the "
+              "score with them at their original positions (decoding from N), 0-100 points, tasks weighted equally "
+              "in ALL, 95 % bootstrap; wins / losses: samples where contiguous scored higher / lower. Same tokens "
+              "kept: the share of pairs whose two rows prefilled the same tokens (kept_hash); below 100 % the "
+              "difference is not the positions' alone."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def figure(df: pd.DataFrame, path: Path) -> None:
+    """Retention against keep, one line per method and position mode with 95 % intervals (the
+    method's own mode solid, the other dashed); full prefill's 1 as a reference line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    arms = df[df["method"] != "full"]
+    for i, ((method, mode), g) in enumerate(arms.groupby(["method", "position_mode"], sort=False)):
+        g = g.sort_values("keep")
+        own = own_mode(str(method)) == mode
+        ax.errorbar(g["keep"] + (0.004 * (i - 1.5)), g["retention"],
+                    yerr=[g["retention"] - g["retention_lo"], g["retention_hi"] - g["retention"]],
+                    fmt="-o" if mode == "original" else "--s", capsize=3, color=f"C{METHODS.index(method) if method in METHODS else 2}",
+                    alpha=1.0 if own else 0.7, label=_arm_name(str(method), str(mode)))  # fmt: skip
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("keep rate (share of the prompt prefilled)")
+    ax.set_ylabel("retention (score / full prefill's, 95 % interval)")
+    ax.set_title("The same kept tokens at their original positions or re-numbered")
+    if len(arms):
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="a conf/model name (its speculator is the draft)")
+    ap.add_argument("--length", type=int, default=2048)
+    ap.add_argument("--tasks", nargs="+", default=TASKS)
+    ap.add_argument("--limit", type=int, default=15, help="samples per task")
+    ap.add_argument("--keeps", type=float, nargs="+", default=[0.1, 0.3])
+    ap.add_argument("--methods", nargs="+", default=METHODS[:2], help=f"of {METHODS}")
+    ap.add_argument("--out", type=Path, default=Path("results/positions"))
+    ap.add_argument("--no-run", action="store_true", help="only read the rows already under --out")
+    ap.add_argument("--dry-run", action="store_true", help="print the jobs' plans, load nothing")
+    a = ap.parse_args(argv)
+    require_values(ap, "--keeps", a.keeps, lambda k: 0 < k < 1, "a fraction in (0, 1): keep 1 has no positions to move")
+    require_values(ap, "--limit", [a.limit], lambda n: n >= 1, "1 or more samples a task")
+    require_values(ap, "--methods", a.methods, lambda m: m in METHODS, f"one of {METHODS}")
+    if a.no_run:
+        require_runs(ap, a.out)
+    if a.dry_run:
+        for cmd in eval_commands(a.out, a.model, a.length, a.tasks, a.limit, a.methods, a.keeps):
+            run_job([*cmd, "dry_run=true"])
+        return
+    if not a.no_run:
+        for cmd in eval_commands(a.out, a.model, a.length, a.tasks, a.limit, a.methods, a.keeps):
+            run_job(cmd)
+    found = analyze(a.out)
+    df, diff = table(found), differences(found.ok("eval"))
+    df.to_csv(a.out / "positions.csv", index=False)
+    diff.to_csv(a.out / "positions_differences.csv", index=False)
+    text = markdown(df, diff)
+    (a.out / "positions.md").write_text(text + "\n")
+    figure(df, a.out / "positions.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
