@@ -54,6 +54,7 @@ DRY_RUN_TARGETS = [
     (["experiment", "name=kvpress_ruler4k"], "--dry-run"),
     (["multiturn"], "--dry-run"),
     (["draft-family"], "--dry-run"),
+    (["positions"], "--dry-run"),
     (["kv-compare"], "dry_run=true"),
 ]
 
@@ -137,7 +138,7 @@ def test_every_refusal_of_a_variable_comes_before_setup(tmp_path):
             assert [ln for ln in r.stderr.splitlines() if ln.strip()] == [r.stderr.strip()], r.stderr
     assert sorted(refusing) == sorted(["regress", "regress-accept", "paper", "paper-report", "fetch-models",
                                        "experiment", "report", "bench-scoring-memory", "bench-ruler-generation",
-                                       "speculator-depth", "speculator-family", "multiturn", "draft-family",
+                                       "speculator-depth", "speculator-family", "multiturn", "draft-family", "positions",
                                        "lm-eval-crosscheck", "kv-compare", "kvpress-crosscheck",
                                        "bench-front-throughput", "gpu-check"])  # fmt: skip
     for target, var in [*((t[0][0], "dry_run") for t in DRY_RUN_TARGETS), ("gpu-check", "quick")]:

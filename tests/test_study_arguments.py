@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from harness.studies import kvpress_crosscheck, lm_eval_crosscheck, speculator_depth, speculator_family
+from harness.studies import kvpress_crosscheck, lm_eval_crosscheck, positions, speculator_depth, speculator_family
 
 
 @pytest.fixture
@@ -17,7 +17,7 @@ def no_jobs(monkeypatch):
     def job(cmd):
         raise AssertionError(f"a job started: {cmd}")
 
-    for mod in (speculator_depth, speculator_family, kvpress_crosscheck, lm_eval_crosscheck):
+    for mod in (speculator_depth, speculator_family, kvpress_crosscheck, lm_eval_crosscheck, positions):
         monkeypatch.setattr(mod, "run_job", job)
 
 
@@ -32,6 +32,9 @@ def no_jobs(monkeypatch):
         (speculator_family, ["--no-run", "--out", "{tmp}"], "--no-run: no run's rows under {tmp}"),
         (kvpress_crosscheck, ["--no-run", "--out", "{tmp}"], "--no-run: no run's rows under {tmp}/ours"),
         (lm_eval_crosscheck, ["--no-run", "--out", "{tmp}"], "--no-run: no run's rows under {tmp}/ours"),
+        (positions, ["--keeps", "1"], "--keeps 1.0: allowed: a fraction in (0, 1)"),
+        (positions, ["--methods", "speckv"], "--methods speckv: allowed: one of ['specprefill'"),
+        (positions, ["--no-run", "--out", "{tmp}"], "--no-run: no run's rows under {tmp}"),
     ],
 )
 def test_a_bad_study_argument_is_one_line_before_any_job(module, args, says, tmp_path, monkeypatch, capsys, no_jobs):

@@ -207,8 +207,8 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     for i, ((method, mode), g) in enumerate(arms.groupby(["method", "position_mode"], sort=False)):
         g = g.sort_values("keep")
         own = own_mode(str(method)) == mode
-        ax.errorbar(g["keep"] + (0.004 * (i - 1.5)), g["retention"],
-                    yerr=[g["retention"] - g["retention_lo"], g["retention_hi"] - g["retention"]],
+        r, lo, hi = (g[c].to_numpy(dtype=float) for c in ("retention", "retention_lo", "retention_hi"))
+        ax.errorbar(g["keep"].to_numpy(dtype=float) + 0.004 * (i - 1.5), r, yerr=[r - lo, hi - r],
                     fmt="-o" if mode == "original" else "--s", capsize=3, color=f"C{METHODS.index(method) if method in METHODS else 2}",
                     alpha=1.0 if own else 0.7, label=_arm_name(str(method), str(mode)))  # fmt: skip
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")

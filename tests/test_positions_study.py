@@ -1,0 +1,132 @@
+"""The position study (harness/studies/positions.py) and the row field it pairs on (kept_hash):
+its jobs run full prefill once and each method in both position modes on the same samples; its
+paired differences are checked against numbers worked out by hand; a pair whose two rows kept
+different tokens is counted, so a difference that is not the positions' alone shows; and a tiny
+real run keeps the same tokens in both modes, at the positions each mode promises."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from harness.analysis.folder import analyze
+from harness.diagnostics import kept_hash
+from harness.jobs.eval import EvalConfig, execute, prepare
+from harness.studies import positions as study
+from specprefill.plan import Prompt, kept_plan
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def test_jobs_run_full_prefill_once_then_each_method_in_both_modes(tmp_path):
+    cmds = study.eval_commands(tmp_path, "qwen2.5-coder-1.5b", 2048, ["vt", "qa_1"], 15, ["specprefill", "specpc"],
+                               [0.1, 0.3])  # fmt: skip
+    assert len(cmds) == 3 and "method=full" in cmds[0] and not any(c.startswith("keep=") for c in cmds[0])
+    for cmd, method in zip(cmds[1:], ["specprefill", "specpc"], strict=True):
+        assert f"method={method}" in cmd and "keep=0.1,0.3" in cmd
+        assert "method.position_mode=original,contiguous" in cmd
+    # every job reads the same samples
+    assert len({tuple(c for c in cmd if c.startswith(("tasks=", "limit=", "length=", "model="))) for cmd in cmds}) == 1
+
+
+def test_each_method_s_own_mode_is_its_preset_s():
+    assert study.own_mode("specprefill") == "original"  # the paper's reference behaviour
+    assert study.own_mode("specpc") == "contiguous"  # the draft-based papers' code
+    assert study.own_mode("gemfilter") == "contiguous" and study.own_mode("random") == "original"
+    assert study.own_mode("full") is None
+
+
+def test_kept_hash_names_the_set_of_kept_tokens_not_their_order_or_positions():
+    a = kept_hash(torch.tensor([5, 1, 2]))
+    assert a == kept_hash(torch.tensor([1, 2, 5])) and len(a) == 16
+    assert a != kept_hash(torch.tensor([1, 2, 6])) and a != kept_hash(torch.tensor([1, 2]))
+    assert kept_hash(None) is None
+    # the two modes' plans of one selection keep the same tokens at different positions
+    prompt = Prompt(input_ids=torch.arange(100, 110))
+    kept = torch.tensor([1, 4, 9])
+    orig, cont = kept_plan(prompt, kept, "original", {}), kept_plan(prompt, kept, "contiguous", {})
+    assert kept_hash(orig.kept_indices) == kept_hash(cont.kept_indices)
+    assert orig.position_ids.tolist() == [1, 4, 9] and orig.next_position == 10
+    assert cont.position_ids.tolist() == [0, 1, 2] and cont.next_position == 3
+
+
+def _rows(scores: dict[tuple[str, str], list[float]], hashes: dict[tuple[str, str], list[str | None]] | None = None):
+    """Eval rows of SpecPrefill at keep 0.1: (mode, task) -> per-sample scores (sample ids 0..)."""
+    out = []
+    for (mode, task), vals in scores.items():
+        hs = (hashes or {}).get((mode, task)) or [f"h{task}{i}" for i in range(len(vals))]
+        for i, (v, h) in enumerate(zip(vals, hs, strict=True)):
+            out.append({"method": "specprefill", "keep_rate": 0.1, "task": task, "sample_id": i, "score": v,
+                        "kept_hash": h, "method_options": json.dumps({"position_mode": mode, "keep_rate": 0.1})})  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def test_contiguous_minus_original_is_paired_by_sample_and_tasks_weigh_equally():
+    rows = _rows({
+        ("original", "a"): [100, 100, 0, 100], ("contiguous", "a"): [0, 100, 0, 100],  # -25 on a
+        ("original", "b"): [100, 100, 100, 100, 0, 0], ("contiguous", "b"): [100, 100, 0, 0, 100, 0],  # -16.7 on b
+    })  # fmt: skip
+    d = study.differences(rows).set_index("task")
+    assert list(d.index) == ["ALL", "a", "b"]
+    assert d.loc["a", "difference"] == pytest.approx(-25.0) and d.loc["b", "difference"] == pytest.approx(-100 / 6)
+    # ALL: the mean of the tasks' differences (not of the 10 samples: -30)
+    assert d.loc["ALL", "difference"] == pytest.approx((-25.0 - 100 / 6) / 2)
+    assert d.loc["ALL", "original"] == pytest.approx((75 + 400 / 6) / 2)
+    assert (d.loc["ALL", "wins"], d.loc["ALL", "losses"], d.loc["ALL", "n"]) == (1, 3, 10)
+    assert (d.loc["a", "wins"], d.loc["a", "losses"]) == (0, 1)
+    assert d.loc["ALL", "lo"] <= d.loc["ALL", "difference"] <= d.loc["ALL", "hi"]
+    assert (d["same_selection"] == 1.0).all()
+
+
+def test_a_pair_that_kept_other_tokens_shows_and_unrecorded_selections_are_not_called_the_same():
+    scores = {("original", "a"): [100, 0, 100, 100], ("contiguous", "a"): [100, 0, 100, 0]}
+    differ = {("original", "a"): ["x0", "x1", "x2", "x3"], ("contiguous", "a"): ["x0", "x1", "y2", "x3"]}
+    d = study.differences(_rows(scores, differ)).set_index("task")
+    assert d.loc["ALL", "same_selection"] == pytest.approx(0.75)
+    assert "| 75% |" in study.markdown(pd.DataFrame(columns=["method"]), d.reset_index())
+    old = {("original", "a"): ["x0", "x1", "x2", "x3"], ("contiguous", "a"): [None, None, None, None]}
+    d = study.differences(_rows(scores, old)).set_index("task")  # rows before kept_hash
+    assert np.isnan(d.loc["ALL", "same_selection"])
+    assert "not recorded" in study.markdown(pd.DataFrame(columns=["method"]), d.reset_index())
+
+
+def test_a_sample_only_one_mode_ran_is_left_out_and_a_method_in_one_mode_has_no_line():
+    rows = _rows({("original", "a"): [100, 0, 100], ("contiguous", "a"): [0, 0]})
+    d = study.differences(rows).set_index("task")
+    assert d.loc["ALL", "n"] == 2 and d.loc["ALL", "difference"] == pytest.approx(-50.0)
+    assert study.differences(_rows({("original", "a"): [100, 0]})).empty
+
+
+def _eval(tmp_path: Path, overrides: list[str]) -> None:
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "model=tiny-random", "benchmark=ruler", "tasks=[niah_single_1]", "length=1024", "limit=3", "max_new=2",
+            f"out={tmp_path}", *overrides])  # fmt: skip
+    execute(prepare(EvalConfig.from_hydra(cfg)))
+
+
+def test_a_tiny_run_keeps_the_same_tokens_in_both_modes(tmp_path):
+    _eval(tmp_path, ["method=full"])
+    for mode in study.MODES:
+        _eval(tmp_path, ["method=specprefill", "keep=0.3", f"method.position_mode={mode}"])
+    a = analyze(tmp_path)
+    df, diff = study.table(a), study.differences(a.ok("eval"))
+    assert df["method"].tolist() == ["full", "specprefill", "specprefill"]
+    assert df["position_mode"].tolist()[1:] == ["original", "contiguous"] and (df["n"] == 3).all()
+    assert diff["task"].tolist() == ["ALL", "niah_single_1"] and (diff["n"] == 3).all()
+    assert (diff["same_selection"] == 1.0).all()  # the selection does not depend on the mode
+    rows = a.ok("eval")
+    assert rows["kept_hash"].notna().all()
+    full = rows[rows["method"] == "full"]
+    assert full["kept_hash"].tolist() == [kept_hash(torch.arange(int(n))) for n in full["prompt_tokens"]]
+    text = study.markdown(df, diff)
+    assert "specprefill, original (its own)" in text and "| 100% |" in text
+    study.main(["--no-run", "--out", str(tmp_path)])
+    assert (tmp_path / "positions.md").exists() and (tmp_path / "positions.png").exists()
+    assert pd.read_csv(tmp_path / "positions_differences.csv")["same_selection"].eq(1.0).all()
