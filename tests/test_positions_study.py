@@ -103,6 +103,20 @@ def test_a_sample_only_one_mode_ran_is_left_out_and_a_method_in_one_mode_has_no_
     assert study.differences(_rows({("original", "a"): [100, 0]})).empty
 
 
+def test_rows_of_another_length_in_the_same_folder_are_not_pairs():
+    at = {2048: _rows({("original", "a"): [100, 100], ("contiguous", "a"): [0, 100]}),
+          4096: _rows({("original", "a"): [0, 0], ("contiguous", "a"): [100, 100]})}  # fmt: skip
+    rows = pd.concat([f.assign(length=n, model="m") for n, f in at.items()], ignore_index=True)
+    d = study.differences(rows)
+    got = d[d["task"] == "ALL"].set_index("length")["difference"]
+    assert got.to_dict() == pytest.approx({2048: -50.0, 4096: 100.0})
+    assert "| 2048 | specprefill | 0.1 | ALL |" in study.markdown(pd.DataFrame(columns=["method"]), d)
+    # one mode at each length: nothing to pair
+    lone = pd.concat([at[2048][at[2048]["method_options"].str.contains("original")].assign(length=2048),
+                      at[4096][at[4096]["method_options"].str.contains("contiguous")].assign(length=4096)])  # fmt: skip
+    assert study.differences(lone).empty
+
+
 def _eval(tmp_path: Path, overrides: list[str]) -> None:
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="config", overrides=[

@@ -34,7 +34,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from harness.analysis.folder import Analysis, analyze
@@ -85,6 +84,7 @@ def table(a: Analysis) -> pd.DataFrame:
     s = a.summary
     s = s[s["task"] == ALL]
     df = pd.DataFrame({
+        "model": s["model"].astype(str), "length": s["length"].astype(int),
         "method": s["method_name"].astype(str),
         "keep": s["keep_rate"].astype(float),
         "position_mode": [position_mode(o) for o in s["method_options"]],
@@ -95,13 +95,12 @@ def table(a: Analysis) -> pd.DataFrame:
     order = {m: i for i, m in enumerate(["full", *METHODS])}
     df["_m"] = df["method"].map(lambda m: order.get(m, len(order)))
     df["_p"] = df["position_mode"].map(lambda p: MODES.index(p) if p in MODES else -1)
-    return df.sort_values(["_m", "keep", "_p"]).drop(columns=["_m", "_p"]).reset_index(drop=True)
+    return df.sort_values(["model", "length", "_m", "keep", "_p"]).drop(columns=["_m", "_p"]).reset_index(drop=True)
 
 
-def _arm(rows: pd.DataFrame, method: str, keep: float, mode: str) -> pd.DataFrame:
-    return rows[
-        (rows["method"] == method) & np.isclose(rows["keep_rate"].astype(float), keep) & (rows["position_mode"] == mode)
-    ]
+#: What a pair must share besides the sample: two rows of one sample id from another model,
+#: speculator, length or dtype (one --out holding two runs of the study) are not a pair.
+SETUP = ["model", "speculator", "backend", "dtype", "benchmark", "length"]
 
 
 def differences(rows: pd.DataFrame) -> pd.DataFrame:
@@ -114,9 +113,12 @@ def differences(rows: pd.DataFrame) -> pd.DataFrame:
     ``rows``: eval rows with status ok (:meth:`Analysis.ok`)."""
     d = rows.assign(position_mode=[position_mode(o) for o in rows["method_options"]])
     d = d[d["position_mode"].isin(MODES) & d["keep_rate"].notna()]
+    setup = [c for c in SETUP if c in d]
     out = []
-    for (method, keep), _ in d.groupby(["method", "keep_rate"], sort=True):
-        orig, cont = _arm(d, str(method), float(keep), "original"), _arm(d, str(method), float(keep), "contiguous")
+    for key, g in d.groupby([*setup, "method", "keep_rate"], sort=True, dropna=False):
+        where = dict(zip([*setup, "method", "keep_rate"], key, strict=True))
+        method, keep = str(where["method"]), float(where["keep_rate"])
+        orig, cont = g[g["position_mode"] == "original"], g[g["position_mode"] == "contiguous"]
         if orig.empty or cont.empty:
             continue
         tasks = sorted(set(orig["task"]) & set(cont["task"]))
@@ -138,7 +140,7 @@ def differences(rows: pd.DataFrame) -> pd.DataFrame:
                 else float("nan")
             )
             out.append({
-                "method": str(method), "keep": float(keep), "task": scope, "n": len(both),
+                **{c: where[c] for c in setup}, "method": method, "keep": keep, "task": scope, "n": len(both),
                 "original": base_mean, "contiguous": cand_mean,
                 "difference": diff.value, "lo": diff.lo, "hi": diff.hi,
                 "wins": int((both["score_c"] > both["score_o"]).sum()),
@@ -147,8 +149,8 @@ def differences(rows: pd.DataFrame) -> pd.DataFrame:
             })  # fmt: skip
     return pd.DataFrame(
         out,
-        columns=["method", "keep", "task", "n", "original", "contiguous", "difference", "lo", "hi", "wins", "losses",
-                 "same_selection"],
+        columns=[*setup, "method", "keep", "task", "n", "original", "contiguous", "difference", "lo", "hi", "wins",
+                 "losses", "same_selection"],
     )  # fmt: skip
 
 
@@ -159,12 +161,21 @@ def _arm_name(method: str, mode: str | None) -> str:
     return f"{method}, {mode}{own}"
 
 
+def _varying(*frames: pd.DataFrame) -> list[str]:
+    """The setup columns (model, length) with more than one value across ``frames``: the tables
+    print them only then (one run of the study has one of each)."""
+    return [c for c in ("model", "length") if len({v for f in frames if c in f for v in f[c]}) > 1]
+
+
 def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
-    head = "| arm | keep | n | score | retention vs full | needle kept | prefilled (of prompt) |"
+    setup = _varying(df, diff)
+    lead = "".join(f"| {c} " for c in setup)
+    head = lead + "| arm | keep | n | score | retention vs full | needle kept | prefilled (of prompt) |"
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in df.itertuples():
         full = r.method == "full"
         lines.append(
+            "".join(f"| {getattr(r, c)} " for c in setup) +
             f"| {_arm_name(str(r.method), r.position_mode)} | {'1' if full else f'{r.keep:g}'} | {r.n} | "
             f"{ci(r.score, r.score_lo, r.score_hi)} | {'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | "
             f"{num(r.needle_kept, '.2f')} | {num(r.kept_fraction, '.2f')} |"
@@ -174,14 +185,12 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
               "position modes where the selection is)."]  # fmt: skip
     if diff.empty:
         return "\n".join(lines)
-    lines += [
-        "",
-        "| method | keep | tasks | n | original | contiguous | contiguous - original [95 %] | wins / losses | "
-        "same tokens kept |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    head = (lead + "| method | keep | tasks | n | original | contiguous | contiguous - original [95 %] | "
+            "wins / losses | same tokens kept |")  # fmt: skip
+    lines += ["", head, "|---" * (head.count("|") - 1) + "|"]
     for r in diff.itertuples():
         lines.append(
+            "".join(f"| {getattr(r, c)} " for c in setup) +
             f"| {r.method} | {r.keep:g} | {r.task} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
             f"{difference(r.difference, r.lo, r.hi)} | {r.wins} / {r.losses} | "
             f"{'not recorded' if pd.isna(r.same_selection) else f'{r.same_selection:.0%}'} |"
