@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from harness.analysis.folder import Analysis, analyze
@@ -217,7 +218,7 @@ def figure(df: pd.DataFrame, path: Path) -> None:
         g = g.sort_values("keep")
         own = own_mode(str(method)) == mode
         r, lo, hi = (g[c].to_numpy(dtype=float) for c in ("retention", "retention_lo", "retention_hi"))
-        ax.errorbar(g["keep"].to_numpy(dtype=float) + 0.004 * (i - 1.5), r, yerr=[r - lo, hi - r],
+        ax.errorbar(g["keep"].to_numpy(dtype=float) + 0.004 * (i - 1.5), r, yerr=np.vstack([r - lo, hi - r]),
                     fmt="-o" if mode == "original" else "--s", capsize=3, color=f"C{METHODS.index(method) if method in METHODS else 2}",
                     alpha=1.0 if own else 0.7, label=_arm_name(str(method), str(mode)))  # fmt: skip
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
