@@ -103,6 +103,22 @@ def test_a_sample_only_one_mode_ran_is_left_out_and_a_method_in_one_mode_has_no_
     assert study.differences(_rows({("original", "a"): [100, 0]})).empty
 
 
+def test_by_depth_pools_the_pairs_of_each_third_of_the_context():
+    rows = _rows({("original", "a"): [100, 100, 0, 100], ("contiguous", "a"): [0, 100, 100, 100],
+                  ("original", "b"): [100, 0], ("contiguous", "b"): [0, 0]})  # fmt: skip
+    depth = {("a", 0): 0.1, ("a", 1): 0.2, ("a", 2): 0.5, ("a", 3): 0.9, ("b", 0): 0.05, ("b", 1): None}
+    rows["needle_depth"] = [depth[(t, i)] for t, i in zip(rows["task"], rows["sample_id"], strict=True)]
+    d = study.by_depth(rows).set_index("depth")
+    assert list(d.index) == list(study.DEPTH_LABELS)
+    # first third: a0 (-100), a1 (0), b0 (-100); middle: a2 (+100); last: a3 (0); b1 has no depth
+    assert d["n"].tolist() == [3, 1, 1]
+    assert d["difference"].tolist() == pytest.approx([-200 / 3, 100.0, 0.0])
+    assert (d.loc["first third", "original"], d.loc["first third", "contiguous"]) == pytest.approx((100.0, 100 / 3))
+    assert d.loc["first third", "lo"] <= d.loc["first third", "difference"] <= d.loc["first third", "hi"]
+    text = study.markdown(pd.DataFrame(columns=["method"]), study.differences(rows), study.by_depth(rows))
+    assert "| specprefill | 0.1 | middle third | 1 |" in text
+
+
 def test_rows_of_another_length_in_the_same_folder_are_not_pairs():
     at = {2048: _rows({("original", "a"): [100, 100], ("contiguous", "a"): [0, 100]}),
           4096: _rows({("original", "a"): [0, 0], ("contiguous", "a"): [100, 100]})}  # fmt: skip
@@ -139,8 +155,9 @@ def test_a_tiny_run_keeps_the_same_tokens_in_both_modes(tmp_path):
     assert rows["kept_hash"].notna().all()
     full = rows[rows["method"] == "full"]
     assert full["kept_hash"].tolist() == [kept_hash(torch.arange(int(n))) for n in full["prompt_tokens"]]
-    text = study.markdown(df, diff)
-    assert "specprefill, original (its own)" in text and "| 100% |" in text
+    text = study.markdown(df, diff, study.by_depth(a.ok("eval")))
+    assert "specprefill, original (its own)" in text and "| 100% |" in text and "evidence in the context's" in text
     study.main(["--no-run", "--out", str(tmp_path)])
     assert (tmp_path / "positions.md").exists() and (tmp_path / "positions.png").exists()
+    assert set(pd.read_csv(tmp_path / "positions_by_depth.csv")["depth"]) <= set(study.DEPTH_LABELS)
     assert pd.read_csv(tmp_path / "positions_differences.csv")["same_selection"].eq(1.0).all()

@@ -18,8 +18,9 @@ sibling: a separate draft of the paper's kind; ``make fetch-models`` first). RUL
 per method over ``--keeps`` x both position modes. Per arm: the score and its retention against
 full prefill with 95 % intervals, and the needle kept. Per method and keep: contiguous minus
 original, paired by sample (0-100 points, the tasks weighted equally, 95 % bootstrap), with the
-samples won and lost and the share of pairs that kept the same tokens; the same per task. A
-figure: retention against keep, one line per method and position mode.
+samples won and lost and the share of pairs that kept the same tokens; the same per task, and by
+the third of the context the asked evidence sits in. A figure: retention against keep, one line
+per method and position mode.
 
     python -m harness.studies.positions [--model qwen2.5-coder-1.5b] [--length 2048]
         [--tasks niah_single_2 niah_multikey_1 vt qa_1] [--limit 15] [--keeps 0.1 0.3]
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ import pandas as pd
 
 from harness.analysis.folder import Analysis, analyze
 from harness.analysis.quality import Point, paired_difference
+from harness.analysis.stats import NAN, estimate, mean_draws, task_seed
 from harness.rendering.tables import ci, difference, num
 from harness.studies import require_runs, require_values, run_job
 
@@ -104,55 +107,87 @@ def table(a: Analysis) -> pd.DataFrame:
 SETUP = ["model", "speculator", "backend", "dtype", "benchmark", "length"]
 
 
-def differences(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per (method, keep), over all tasks and per task: contiguous minus original on the same
-    samples (:func:`harness.analysis.quality.paired_difference`: 0-100 points, tasks weighted
-    equally, 95 % bootstrap), the samples won and lost by contiguous, and ``same_selection``,
-    the share of pairs whose two rows kept the same tokens (``kept_hash``; NaN where the rows
-    do not record it). Only where it is 1 is the difference the positions' alone.
+KEY = ["task", "sample_id"]
+#: Needle-depth bins of :func:`by_depth`: the context's thirds (0 = its start, 1 = its end).
+DEPTH_EDGES = (0.0, 1 / 3, 2 / 3, 1.0)
+DEPTH_LABELS = ("first third", "middle third", "last third")
 
-    ``rows``: eval rows with status ok (:meth:`Analysis.ok`)."""
+
+def _arms(rows: pd.DataFrame) -> Iterator[tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]]:
+    """Per setup, method and keep with both modes: (what they share, the original rows, the
+    contiguous rows). ``rows``: eval rows with status ok (:meth:`Analysis.ok`)."""
     d = rows.assign(position_mode=[position_mode(o) for o in rows["method_options"]])
     d = d[d["position_mode"].isin(MODES) & d["keep_rate"].notna()]
-    setup = [c for c in SETUP if c in d]
-    out = []
-    for key, g in d.groupby([*setup, "method", "keep_rate"], sort=True, dropna=False):
-        where = dict(zip([*setup, "method", "keep_rate"], key, strict=True))
-        method, keep = str(where["method"]), float(where["keep_rate"])
+    cols = [*(c for c in SETUP if c in d), "method", "keep_rate"]
+    for key, g in d.groupby(cols, sort=True, dropna=False):
+        where = dict(zip(cols, key, strict=True))
         orig, cont = g[g["position_mode"] == "original"], g[g["position_mode"] == "contiguous"]
-        if orig.empty or cont.empty:
-            continue
+        if not orig.empty and not cont.empty:
+            yield where, orig, cont
+
+
+def _joined(orig: pd.DataFrame, cont: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """The samples both modes scored, one line each: ``<column>_o`` and ``<column>_c``."""
+    o, c = (f.drop_duplicates(KEY).set_index(KEY)[columns] for f in (orig, cont))
+    return o.join(c, lsuffix="_o", rsuffix="_c", how="inner").dropna(subset=["score_o", "score_c"])
+
+
+def _label(where: dict[str, Any]) -> dict[str, Any]:
+    """A table line's setup columns, with the method and keep under the study's names."""
+    out = {k: v for k, v in where.items() if k not in ("method", "keep_rate")}
+    return {**out, "method": str(where["method"]), "keep": float(where["keep_rate"])}
+
+
+def differences(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (setup, method, keep), over all tasks and per task: contiguous minus original on the
+    same samples (:func:`harness.analysis.quality.paired_difference`: 0-100 points, tasks
+    weighted equally, 95 % bootstrap), the samples won and lost by contiguous, and
+    ``same_selection``, the share of pairs whose two rows kept the same tokens (``kept_hash``;
+    NaN where the rows do not record it). Only where it is 1 is the difference the positions'
+    alone. ``rows``: eval rows with status ok (:meth:`Analysis.ok`)."""
+    out = []
+    for where, orig, cont in _arms(rows):
         tasks = sorted(set(orig["task"]) & set(cont["task"]))
         for scope in [ALL, *tasks]:
             parts = [tasks] if scope == ALL else [[scope]]
             diff, base_mean, cand_mean = paired_difference(Point(cont), Point(orig), "score", parts)
-            key = ["task", "sample_id"]
             o, c = (f if scope == ALL else f[f["task"] == scope] for f in (orig, cont))
-            both = (
-                o.drop_duplicates(key).set_index(key)[["score", "kept_hash"]]
-                .join(c.drop_duplicates(key).set_index(key)[["score", "kept_hash"]], lsuffix="_o", rsuffix="_c",
-                      how="inner")
-                .dropna(subset=["score_o", "score_c"])
-            )  # fmt: skip
+            both = _joined(o, c, ["score", "kept_hash"])
             hashed = both["kept_hash_o"].notna() & both["kept_hash_c"].notna()
             same = (
-                float((both.loc[hashed, "kept_hash_o"] == both.loc[hashed, "kept_hash_c"]).mean())
+                float((both["kept_hash_o"] == both["kept_hash_c"]).mean())
                 if hashed.all() and len(both)
                 else float("nan")
             )
             out.append({
-                **{c: where[c] for c in setup}, "method": method, "keep": keep, "task": scope, "n": len(both),
-                "original": base_mean, "contiguous": cand_mean,
+                **_label(where), "task": scope, "n": len(both), "original": base_mean, "contiguous": cand_mean,
                 "difference": diff.value, "lo": diff.lo, "hi": diff.hi,
                 "wins": int((both["score_c"] > both["score_o"]).sum()),
                 "losses": int((both["score_c"] < both["score_o"]).sum()),
                 "same_selection": same,
             })  # fmt: skip
-    return pd.DataFrame(
-        out,
-        columns=[*setup, "method", "keep", "task", "n", "original", "contiguous", "difference", "lo", "hi", "wins",
-                 "losses", "same_selection"],
-    )  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def by_depth(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (setup, method, keep) and third of the context the asked evidence sits in (its
+    ``needle_depth``, the same in both modes): contiguous minus original over the pairs there,
+    pooled over the tasks (each sample weighs the same), 95 % bootstrap over those pairs.
+    Where re-numbering costs, this says whether it costs more for evidence far from the
+    question (the prompt's end), whose distance to it re-numbering shrinks most."""
+    out = []
+    for where, orig, cont in _arms(rows):
+        both = _joined(orig, cont, ["score", "needle_depth"]).dropna(subset=["needle_depth_o"])
+        bins = pd.cut(both["needle_depth_o"], DEPTH_EDGES, labels=DEPTH_LABELS, include_lowest=True)
+        for label in DEPTH_LABELS:
+            g = both[bins == label]
+            d = (g["score_c"] - g["score_o"]).to_numpy(dtype=float)
+            e = estimate(float(d.mean()), mean_draws(d, task_seed(f"depth:{label}")), len(d)) if len(d) else NAN
+            out.append({**_label(where), "depth": label, "n": len(d),
+                        "original": float(g["score_o"].mean()) if len(d) else float("nan"),
+                        "contiguous": float(g["score_c"].mean()) if len(d) else float("nan"),
+                        "difference": e.value, "lo": e.lo, "hi": e.hi})  # fmt: skip
+    return pd.DataFrame(out)
 
 
 def _arm_name(method: str, mode: str | None) -> str:
@@ -168,7 +203,7 @@ def _varying(*frames: pd.DataFrame) -> list[str]:
     return [c for c in ("model", "length") if len({v for f in frames if c in f for v in f[c]}) > 1]
 
 
-def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
+def markdown(df: pd.DataFrame, diff: pd.DataFrame, depth: pd.DataFrame | None = None) -> str:
     setup = _varying(df, diff)
     lead = "".join(f"| {c} " for c in setup)
     head = lead + "| arm | keep | n | score | retention vs full | needle kept | prefilled (of prompt) |"
@@ -201,6 +236,22 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
               "in ALL, 95 % bootstrap; wins / losses: samples where contiguous scored higher / lower. Same tokens "
               "kept: the share of pairs whose two rows prefilled the same tokens (kept_hash); below 100 % the "
               "difference is not the positions' alone."]  # fmt: skip
+    if depth is None or depth.empty:
+        return "\n".join(lines)
+    head = (
+        lead
+        + "| method | keep | evidence in the context's | n | original | contiguous | contiguous - original [95 %] |"
+    )
+    lines += ["", head, "|---" * (head.count("|") - 1) + "|"]
+    for r in depth.itertuples():
+        lines.append(
+            "".join(f"| {getattr(r, c)} " for c in setup) +
+            f"| {r.method} | {r.keep:g} | {r.depth} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
+            f"{difference(r.difference, r.lo, r.hi)} |"
+        )  # fmt: skip
+    lines += ["", "By where the asked evidence sits in the context (needle_depth: 0 its start, 1 its end; the question "
+              "follows the context), every task's pairs pooled, each sample weighing the same, 95 % bootstrap over "
+              "the pairs in the bin."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -257,10 +308,12 @@ def main(argv: list[str] | None = None) -> None:
         for cmd in eval_commands(a.out, a.model, a.length, a.tasks, a.limit, a.methods, a.keeps):
             run_job(cmd)
     found = analyze(a.out)
-    df, diff = table(found), differences(found.ok("eval"))
+    rows = found.ok("eval")
+    df, diff, depth = table(found), differences(rows), by_depth(rows)
     df.to_csv(a.out / "positions.csv", index=False)
     diff.to_csv(a.out / "positions_differences.csv", index=False)
-    text = markdown(df, diff)
+    depth.to_csv(a.out / "positions_by_depth.csv", index=False)
+    text = markdown(df, diff, depth)
     (a.out / "positions.md").write_text(text + "\n")
     figure(df, a.out / "positions.png")
     print(text)
