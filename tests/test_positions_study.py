@@ -119,6 +119,22 @@ def test_by_depth_pools_the_pairs_of_each_third_of_the_context():
     assert "| specprefill | 0.1 | middle third | 1 |" in text
 
 
+def test_between_methods_compares_the_selections_at_the_same_positions():
+    sp = _rows({("original", "a"): [100, 100, 0], ("contiguous", "a"): [100, 0, 0],
+                ("original", "b"): [100, 100], ("contiguous", "b"): [100, 100]})  # fmt: skip
+    pc = _rows({("original", "a"): [0, 100, 0], ("contiguous", "a"): [0, 0, 0],
+                ("original", "b"): [100, 0], ("contiguous", "b"): [0, 0]}).assign(method="specpc")  # fmt: skip
+    d = study.between_methods(pd.concat([pc, sp], ignore_index=True)).set_index("position_mode")
+    assert (d["method"] == "specpc").all() and (d["against"] == "specprefill").all()
+    # original: a -33.3, b -50 -> -41.7; contiguous: a -33.3, b -100 -> -66.7 (tasks weighted equally)
+    assert d.loc["original", "difference"] == pytest.approx((-100 / 3 - 50) / 2)
+    assert d.loc["contiguous", "difference"] == pytest.approx((-100 / 3 - 100) / 2)
+    assert (d["n"] == 5).all()
+    text = study.markdown(pd.DataFrame(columns=["method"]), study.differences(sp), None, d.reset_index())
+    assert "| specpc | specprefill | 0.1 | original | 5 |" in text
+    assert study.between_methods(sp).empty  # one method: nothing to compare
+
+
 def test_rows_of_another_length_in_the_same_folder_are_not_pairs():
     at = {2048: _rows({("original", "a"): [100, 100], ("contiguous", "a"): [0, 100]}),
           4096: _rows({("original", "a"): [0, 0], ("contiguous", "a"): [100, 100]})}  # fmt: skip

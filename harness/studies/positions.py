@@ -19,7 +19,8 @@ per method over ``--keeps`` x both position modes. Per arm: the score and its re
 full prefill with 95 % intervals, and the needle kept. Per method and keep: contiguous minus
 original, paired by sample (0-100 points, the tasks weighted equally, 95 % bootstrap), with the
 samples won and lost and the share of pairs that kept the same tokens; the same per task, and by
-the third of the context the asked evidence sits in. A figure: retention against keep, one line
+the third of the context the asked evidence sits in; and the methods against each other at the
+same positions (the selections alone). A figure: retention against keep, one line
 per method and position mode.
 
     python -m harness.studies.positions [--model qwen2.5-coder-1.5b] [--length 2048]
@@ -190,6 +191,29 @@ def by_depth(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def between_methods(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (setup, keep, position mode): each method minus the first of :data:`METHODS` run
+    (SpecPrefill by default), paired by sample (:func:`paired_difference`, tasks weighted
+    equally, 95 % bootstrap): the two selections compared at the same positions, the part of
+    a gap between the methods that is not the positions'."""
+    d = rows.assign(position_mode=[position_mode(o) for o in rows["method_options"]])
+    d = d[d["position_mode"].isin(MODES) & d["keep_rate"].notna() & d["method"].isin(METHODS)]
+    cols = [*(c for c in SETUP if c in d), "keep_rate", "position_mode"]
+    out = []
+    for key, g in d.groupby(cols, sort=True, dropna=False):
+        where = dict(zip(cols, key, strict=True))
+        present = [m for m in METHODS if m in set(g["method"])]
+        base = g[g["method"] == present[0]]
+        for method in present[1:]:
+            other = g[g["method"] == method]
+            tasks = sorted(set(base["task"]) & set(other["task"]))
+            diff, _, _ = paired_difference(Point(other), Point(base), "score", [tasks])
+            out.append({**{c: where[c] for c in cols[:-2]}, "keep": float(where["keep_rate"]),
+                        "position_mode": where["position_mode"], "method": method, "against": present[0],
+                        "n": diff.n, "difference": diff.value, "lo": diff.lo, "hi": diff.hi})  # fmt: skip
+    return pd.DataFrame(out)
+
+
 def _arm_name(method: str, mode: str | None) -> str:
     if method == "full":
         return "full prefill"
@@ -203,7 +227,9 @@ def _varying(*frames: pd.DataFrame) -> list[str]:
     return [c for c in ("model", "length") if len({v for f in frames if c in f for v in f[c]}) > 1]
 
 
-def markdown(df: pd.DataFrame, diff: pd.DataFrame, depth: pd.DataFrame | None = None) -> str:
+def markdown(
+    df: pd.DataFrame, diff: pd.DataFrame, depth: pd.DataFrame | None = None, between: pd.DataFrame | None = None
+) -> str:
     setup = _varying(df, diff)
     lead = "".join(f"| {c} " for c in setup)
     head = lead + "| arm | keep | n | score | retention vs full | needle kept | prefilled (of prompt) |"
@@ -236,6 +262,18 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame, depth: pd.DataFrame | None = 
               "in ALL, 95 % bootstrap; wins / losses: samples where contiguous scored higher / lower. Same tokens "
               "kept: the share of pairs whose two rows prefilled the same tokens (kept_hash); below 100 % the "
               "difference is not the positions' alone."]  # fmt: skip
+    if between is not None and not between.empty:
+        head = lead + "| method | against | keep | both at positions | n | difference [95 %] |"
+        lines += ["", head, "|---" * (head.count("|") - 1) + "|"]
+        for r in between.itertuples():
+            lines.append(
+                "".join(f"| {getattr(r, c)} " for c in setup) +
+                f"| {r.method} | {r.against} | {r.keep:g} | {r.position_mode} | {r.n} | "
+                f"{difference(r.difference, r.lo, r.hi)} |"
+            )  # fmt: skip
+        lines += ["", "The selections compared with the positions held the same: the method's score minus the other's "
+                  "on the same samples, both prefilling at the positions named (0-100 points, tasks weighted "
+                  "equally, 95 % bootstrap)."]  # fmt: skip
     if depth is None or depth.empty:
         return "\n".join(lines)
     head = (
@@ -309,11 +347,12 @@ def main(argv: list[str] | None = None) -> None:
             run_job(cmd)
     found = analyze(a.out)
     rows = found.ok("eval")
-    df, diff, depth = table(found), differences(rows), by_depth(rows)
+    df, diff, depth, between = table(found), differences(rows), by_depth(rows), between_methods(rows)
     df.to_csv(a.out / "positions.csv", index=False)
     diff.to_csv(a.out / "positions_differences.csv", index=False)
     depth.to_csv(a.out / "positions_by_depth.csv", index=False)
-    text = markdown(df, diff, depth)
+    between.to_csv(a.out / "positions_between_methods.csv", index=False)
+    text = markdown(df, diff, depth, between)
     (a.out / "positions.md").write_text(text + "\n")
     figure(df, a.out / "positions.png")
     print(text)
