@@ -35,9 +35,9 @@ PACKAGES = (
 )
 
 
-def git_sha() -> str:
-    """The checkout's commit, with ``-dirty`` when tracked files differ from it."""
-    root = Path(__file__).resolve().parents[1]
+def checkout_sha(root: Path) -> str:
+    """``root``'s commit, with ``-dirty`` when tracked files differ from it (``unknown``
+    outside a git checkout)."""
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=root
@@ -48,6 +48,15 @@ def git_sha() -> str:
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def git_sha() -> str:
+    """This checkout's commit as the process found it (:func:`checkout_sha`), read once, when
+    this module is first imported: the code a job runs is what its process loaded, so every
+    row it writes names that commit. Read at each row instead, a commit made while a sweep
+    ran gave the rows of one process two SHAs, the later one naming code it never loaded."""
+    return checkout_sha(Path(__file__).resolve().parents[1])
 
 
 @functools.lru_cache(maxsize=1)
@@ -124,3 +133,6 @@ def provenance(model: Any, backend: str, engine: Any = None, placement: Any = No
         "token_map": getattr(engine, "token_map", None),
         "backend": backend,
     }
+
+
+git_sha()  # read as the process starts: the jobs import this module at their top

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 
 import pytest
 
-from harness.provenance import git_sha
+from harness import provenance
+from harness.provenance import checkout_sha, git_sha
 from harness.studies import ruler_generation, scoring_memory
 
 
@@ -28,3 +30,34 @@ def test_a_reference_benchmark_records_its_commit(module, args, tmp_path, monkey
     written = json.loads(out.read_text())
     assert written["git_sha"] == git_sha() and re.fullmatch(r"[0-9a-f]{40}(-dirty)?", written["git_sha"]), written
     assert written["rows"] and written["hardware"] and written["versions"]
+
+
+def test_a_checkout_s_commit_is_dirty_only_when_tracked_files_differ(tmp_path):
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("1")
+    git("add", "a.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    sha = git("rev-parse", "HEAD").strip()
+    assert checkout_sha(tmp_path) == sha
+    (tmp_path / "new.txt").write_text("untracked")
+    assert checkout_sha(tmp_path) == sha
+    (tmp_path / "a.txt").write_text("2")
+    assert checkout_sha(tmp_path) == sha + "-dirty"
+    assert checkout_sha(tmp_path / "new.txt") == "unknown"  # not a folder git can run in
+
+
+def test_the_commit_is_read_once_as_the_process_starts(monkeypatch):
+    """A sweep's later points once read the checkout again, so a commit made while it ran gave
+    one process's rows two SHAs (seen in the position study's rows: 81e6828 and e34d8f2 in one job)."""
+    pinned = git_sha()
+
+    def no_git(*args, **kwargs):
+        raise AssertionError(f"git ran again: {args}")
+
+    monkeypatch.setattr(provenance.subprocess, "run", no_git)
+    assert git_sha() == pinned
+    assert provenance.provenance(type("M", (), {"name": "m", "max_context": 8, "weights_label": "w", "dtype": "x",
+                                               "speculator": None})(), "transformers")["git_sha"] == pinned  # fmt: skip
