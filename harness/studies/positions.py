@@ -294,28 +294,34 @@ def markdown(
 
 
 def figure(df: pd.DataFrame, path: Path) -> None:
-    """Retention against keep, one line per method and position mode with 95 % intervals (the
-    method's own mode solid, the other dashed); full prefill's 1 as a reference line."""
+    """Retention against keep, one panel per model and length, one line per method and
+    position mode with 95 % intervals (original solid, contiguous dashed, the method's own
+    mode opaque); full prefill's 1 as a reference line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
     arms = df[df["method"] != "full"]
-    for i, ((method, mode), g) in enumerate(arms.groupby(["method", "position_mode"], sort=False)):
-        g = g.sort_values("keep")
-        own = own_mode(str(method)) == mode
-        r, lo, hi = (g[c].to_numpy(dtype=float) for c in ("retention", "retention_lo", "retention_hi"))
-        ax.errorbar(g["keep"].to_numpy(dtype=float) + 0.004 * (i - 1.5), r, yerr=np.vstack([r - lo, hi - r]),
-                    fmt="-o" if mode == "original" else "--s", capsize=3, color=f"C{METHODS.index(method) if method in METHODS else 2}",
-                    alpha=1.0 if own else 0.7, label=_arm_name(str(method), str(mode)))  # fmt: skip
-    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("keep rate (share of the prompt prefilled)")
-    ax.set_ylabel("retention (score / full prefill's, 95 % interval)")
-    ax.set_title("The same kept tokens at their original positions or re-numbered")
-    if len(arms):
-        ax.legend(fontsize=7, loc="best")
+    panels = sorted({(str(m), int(n)) for m, n in zip(arms["model"], arms["length"], strict=True)}) or [("", 0)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), sharey=True, squeeze=False)
+    for ax, (model, length) in zip(axes[0], panels, strict=True):
+        here = arms[(arms["model"] == model) & (arms["length"] == length)]
+        for i, ((method, mode), g) in enumerate(here.groupby(["method", "position_mode"], sort=False)):
+            g = g.sort_values("keep")
+            r, lo, hi = (g[c].to_numpy(dtype=float) for c in ("retention", "retention_lo", "retention_hi"))
+            ax.errorbar(g["keep"].to_numpy(dtype=float) + 0.004 * (i - 1.5), r, yerr=np.vstack([r - lo, hi - r]),
+                        fmt="-o" if mode == "original" else "--s", capsize=3,
+                        color=f"C{METHODS.index(method) if method in METHODS else len(METHODS)}",
+                        alpha=1.0 if own_mode(str(method)) == mode else 0.7,
+                        label=_arm_name(str(method), str(mode)))  # fmt: skip
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel("keep rate (share of the prompt prefilled)")
+        ax.set_title(f"{model}, {length} tokens" if model else "no arms")
+        if len(here):
+            ax.legend(fontsize=7, loc="lower right")
+    axes[0][0].set_ylabel("retention (score / full prefill's, 95 % interval)")
+    fig.suptitle("The same kept tokens at their original positions or re-numbered")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
