@@ -41,8 +41,8 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.folder import Analysis, analyze
-from harness.analysis.quality import Point, paired_difference
-from harness.analysis.stats import NAN, estimate, mean_draws, task_seed
+from harness.analysis.quality import Point, paired_difference, unit_mean
+from harness.analysis.stats import NAN
 from harness.rendering.tables import ci, difference, num
 from harness.studies import require_runs, require_values, run_job
 
@@ -183,7 +183,7 @@ def by_depth(rows: pd.DataFrame) -> pd.DataFrame:
         for label in DEPTH_LABELS:
             g = both[bins == label]
             d = (g["score_c"] - g["score_o"]).to_numpy(dtype=float)
-            e = estimate(float(d.mean()), mean_draws(d, task_seed(f"depth:{label}")), len(d)) if len(d) else NAN
+            e = unit_mean(d, range(len(d)), f"depth:{label}") if len(d) else NAN
             out.append({**_label(where), "depth": label, "n": len(d),
                         "original": float(g["score_o"].mean()) if len(d) else float("nan"),
                         "contiguous": float(g["score_c"].mean()) if len(d) else float("nan"),
