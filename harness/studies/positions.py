@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,11 +114,16 @@ DEPTH_EDGES = (0.0, 1 / 3, 2 / 3, 1.0)
 DEPTH_LABELS = ("first third", "middle third", "last third")
 
 
+def _in_modes(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a method run in either position mode at a keep, each tagged with its mode."""
+    d = rows.assign(position_mode=[position_mode(o) for o in rows["method_options"]])
+    return d[d["position_mode"].isin(MODES) & d["keep_rate"].notna()]
+
+
 def _arms(rows: pd.DataFrame) -> Iterator[tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]]:
     """Per setup, method and keep with both modes: (what they share, the original rows, the
     contiguous rows). ``rows``: eval rows with status ok (:meth:`Analysis.ok`)."""
-    d = rows.assign(position_mode=[position_mode(o) for o in rows["method_options"]])
-    d = d[d["position_mode"].isin(MODES) & d["keep_rate"].notna()]
+    d = _in_modes(rows)
     cols = [*(c for c in SETUP if c in d), "method", "keep_rate"]
     for key, g in d.groupby(cols, sort=True, dropna=False):
         where = dict(zip(cols, key, strict=True))
@@ -196,8 +201,8 @@ def between_methods(rows: pd.DataFrame) -> pd.DataFrame:
     (SpecPrefill by default), paired by sample (:func:`paired_difference`, tasks weighted
     equally, 95 % bootstrap): the two selections compared at the same positions, the part of
     a gap between the methods that is not the positions'."""
-    d = rows.assign(position_mode=[position_mode(o) for o in rows["method_options"]])
-    d = d[d["position_mode"].isin(MODES) & d["keep_rate"].notna() & d["method"].isin(METHODS)]
+    d = _in_modes(rows)
+    d = d[d["method"].isin(METHODS)]
     cols = [*(c for c in SETUP if c in d), "keep_rate", "position_mode"]
     out = []
     for key, g in d.groupby(cols, sort=True, dropna=False):
@@ -227,69 +232,80 @@ def _varying(*frames: pd.DataFrame) -> list[str]:
     return [c for c in ("model", "length") if len({v for f in frames if c in f for v in f[c]}) > 1]
 
 
+def _section(setup: list[str], head: str, frame: pd.DataFrame, cells: Callable[[Any], str], note: str) -> list[str]:
+    """One markdown table: the ``setup`` columns first, then ``head``'s; a line per row of
+    ``frame`` (``cells`` writes the rest of it); the note under it."""
+    head = "".join(f"| {c} " for c in setup) + head
+    rows = ["".join(f"| {getattr(r, c)} " for c in setup) + cells(r) for r in frame.itertuples()]
+    return ["", head, "|---" * (head.count("|") - 1) + "|", *rows, "", note]
+
+
+def _arm_cells(r: Any) -> str:
+    full = r.method == "full"
+    return (
+        f"| {_arm_name(str(r.method), r.position_mode)} | {'1' if full else f'{r.keep:g}'} | {r.n} | "
+        f"{ci(r.score, r.score_lo, r.score_hi)} | {'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | "
+        f"{num(r.needle_kept, '.2f')} | {num(r.kept_fraction, '.2f')} |"
+    )  # fmt: skip
+
+
+def _difference_cells(r: Any) -> str:
+    return (
+        f"| {r.method} | {r.keep:g} | {r.task} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
+        f"{difference(r.difference, r.lo, r.hi)} | {r.wins} / {r.losses} | "
+        f"{'not recorded' if pd.isna(r.same_selection) else f'{r.same_selection:.0%}'} |"
+    )  # fmt: skip
+
+
+def _between_cells(r: Any) -> str:
+    return (f"| {r.method} | {r.against} | {r.keep:g} | {r.position_mode} | {r.n} | "
+            f"{difference(r.difference, r.lo, r.hi)} |")  # fmt: skip
+
+
+def _depth_cells(r: Any) -> str:
+    return (
+        f"| {r.method} | {r.keep:g} | {r.depth} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
+        f"{difference(r.difference, r.lo, r.hi)} |"
+    )  # fmt: skip
+
+
 def markdown(
     df: pd.DataFrame, diff: pd.DataFrame, depth: pd.DataFrame | None = None, between: pd.DataFrame | None = None
 ) -> str:
     setup = _varying(df, diff)
-    lead = "".join(f"| {c} " for c in setup)
-    head = lead + "| arm | keep | n | score | retention vs full | needle kept | prefilled (of prompt) |"
-    lines = [head, "|---" * (head.count("|") - 1) + "|"]
-    for r in df.itertuples():
-        full = r.method == "full"
-        lines.append(
-            "".join(f"| {getattr(r, c)} " for c in setup) +
-            f"| {_arm_name(str(r.method), r.position_mode)} | {'1' if full else f'{r.keep:g}'} | {r.n} | "
-            f"{ci(r.score, r.score_lo, r.score_hi)} | {'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | "
-            f"{num(r.needle_kept, '.2f')} | {num(r.kept_fraction, '.2f')} |"
-        )  # fmt: skip
-    lines += ["", "Score (0-100) and retention (score over full prefill's on the same samples): 95 % bootstrap over "
-              "samples. Needle kept: the share of the asked evidence's tokens the base prefilled (the same in both "
-              "position modes where the selection is)."]  # fmt: skip
+    lines = _section(
+        setup, "| arm | keep | n | score | retention vs full | needle kept | prefilled (of prompt) |", df, _arm_cells,
+        "Score (0-100) and retention (score over full prefill's on the same samples): 95 % bootstrap over samples. "
+        "Needle kept: the share of the asked evidence's tokens the base prefilled (the same in both position modes "
+        "where the selection is).",
+    )[1:]  # fmt: skip
     if diff.empty:
         return "\n".join(lines)
-    head = (lead + "| method | keep | tasks | n | original | contiguous | contiguous - original [95 %] | "
-            "wins / losses | same tokens kept |")  # fmt: skip
-    lines += ["", head, "|---" * (head.count("|") - 1) + "|"]
-    for r in diff.itertuples():
-        lines.append(
-            "".join(f"| {getattr(r, c)} " for c in setup) +
-            f"| {r.method} | {r.keep:g} | {r.task} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
-            f"{difference(r.difference, r.lo, r.hi)} | {r.wins} / {r.losses} | "
-            f"{'not recorded' if pd.isna(r.same_selection) else f'{r.same_selection:.0%}'} |"
-        )  # fmt: skip
-    lines += ["", "Paired by sample: the score with the kept tokens re-numbered 0..K-1 (decoding from K) minus the "
-              "score with them at their original positions (decoding from N), 0-100 points, tasks weighted equally "
-              "in ALL, 95 % bootstrap; wins / losses: samples where contiguous scored higher / lower. Same tokens "
-              "kept: the share of pairs whose two rows prefilled the same tokens (kept_hash); below 100 % the "
-              "difference is not the positions' alone."]  # fmt: skip
+    lines += _section(
+        setup, "| method | keep | tasks | n | original | contiguous | contiguous - original [95 %] | wins / losses | "
+        "same tokens kept |", diff, _difference_cells,
+        "Paired by sample: the score with the kept tokens re-numbered 0..K-1 (decoding from K) minus the score with "
+        "them at their original positions (decoding from N), 0-100 points, tasks weighted equally in ALL, 95 % "
+        "bootstrap; wins / losses: samples where contiguous scored higher / lower. Same tokens kept: the share of "
+        "pairs whose two rows prefilled the same tokens (kept_hash); below 100 % the difference is not the "
+        "positions' alone.",
+    )  # fmt: skip
     if between is not None and not between.empty:
-        head = lead + "| method | against | keep | both at positions | n | difference [95 %] |"
-        lines += ["", head, "|---" * (head.count("|") - 1) + "|"]
-        for r in between.itertuples():
-            lines.append(
-                "".join(f"| {getattr(r, c)} " for c in setup) +
-                f"| {r.method} | {r.against} | {r.keep:g} | {r.position_mode} | {r.n} | "
-                f"{difference(r.difference, r.lo, r.hi)} |"
-            )  # fmt: skip
-        lines += ["", "The selections compared with the positions held the same: the method's score minus the other's "
-                  "on the same samples, both prefilling at the positions named (0-100 points, tasks weighted "
-                  "equally, 95 % bootstrap)."]  # fmt: skip
-    if depth is None or depth.empty:
-        return "\n".join(lines)
-    head = (
-        lead
-        + "| method | keep | evidence in the context's | n | original | contiguous | contiguous - original [95 %] |"
-    )
-    lines += ["", head, "|---" * (head.count("|") - 1) + "|"]
-    for r in depth.itertuples():
-        lines.append(
-            "".join(f"| {getattr(r, c)} " for c in setup) +
-            f"| {r.method} | {r.keep:g} | {r.depth} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
-            f"{difference(r.difference, r.lo, r.hi)} |"
+        lines += _section(
+            setup, "| method | against | keep | both at positions | n | difference [95 %] |", between,
+            _between_cells,
+            "The selections compared with the positions held the same: the method's score minus the other's on the "
+            "same samples, both prefilling at the positions named (0-100 points, tasks weighted equally, 95 % "
+            "bootstrap).",
         )  # fmt: skip
-    lines += ["", "By where the asked evidence sits in the context (needle_depth: 0 its start, 1 its end; the question "
-              "follows the context), every task's pairs pooled, each sample weighing the same, 95 % bootstrap over "
-              "the pairs in the bin."]  # fmt: skip
+    if depth is not None and not depth.empty:
+        lines += _section(
+            setup, "| method | keep | evidence in the context's | n | original | contiguous | "
+            "contiguous - original [95 %] |", depth, _depth_cells,
+            "By where the asked evidence sits in the context (needle_depth: 0 its start, 1 its end; the question "
+            "follows the context), every task's pairs pooled, each sample weighing the same, 95 % bootstrap over the "
+            "pairs in the bin.",
+        )  # fmt: skip
     return "\n".join(lines)
 
 
