@@ -93,3 +93,25 @@ def backend(smollm2_tokenizer):
 
     lm = load(model_config("tiny-random", max_context=8192))
     return TransformersBackend(lm.base, lm.tokenizer, lm.speculator)
+
+
+@pytest.fixture
+def tiny_ruler_eval(tmp_path):
+    """``run(overrides)``: one ``make eval`` job of the tiny random model on 3 RULER 1K niah_single_1
+    samples (2 tokens decoded) into ``tmp_path``, as the command line would compose it."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from harness.jobs.eval import EvalConfig, execute, prepare
+
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+
+    def run(overrides: list[str]) -> None:
+        with initialize_config_dir(config_dir=conf, version_base="1.3"):
+            cfg = compose(config_name="config", overrides=[
+                "model=tiny-random", "benchmark=ruler", "tasks=[niah_single_1]", "length=1024", "limit=3",
+                "max_new=2", f"out={tmp_path}", *overrides])  # fmt: skip
+        execute(prepare(EvalConfig.from_hydra(cfg)))
+
+    return run

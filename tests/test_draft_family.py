@@ -5,16 +5,10 @@ method paired with SpecPrefill on the same samples."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
-from hydra import compose, initialize_config_dir
 
 from harness.analysis.folder import analyze
-from harness.jobs.eval import EvalConfig, execute, prepare
 from harness.studies import draft_family as study
-
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 def test_every_method_runs_at_one_budget_and_the_cascades_halve_it(tmp_path):
@@ -29,20 +23,12 @@ def test_every_method_runs_at_one_budget_and_the_cascades_halve_it(tmp_path):
     assert study.line_of("compose", {"first": "specprefill", "then": "keydiff"}) == "specprefill+keydiff"
 
 
-def _eval(tmp_path: Path, overrides: list[str]) -> None:
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "model=tiny-random", "benchmark=ruler", "tasks=[niah_single_1]", "length=1024", "limit=3", "max_new=2",
-            f"out={tmp_path}", *overrides])  # fmt: skip
-    execute(prepare(EvalConfig.from_hydra(cfg)))
-
-
-def test_tables_from_a_tiny_run(tmp_path):
-    _eval(tmp_path, ["method=full"])
-    _eval(tmp_path, ["method=specprefill", "keep_tokens=200"])
-    _eval(tmp_path, ["method=speckvpc", "keep_tokens=200", "method.then_keep_rate=0.5",
+def test_tables_from_a_tiny_run(tmp_path, tiny_ruler_eval):
+    tiny_ruler_eval(["method=full"])
+    tiny_ruler_eval(["method=specprefill", "keep_tokens=200"])
+    tiny_ruler_eval(["method=speckvpc", "keep_tokens=200", "method.then_keep_rate=0.5",
                      "method.first_options.starting_layer_index=0"])  # fmt: skip
-    _eval(tmp_path, ["method=compose", "method.first=specprefill", "method.then=keydiff", "keep_tokens=200",
+    tiny_ruler_eval(["method=compose", "method.first=specprefill", "method.then=keydiff", "keep_tokens=200",
                      "method.then_keep_rate=0.5"])  # fmt: skip
     a = analyze(tmp_path)
     df, diff = study.table(a), study.differences(a)

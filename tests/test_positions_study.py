@@ -7,21 +7,16 @@ real run keeps the same tokens in both modes, at the positions each mode promise
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from harness.analysis.folder import analyze
 from harness.diagnostics import kept_hash
-from harness.jobs.eval import EvalConfig, execute, prepare
 from harness.studies import positions as study
 from specprefill.plan import Prompt, kept_plan
-
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 def test_jobs_run_full_prefill_once_then_each_method_in_both_modes(tmp_path):
@@ -149,18 +144,10 @@ def test_rows_of_another_length_in_the_same_folder_are_not_pairs():
     assert study.differences(lone).empty
 
 
-def _eval(tmp_path: Path, overrides: list[str]) -> None:
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "model=tiny-random", "benchmark=ruler", "tasks=[niah_single_1]", "length=1024", "limit=3", "max_new=2",
-            f"out={tmp_path}", *overrides])  # fmt: skip
-    execute(prepare(EvalConfig.from_hydra(cfg)))
-
-
-def test_a_tiny_run_keeps_the_same_tokens_in_both_modes(tmp_path):
-    _eval(tmp_path, ["method=full"])
+def test_a_tiny_run_keeps_the_same_tokens_in_both_modes(tmp_path, tiny_ruler_eval):
+    tiny_ruler_eval(["method=full"])
     for mode in study.MODES:
-        _eval(tmp_path, ["method=specprefill", "keep=0.3", f"method.position_mode={mode}"])
+        tiny_ruler_eval(["method=specprefill", "keep=0.3", f"method.position_mode={mode}"])
     a = analyze(tmp_path)
     df, diff = study.table(a), study.differences(a.ok("eval"))
     assert df["method"].tolist() == ["full", "specprefill", "specprefill"]
