@@ -182,10 +182,11 @@ multiturn: setup
 # The draft-based family side by side (needs make fetch-models first): full prefill, SpecPrefill,
 # SpecPC, SpecKV, SpecKV-PC and SpecPrefill + KeyDiff at one budget of keep_tokens (512) on
 # Qwen2.5-Coder-1.5B with its 0.5B draft, RULER 2K on three tasks x 10, then their TTFTs side by
-# side (results/draft-family/). The papers' own setting: make experiment name=draft_family dry_run=true.
-$(call takes,draft-family,limit length keep_tokens model dry_run,dry_run)
+# side (results/draft-family/); tasks=niah_single_2,vt another task list, quality_only=true no timing.
+# The papers' own setting: make experiment name=draft_family dry_run=true.
+$(call takes,draft-family,limit length keep_tokens tasks model quality_only dry_run,dry_run quality_only)
 draft-family: setup
-	$(PY) -m harness.studies.draft_family $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep_tokens),--keep-tokens $(keep_tokens)) $(if $(model),--model $(model)) $(call yes_no,dry_run,--dry-run)
+	$(PY) -m harness.studies.draft_family $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep_tokens),--keep-tokens $(keep_tokens)) $(if $(tasks),--tasks $(subst $(comma),$(space),$(tasks))) $(if $(model),--model $(model)) $(call yes_no,quality_only,--no-latency) $(call yes_no,dry_run,--dry-run)
 
 # The same kept tokens at their original positions or re-numbered 0..K-1 (needs make fetch-models
 # first): SpecPrefill and SpecPC, each in both position modes at keep 0.1 and 0.3, beside full

@@ -6,6 +6,7 @@ method paired with SpecPrefill on the same samples."""
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from harness.analysis.folder import analyze
 from harness.studies import draft_family as study
@@ -44,3 +45,39 @@ def test_tables_from_a_tiny_run(tmp_path, tiny_ruler_eval):
     study.main(["--no-run", "--out", str(tmp_path)])
     assert pd.read_csv(tmp_path / "draft_family.csv")["line"].tolist() == df["line"].tolist()
     assert (tmp_path / "draft_family.md").exists() and (tmp_path / "draft_family.png").exists()
+
+
+def test_one_folder_with_two_budgets_keeps_them_apart(tmp_path, tiny_ruler_eval):
+    """The study run at two budgets into one --out (or an experiment's keep_tokens sweep): each
+    budget's lines and pairs are its own, full prefill pairs with both, and the tables say
+    which budget a line is."""
+    tiny_ruler_eval(["method=full"])
+    for n in (100, 200):
+        tiny_ruler_eval(["method=specprefill", f"keep_tokens={n}"])
+        tiny_ruler_eval(["method=speckvpc", f"keep_tokens={n}", "method.then_keep_rate=0.5",
+                         "method.first_options.starting_layer_index=0"])  # fmt: skip
+    a = analyze(tmp_path)
+    df, diff = study.table(a), study.differences(a)
+    assert df["line"].tolist() == ["full", "specprefill", "speckvpc", "specprefill", "speckvpc"]
+    assert df["budget"].tolist()[1:] == [100, 100, 200, 200] and pd.isna(df["budget"].iloc[0])
+    held = df.set_index(["line", "budget"])["kept_fraction"]
+    assert held[("specprefill", 100)] < held[("specprefill", 200)]
+    # each difference pairs the budget's own rows. The tiny model scores 0 everywhere, so the
+    # scores are set by hand (per budget and method, by sample) and the differences worked out here
+    hand = {("specprefill", 100): [0, 0, 0], ("compose", 100): [100, 0, 100],
+            ("specprefill", 200): [100, 100, 100], ("compose", 200): [100, 100, 0]}  # fmt: skip
+    r = a.rows
+    budget = pd.Series([study.budget_of(o) for o in r["method_options"]], index=r.index)
+    for (method, n), scores in hand.items():
+        for sid, v in enumerate(scores):
+            r.loc[(r["method"] == method) & (budget == n) & (r["sample_id"].astype(int) == sid), "score"] = v
+    diff = study.differences(a)
+    for n, want in ((100, 200 / 3), (200, -100 / 3)):
+        got = diff[(diff["budget"] == n) & (diff["line"] == "speckvpc") & (diff["task"] == "ALL")]
+        assert len(got) == 1 and got["difference"].iloc[0] == pytest.approx(want) and got["n"].iloc[0] == 3
+        assert (got["wins"].iloc[0], got["losses"].iloc[0]) == ((2, 0) if n == 100 else (0, 1))
+    assert len(diff[(diff["line"] == "full") & (diff["task"] == "ALL")]) == 2  # full against each budget
+    text = study.markdown(df, diff)
+    assert "| budget N | method |" in text and "| 100 | SpecPrefill: N prompt tokens |" in text
+    assert "| - | full prefill |" in text
+    study.figure(df, tmp_path / "f.png")  # one point per budget and method, each labelled with its budget

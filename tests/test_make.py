@@ -71,6 +71,20 @@ def test_dry_run_reads_yes_and_no_as_hydra_does(target, flag):
         assert r.returncode == 0 and "-m harness." in r.stdout and flag not in r.stdout, (value, r.stdout, r.stderr)
 
 
+def test_make_draft_family_takes_a_task_list_and_quality_only():
+    """The study at another budget with variable tracking, quality only, as its second reference
+    folder was run (results/reference/draft_family_256_qwen_cpu/)."""
+    r = _make_n("draft-family", "keep_tokens=256", "tasks=niah_single_2,vt", "limit=15", "quality_only=yes")
+    (line,) = [ln for ln in r.stdout.splitlines() if "-m harness.studies.draft_family" in ln]
+    args = shlex.split(line)
+    assert args[args.index("--tasks") + 1 : args.index("--tasks") + 3] == ["niah_single_2", "vt"]
+    assert "--no-latency" in args and "--keep-tokens" in args and "--dry-run" not in args
+    for value in ("no", "false", ""):
+        assert "--no-latency" not in _make_n("draft-family", f"quality_only={value}").stdout
+    r = _make_n("draft-family", "quality_only=maybe")
+    assert r.returncode != 0 and "quality_only=maybe: not a yes/no value" in r.stderr
+
+
 @pytest.mark.parametrize("target", [t[0] for t in DRY_RUN_TARGETS], ids=[t[0][0] for t in DRY_RUN_TARGETS])
 def test_a_dry_run_that_is_no_yes_or_no_is_refused_before_anything_runs(target):
     for value in ("bogus", "yes no", "2"):

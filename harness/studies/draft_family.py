@@ -29,6 +29,11 @@ at 2K have under 500 tokens and the latency job refuses them), its TTFT speedup 
 its interval, the FLOP model's ideal and a decode of ``--decode-tokens`` tokens after each
 prefill. A figure: retention against the side-by-side speedup.
 
+One ``--out`` may hold the study run at several budgets (or lengths, models: an experiment's
+sweep read with ``--no-run``): every line, pair and figure point is one setup's and one
+budget's, and full prefill pairs with each budget of its setup (:func:`differences`, also per
+task).
+
     python -m harness.studies.draft_family [--model qwen2.5-coder-1.5b] [--length 2048]
         [--tasks niah_single_2 niah_multikey_1 qa_1] [--limit 10] [--keep-tokens 512]
         [--iters 10] [--out results/draft-family] [--no-latency] [--no-run] [--dry-run]
@@ -121,12 +126,35 @@ def run(a: argparse.Namespace, dry_run: bool = False) -> None:
             run_job([*cmd, *extra])
 
 
+#: What a line shares besides its method: one ``--out`` may hold the study run at two budgets,
+#: lengths or models (or an experiment's sweep, ``conf/experiments/draft_family.yaml``); their
+#: rows never meet in a line or a pair.
+SETUP = ["model", "speculator", "backend", "dtype", "benchmark", "length"]
+ALL = "ALL"
+KEY = ["task", "sample_id"]
+
+
+def budget_of(options: Any) -> float:
+    """A row's budget N: its ``keep_tokens`` (the tokens of each prompt every method keeps); NaN
+    for full prefill and for a run with a budget in fractions, which this study does not make."""
+    opts = json.loads(options) if isinstance(options, str) else dict(options or {})
+    v = opts.get("keep_tokens")
+    return float(v) if v is not None else float("nan")
+
+
+def _setup(frame: pd.DataFrame, options: pd.Series) -> dict[str, Any]:
+    """The setup columns a table line carries, and its budget."""
+    return {**{c: frame[c] for c in SETUP if c in frame}, "budget": [budget_of(o) for o in options]}
+
+
 def quality(a: Analysis) -> pd.DataFrame:
-    """One line per method: the summary's ``ALL`` row (score, retention against full prefill
-    on the same samples, needle kept, KV held, decode time per token)."""
+    """One line per setup, budget and method: the summary's ``ALL`` row (score, retention
+    against full prefill on the same samples, needle kept, KV held, decode time per token).
+    Full prefill's line has no budget (NaN): every budget of its setup pairs with it."""
     s = a.summary
-    s = s[s["task"] == "ALL"]
+    s = s[s["task"] == ALL]
     return pd.DataFrame({
+        **_setup(s, s["method_options"]),
         "line": [line_of(m, o) for m, o in zip(s["method_name"], s["method_options"], strict=True)],
         "n": s["n"].astype(int),
         **{c: s[c] for c in ("score", "score_lo", "score_hi", "retention", "retention_lo", "retention_hi",
@@ -136,50 +164,91 @@ def quality(a: Analysis) -> pd.DataFrame:
 
 
 def speed(a: Analysis) -> pd.DataFrame:
-    """One line per method timed beside full prefill: the side-by-side TTFT speedup with its
-    interval, the ideal from FLOPs, and the decode time per token after its prefill."""
+    """One line per model, length, budget and method timed beside full prefill: the
+    side-by-side TTFT speedup with its interval, the ideal from FLOPs, and the decode time per
+    token after its prefill (the latest job's where one was timed twice)."""
     s = a.latency
     if s.empty:
-        return pd.DataFrame(columns=["line"])
+        return pd.DataFrame(columns=["model", "length", "budget", "line"])
     s = s[~s["is_reference"].astype(bool)]
     cols = {c: s[c] for c in ("speedup", "speedup_lo", "speedup_hi", "ideal_speedup", "efficiency") if c in s}
     return pd.DataFrame({
+        "model": s["model"], "length": s["length"], "budget": [budget_of(o) for o in s["method_options"]],
         "line": [line_of(m, o) for m, o in zip(s["method_name"], s["method_options"], strict=True)],
         "lat_n": s["n"].astype(int), **{f"lat_{k}": v for k, v in cols.items()},
-    }).drop_duplicates("line", keep="last").reset_index(drop=True)  # fmt: skip
+    }).drop_duplicates(["model", "length", "budget", "line"], keep="last").reset_index(drop=True)  # fmt: skip
 
 
 def table(a: Analysis) -> pd.DataFrame:
-    df = quality(a).merge(speed(a), on="line", how="left")
+    """:func:`quality` with :func:`speed`'s columns, per setup: full prefill, then each budget's
+    methods in :data:`METHODS` order."""
+    q, sp = quality(a), speed(a)
+    keys = ["model", "length", "budget", "line"]
+    df = q.merge(sp.astype({"length": q["length"].dtype}) if len(sp) else sp, on=keys, how="left")
     order = {name: i for i, (name, _) in enumerate(METHODS)}
-    return df.sort_values("line", key=lambda c: c.map(lambda x: order.get(x, len(order)))).reset_index(drop=True)
+    df["_m"] = df["line"].map(lambda x: order.get(x, len(order)))
+    by = [c for c in SETUP if c in df]
+    return (df.sort_values([*by, "budget", "_m"], na_position="first")
+            .drop(columns="_m").reset_index(drop=True))  # fmt: skip
 
 
 def differences(a: Analysis, baseline: str = BASELINE) -> pd.DataFrame:
-    """Each method against ``baseline`` on the same samples: the score difference (0-100
-    points, method minus baseline; :func:`harness.analysis.quality.paired_difference`, the
-    tasks weighted equally) with its 95 % interval and the samples won and lost."""
+    """Per setup and budget, each method against ``baseline`` at that budget on the same
+    samples, over all tasks and per task: the score difference (0-100 points, method minus
+    baseline; :func:`harness.analysis.quality.paired_difference`, the tasks weighted equally)
+    with its 95 % interval and the samples won and lost. Full prefill (no budget) is compared
+    with the baseline at each budget of its setup."""
     d = a.ok("eval")
-    d = d.assign(line=[line_of(m, o) for m, o in zip(d["method"], d["method_options"], strict=True)])
-    base = d[d["line"] == baseline]
-    tasks = sorted(set(d["task"]))
+    d = d.assign(line=[line_of(m, o) for m, o in zip(d["method"], d["method_options"], strict=True)],
+                 budget=[budget_of(o) for o in d["method_options"]])  # fmt: skip
+    # full prefill has no draft: it pairs with every draft's lines of its setup
+    d = d.assign(draft=d["speculator"].fillna("").astype(str) if "speculator" in d else "")
+    cols = [c for c in SETUP if c in d and c != "speculator"]
     out = []
-    for line in [name for name, _ in METHODS if name != baseline]:
-        c = d[d["line"] == line]
-        if c.empty or base.empty:
-            continue
-        diff, _, _ = paired_difference(Point(c), Point(base), "score", [tasks])
-        m = c.set_index(["task", "sample_id"])["score"].astype(float)
-        b = base.set_index(["task", "sample_id"])["score"].astype(float)
-        both = m.to_frame("c").join(b.rename("b"), how="inner")
-        out.append({"line": line, "baseline": baseline, "difference": diff.value, "lo": diff.lo, "hi": diff.hi,
-                    "n": len(both), "wins": int((both["c"] > both["b"]).sum()),
-                    "losses": int((both["c"] < both["b"]).sum())})  # fmt: skip
+    for key, g in d.groupby(cols, sort=True, dropna=False):
+        where = dict(zip(cols, key, strict=True))
+        for draft, budget in sorted(set(map(tuple, g.loc[g["line"] == baseline, ["draft", "budget"]].to_numpy()))):
+            at = g[((g["draft"] == draft) & (g["budget"] == budget)) | (g["line"] == "full")]
+            base = at[at["line"] == baseline]
+            for line in [name for name, _ in METHODS if name != baseline]:
+                c = at[at["line"] == line]
+                if c.empty:
+                    continue
+                tasks = sorted(set(c["task"]) & set(base["task"]))
+                for scope in [ALL, *tasks]:
+                    parts = [tasks] if scope == ALL else [[scope]]
+                    diff, _, _ = paired_difference(Point(c), Point(base), "score", parts)
+                    cs, bs = (f if scope == ALL else f[f["task"] == scope] for f in (c, base))
+                    m = cs.drop_duplicates(KEY).set_index(KEY)["score"].astype(float)
+                    b = bs.drop_duplicates(KEY).set_index(KEY)["score"].astype(float)
+                    both = m.to_frame("c").join(b.rename("b"), how="inner")
+                    out.append({**where, "speculator": draft, "budget": budget, "task": scope, "line": line, "baseline": baseline,
+                                "difference": diff.value, "lo": diff.lo, "hi": diff.hi, "n": len(both),
+                                "wins": int((both["c"] > both["b"]).sum()),
+                                "losses": int((both["c"] < both["b"]).sum())})  # fmt: skip
     return pd.DataFrame(out)
 
 
+def _varying(*frames: pd.DataFrame) -> list[str]:
+    """The columns (model, length, budget) with more than one value across ``frames``: the
+    tables print them only then (one run of the study has one of each; full prefill's budget,
+    none, does not count)."""
+
+    def values(c: str) -> set[Any]:
+        return {v for f in frames if c in f for v in f[c] if not (isinstance(v, float) and np.isnan(v))}
+
+    return [c for c in ("model", "length", "budget") if len(values(c)) > 1]
+
+
+def _cell(r: Any, c: str) -> str:
+    v = getattr(r, c)
+    return "-" if isinstance(v, float) and np.isnan(v) else f"{int(v)}" if c == "budget" else str(v)
+
+
 def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
-    head = ("| method | n | score | retention vs full | needle kept | prefilled (of prompt) | KV held | KV MiB | "
+    setup = _varying(df, diff)
+    lead = "".join(f"| {'budget N' if c == 'budget' else c} " for c in setup)
+    head = (lead + "| method | n | score | retention vs full | needle kept | prefilled (of prompt) | KV held | KV MiB | "
             "TTFT s (eval) | speedup, side by side | ideal | decode s/token |")  # fmt: skip
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in df.itertuples():
@@ -188,6 +257,7 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
                                      getattr(r, "lat_speedup_hi", np.nan), ".2f")  # fmt: skip
         ideal = 1.0 if full else getattr(r, "lat_ideal_speedup", np.nan)
         lines.append(
+            "".join(f"| {_cell(r, c)} " for c in setup) +
             f"| {KIND.get(str(r.line), r.line)} | {r.n} | {ci(r.score, r.score_lo, r.score_hi)} | "
             f"{'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | {num(r.needle_kept, '.2f')} | "
             f"{num(r.kept_fraction, '.2f')} | {num(r.kv_fraction, '.2f')} | {num(r.kv_mib, '.1f')} | "
@@ -200,16 +270,21 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
               "the base's cache after the prefill over the prompt's tokens. SpecKV prefills the prompt and its "
               "draft (prefilled 1.00)."]  # fmt: skip
     if not diff.empty:
-        lines += [
-            "",
-            "| method | against | score difference [95 %] | samples | wins / losses |",
-            "|---|---|---|---|---|",
-        ]
-        for r in diff.itertuples():
-            lines.append(f"| {KIND.get(str(r.line), r.line)} | {KIND.get(str(r.baseline), r.baseline)} | "
-                         f"{difference(r.difference, r.lo, r.hi)} | {r.n} | {r.wins} / {r.losses} |")  # fmt: skip
-        lines += ["", "Paired by sample: the method's score minus the baseline's (0-100 points), tasks weighted "
-                  "equally, 95 % bootstrap."]  # fmt: skip
+        for scope, title, note in (
+            (diff["task"] == ALL, "", "tasks weighted equally"),
+            (diff["task"] != ALL, "| task ", "one task's samples"),
+        ):
+            part = diff[scope]
+            if part.empty or (title and part["task"].nunique() < 2):
+                continue  # one task: its line is the ALL table's
+            h = lead + title + "| method | against | score difference [95 %] | samples | wins / losses |"
+            lines += ["", h, "|---" * (h.count("|") - 1) + "|"]
+            for r in part.itertuples():
+                lines.append("".join(f"| {_cell(r, c)} " for c in setup) + (f"| {r.task} " if title else "") +
+                             f"| {KIND.get(str(r.line), r.line)} | {KIND.get(str(r.baseline), r.baseline)} | "
+                             f"{difference(r.difference, r.lo, r.hi)} | {r.n} | {r.wins} / {r.losses} |")  # fmt: skip
+            lines += ["", f"Paired by sample: the method's score minus the baseline's at the same budget (0-100 "
+                      f"points), {note}, 95 % bootstrap."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -224,6 +299,7 @@ def figure(df: pd.DataFrame, path: Path) -> None:
 
     timed = "lat_speedup" in df and df["lat_speedup"].notna().any()
     d = df[(df["line"] != "full") & df["lat_speedup"].notna()] if timed else df[df["line"] != "full"]
+    setup = _varying(d)  # a folder of several budgets (or lengths, models): each point says which
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for r in d.itertuples():
         x, xerr = (
@@ -232,7 +308,8 @@ def figure(df: pd.DataFrame, path: Path) -> None:
             else (r.kv_fraction, None)
         )
         ax.errorbar(x, r.retention, xerr=xerr, yerr=[[r.retention - r.retention_lo], [r.retention_hi - r.retention]],
-                    fmt="o", capsize=3, label=KIND.get(str(r.line), r.line))  # fmt: skip
+                    fmt="o", capsize=3, label=KIND.get(str(r.line), r.line) +
+                    "".join(f", {c} {_cell(r, c)}" for c in setup))  # fmt: skip
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     if timed:
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")
