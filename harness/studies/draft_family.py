@@ -194,9 +194,9 @@ def table(a: Analysis) -> pd.DataFrame:
 
 def differences(a: Analysis, baseline: str = BASELINE) -> pd.DataFrame:
     """Per setup and budget, each method against ``baseline`` at that budget on the same
-    samples, over all tasks and per task: the score difference (0-100 points, method minus
-    baseline; :func:`harness.analysis.quality.paired_difference`, the tasks weighted equally)
-    with its 95 % interval and the samples won and lost. Full prefill (no budget) is compared
+    samples, over all tasks and (where there are several) per task: the score difference
+    (0-100 points, method minus baseline; :func:`harness.analysis.quality.paired_difference`,
+    the tasks weighted equally) with its 95 % interval and the samples won and lost. Full prefill (no budget) is compared
     with the baseline at each budget of its setup."""
     d = a.ok("eval")
     d = d.assign(line=[line_of(m, o) for m, o in zip(d["method"], d["method_options"], strict=True)],
@@ -215,7 +215,7 @@ def differences(a: Analysis, baseline: str = BASELINE) -> pd.DataFrame:
                 if c.empty:
                     continue
                 tasks = sorted(set(c["task"]) & set(base["task"]))
-                for scope in [ALL, *tasks]:
+                for scope in [ALL, *tasks] if len(tasks) > 1 else [ALL]:  # one task: ALL is it
                     parts = [tasks] if scope == ALL else [[scope]]
                     diff, _, _ = paired_difference(Point(c), Point(base), "score", parts)
                     cs, bs = (f if scope == ALL else f[f["task"] == scope] for f in (c, base))
