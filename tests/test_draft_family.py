@@ -81,3 +81,8 @@ def test_one_folder_with_two_budgets_keeps_them_apart(tmp_path, tiny_ruler_eval)
     assert "| budget N | method |" in text and "| 100 | SpecPrefill: N prompt tokens |" in text
     assert "| - | full prefill |" in text
     study.figure(df, tmp_path / "f.png")  # one point per budget and method, each labelled with its budget
+    # an ablation run into the same folder (another look-ahead at one budget) is refused, not mixed in
+    tiny_ruler_eval(["method=specprefill", "keep_tokens=100", "lookahead=2"])
+    for read in (study.table, study.differences):
+        with pytest.raises(ValueError, match=r"specprefill at budget 100 .* 2 variants .*allowed: one variant"):
+            read(analyze(tmp_path))

@@ -32,7 +32,8 @@ prefill. A figure: retention against the side-by-side speedup.
 One ``--out`` may hold the study run at several budgets (or lengths, models: an experiment's
 sweep read with ``--no-run``): every line, pair and figure point is one setup's and one
 budget's, and full prefill pairs with each budget of its setup (:func:`differences`, also per
-task).
+task). Two variants of one method at one budget (an ablation in the same folder) are refused
+(:func:`one_variant`): run them into another ``--out``.
 
     python -m harness.studies.draft_family [--model qwen2.5-coder-1.5b] [--length 2048]
         [--tasks niah_single_2 niah_multikey_1 qa_1] [--limit 10] [--keep-tokens 512]
@@ -147,6 +148,36 @@ def _setup(frame: pd.DataFrame, options: pd.Series) -> dict[str, Any]:
     return {**{c: frame[c] for c in SETUP if c in frame}, "budget": [budget_of(o) for o in options]}
 
 
+#: Options that are the budget, not the variant: two rows differing only in these are one line's.
+BUDGET_KEYS = ("keep_rate", "keep_tokens")
+
+
+def _variant(options: Any) -> str:
+    """A row's method options less its budget, canonical (two variants of one method differ here)."""
+    opts = json.loads(options) if isinstance(options, str) else dict(options or {})
+    return json.dumps({k: v for k, v in opts.items() if k not in BUDGET_KEYS}, sort_keys=True, default=str)
+
+
+def one_variant(rows: pd.DataFrame) -> None:
+    """Refuse, in one line, rows that hold two variants of a method at one budget (an ablation
+    run into the study's ``--out``, or an experiment sweeping another option at one budget, such
+    as SpecKV-PC's ``then_keep_rate``): a line and its pairs would mix them silently."""
+    if rows.empty:
+        return
+    d = rows.assign(line=[line_of(m, o) for m, o in zip(rows["method"], rows["method_options"], strict=True)],
+                    budget=[budget_of(o) for o in rows["method_options"]],
+                    variant=[_variant(o) for o in rows["method_options"]])  # fmt: skip
+    keys = [*(c for c in SETUP if c in d), "budget", "line"]
+    n = d.groupby(keys, dropna=False)["variant"].nunique()
+    if (n > 1).any():
+        where = dict(zip(keys, n[n > 1].index[0], strict=True))
+        raise ValueError(
+            f"draft-family: {where['line']} at budget {where['budget']:g} ({where.get('model')}, length "
+            f"{where.get('length')}) has {int(n.max())} variants of its options in one folder; allowed: one "
+            "variant of each method per budget (run an ablation into another --out)"
+        )
+
+
 def quality(a: Analysis) -> pd.DataFrame:
     """One line per setup, budget and method: the summary's ``ALL`` row (score, retention
     against full prefill on the same samples, needle kept, KV held, decode time per token).
@@ -182,6 +213,7 @@ def speed(a: Analysis) -> pd.DataFrame:
 def table(a: Analysis) -> pd.DataFrame:
     """:func:`quality` with :func:`speed`'s columns, per setup: full prefill, then each budget's
     methods in :data:`METHODS` order."""
+    one_variant(a.ok("eval"))
     q, sp = quality(a), speed(a)
     keys = ["model", "length", "budget", "line"]
     df = q.merge(sp.astype({"length": q["length"].dtype}) if len(sp) else sp, on=keys, how="left")
@@ -199,6 +231,7 @@ def differences(a: Analysis, baseline: str = BASELINE) -> pd.DataFrame:
     the tasks weighted equally) with its 95 % interval and the samples won and lost. Full prefill (no budget) is compared
     with the baseline at each budget of its setup."""
     d = a.ok("eval")
+    one_variant(d)
     d = d.assign(line=[line_of(m, o) for m, o in zip(d["method"], d["method_options"], strict=True)],
                  budget=[budget_of(o) for o in d["method_options"]])  # fmt: skip
     # full prefill has no draft: it pairs with every draft's lines of its setup
@@ -349,7 +382,10 @@ def main(argv: list[str] | None = None) -> None:
     if not a.no_run:
         run(a)
     found = analyze(a.out)
-    df, diff = table(found), differences(found)
+    try:
+        df, diff = table(found), differences(found)
+    except ValueError as e:  # a folder the tables cannot read: one line, no traceback
+        raise SystemExit(str(e)) from None
     df.to_csv(a.out / "draft_family.csv", index=False)
     diff.to_csv(a.out / "draft_family_differences.csv", index=False)
     text = markdown(df, diff)
