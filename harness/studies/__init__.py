@@ -9,6 +9,11 @@ from pathlib import Path
 from typing import Any
 
 
+def options_of(options: Any) -> dict[str, Any]:
+    """A row's method options as a dict: the store's JSON text, or a mapping already parsed."""
+    return json.loads(options) if isinstance(options, str) else dict(options or {})
+
+
 def run_job(cmd: list[str]) -> None:
     """Run one harness job of a study. A job that refuses (its one-line message already on
     stderr) or fails ends the study with the job's exit status, not a second traceback."""

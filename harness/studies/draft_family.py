@@ -54,7 +54,7 @@ import pandas as pd
 from harness.analysis.folder import Analysis, analyze
 from harness.analysis.quality import Point, paired_difference
 from harness.rendering.tables import ci, difference, num
-from harness.studies import run_job
+from harness.studies import options_of, run_job
 
 TASKS = ["niah_single_2", "niah_multikey_1", "qa_1"]
 PRESS = "keydiff"
@@ -81,7 +81,7 @@ BASELINE = "specprefill"
 
 def line_of(method: str, options: Any) -> str:
     """A row's line in the study: the method, a composition by its parts."""
-    opts = json.loads(options) if isinstance(options, str) else dict(options or {})
+    opts = options_of(options)
     if method != "compose":
         return method
     return (
@@ -138,7 +138,7 @@ KEY = ["task", "sample_id"]
 def budget_of(options: Any) -> float:
     """A row's budget N: its ``keep_tokens`` (the tokens of each prompt every method keeps); NaN
     for full prefill and for a run with a budget in fractions, which this study does not make."""
-    opts = json.loads(options) if isinstance(options, str) else dict(options or {})
+    opts = options_of(options)
     v = opts.get("keep_tokens")
     return float(v) if v is not None else float("nan")
 
@@ -154,7 +154,7 @@ BUDGET_KEYS = ("keep_rate", "keep_tokens")
 
 def _variant(options: Any) -> str:
     """A row's method options less its budget, canonical (two variants of one method differ here)."""
-    opts = json.loads(options) if isinstance(options, str) else dict(options or {})
+    opts = options_of(options)
     return json.dumps({k: v for k, v in opts.items() if k not in BUDGET_KEYS}, sort_keys=True, default=str)
 
 
@@ -228,8 +228,8 @@ def differences(a: Analysis, baseline: str = BASELINE) -> pd.DataFrame:
     """Per setup and budget, each method against ``baseline`` at that budget on the same
     samples, over all tasks and (where there are several) per task: the score difference
     (0-100 points, method minus baseline; :func:`harness.analysis.quality.paired_difference`,
-    the tasks weighted equally) with its 95 % interval and the samples won and lost. Full prefill (no budget) is compared
-    with the baseline at each budget of its setup."""
+    the tasks weighted equally) with its 95 % interval and the samples won and lost. Full
+    prefill (no budget) is compared with the baseline at each budget of its setup."""
     d = a.ok("eval")
     one_variant(d)
     d = d.assign(line=[line_of(m, o) for m, o in zip(d["method"], d["method_options"], strict=True)],
@@ -308,8 +308,8 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
             (diff["task"] != ALL, "| task ", "one task's samples"),
         ):
             part = diff[scope]
-            if part.empty or (title and part["task"].nunique() < 2):
-                continue  # one task: its line is the ALL table's
+            if part.empty:  # per-task lines exist only where a budget has several tasks
+                continue
             h = lead + title + "| method | against | score difference [95 %] | samples | wins / losses |"
             lines += ["", h, "|---" * (h.count("|") - 1) + "|"]
             for r in part.itertuples():

@@ -31,7 +31,6 @@ per method and position mode.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,7 +43,7 @@ from harness.analysis.folder import Analysis, analyze
 from harness.analysis.quality import Point, paired_difference, unit_mean
 from harness.analysis.stats import NAN
 from harness.rendering.tables import ci, difference, num
-from harness.studies import require_runs, require_values, run_job
+from harness.studies import options_of, require_runs, require_values, run_job
 
 TASKS = ["niah_single_2", "niah_multikey_1", "vt", "qa_1"]
 #: The methods whose kept tokens can take either position mode (an option of theirs), in the
@@ -66,7 +65,7 @@ def own_mode(method: str) -> str | None:
 
 def position_mode(options: Any) -> str | None:
     """A row's ``position_mode`` from its method options (None: a method without one)."""
-    opts = json.loads(options) if isinstance(options, str) else dict(options or {})
+    opts = options_of(options)
     mode = opts.get("position_mode")
     return None if mode is None else str(mode)
 
