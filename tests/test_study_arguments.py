@@ -7,7 +7,14 @@ import sys
 
 import pytest
 
-from harness.studies import kvpress_crosscheck, lm_eval_crosscheck, positions, speculator_depth, speculator_family
+from harness.studies import (
+    draft_family,
+    kvpress_crosscheck,
+    lm_eval_crosscheck,
+    positions,
+    speculator_depth,
+    speculator_family,
+)
 
 
 @pytest.fixture
@@ -17,7 +24,7 @@ def no_jobs(monkeypatch):
     def job(cmd):
         raise AssertionError(f"a job started: {cmd}")
 
-    for mod in (speculator_depth, speculator_family, kvpress_crosscheck, lm_eval_crosscheck, positions):
+    for mod in (speculator_depth, speculator_family, kvpress_crosscheck, lm_eval_crosscheck, positions, draft_family):
         monkeypatch.setattr(mod, "run_job", job)
 
 
@@ -35,6 +42,9 @@ def no_jobs(monkeypatch):
         (positions, ["--keeps", "1"], "--keeps 1.0: allowed: a fraction in (0, 1)"),
         (positions, ["--methods", "speckv"], "--methods speckv: allowed: one of ['specprefill'"),
         (positions, ["--no-run", "--out", "{tmp}"], "--no-run: no run's rows under {tmp}"),
+        (draft_family, ["--no-run", "--out", "{tmp}/README.md"], "--no-run: no run's rows under {tmp}/README.md"),
+        (draft_family, ["--keep-tokens", "0"], "--keep-tokens 0: allowed: a budget of 1 or more tokens"),
+        (draft_family, ["--limit", "0"], "--limit 0: allowed"),
     ],
 )
 def test_a_bad_study_argument_is_one_line_before_any_job(module, args, says, tmp_path, monkeypatch, capsys, no_jobs):

@@ -54,7 +54,7 @@ import pandas as pd
 from harness.analysis.folder import Analysis, analyze
 from harness.analysis.quality import Point, paired_difference
 from harness.rendering.tables import ci, difference, num
-from harness.studies import options_of, run_job
+from harness.studies import options_of, require_runs, require_values, run_job
 
 TASKS = ["niah_single_2", "niah_multikey_1", "qa_1"]
 PRESS = "keydiff"
@@ -376,6 +376,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-run", action="store_true", help="only read the rows already under --out")
     ap.add_argument("--dry-run", action="store_true", help="print the jobs' plans, load nothing")
     a = ap.parse_args(argv)
+    require_values(ap, "--limit", [a.limit], lambda n: n >= 1, "1 or more samples a task")
+    require_values(ap, "--keep-tokens", [a.keep_tokens], lambda n: n >= 1, "a budget of 1 or more tokens")
+    if a.no_run:
+        require_runs(ap, a.out)
     if a.dry_run:
         run(a, dry_run=True)
         return
