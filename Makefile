@@ -17,7 +17,7 @@ MINFERENCE := minference==0.1.6.0
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=% gpu=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare experiment fetch-models speculator-depth speculator-family multiturn draft-family positions report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
+.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare experiment fetch-models speculator-depth speculator-family multiturn draft-family lookahead positions report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
 
 setup: $(if $(filter 1,$(gpu)),cuda-driver) $(VENV)/.installed $(if $(filter 1,$(gpu)),$(VENV)/.installed-gpu)
 
@@ -187,6 +187,15 @@ multiturn: setup
 $(call takes,draft-family,limit length keep_tokens tasks model quality_only dry_run,dry_run quality_only)
 draft-family: setup
 	$(PY) -m harness.studies.draft_family $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep_tokens),--keep-tokens $(keep_tokens)) $(if $(tasks),--tasks $(subst $(comma),$(space),$(tasks))) $(if $(model),--model $(model)) $(call yes_no,quality_only,--no-latency) $(call yes_no,dry_run,--dry-run)
+
+# SpecPrefill's look-ahead, bought and paid for (needs make fetch-models first): look-ahead 1, 2, 4
+# and 8 at one budget of keep_tokens (256) beside full prefill, on Qwen2.5-Coder-1.5B with its 0.5B
+# draft, RULER 2K on four tasks x 15 (variable tracking included), paired by sample against
+# look-ahead 1, then every look-ahead's TTFT side by side (results/lookahead/);
+# lookaheads=1,8 another list, tasks=vt another task list, quality_only=true no timing.
+$(call takes,lookahead,limit length keep_tokens lookaheads tasks model quality_only dry_run,dry_run quality_only)
+lookahead: setup
+	$(PY) -m harness.studies.lookahead $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep_tokens),--keep-tokens $(keep_tokens)) $(if $(lookaheads),--lookaheads $(subst $(comma),$(space),$(lookaheads))) $(if $(tasks),--tasks $(subst $(comma),$(space),$(tasks))) $(if $(model),--model $(model)) $(call yes_no,quality_only,--no-latency) $(call yes_no,dry_run,--dry-run)
 
 # The same kept tokens at their original positions or re-numbered 0..K-1 (needs make fetch-models
 # first): SpecPrefill and SpecPC, each in both position modes at keep 0.1 and 0.3, beside full

@@ -52,6 +52,10 @@ RULER_DATA = ("packaged", "lm-eval")
 DEFAULT_GRID = [[1, 16], [1, 64], [1, 256], [1, 1024], [1, 4096]]
 GROUP = Allowed(dict, note="a config group, checked by its own record")
 NAMES = Allowed(list, item=str, null=True, note="a list of names")
+#: ``also``: more methods in one job, each a ``conf/method`` name or a mapping naming one with
+#: options that replace its preset's (:func:`also_methods`).
+ALSO = Allowed(list, null=True, note="conf/method names or {name: <conf/method>, <option>: value} mappings, "
+               "e.g. [knorm,{name:specprefill,lookahead:8}]")  # fmt: skip
 
 
 @dataclass
@@ -86,7 +90,7 @@ class EvalSchema(CommonSchema):
         None, Allowed((str, list), item=str, null=True, note="task names: tasks=[a,b], tasks=a,b or tasks=all")
     )
     data_dir: str | None = option(None, Allowed(str, null=True, note="a folder of the benchmark's files"))
-    also: Any = option(None, NAMES)
+    also: Any = option(None, ALSO)
 
 
 @dataclass
@@ -107,7 +111,7 @@ class LatencySchema(CommonSchema):
     decode_tokens: int = option(8, Allowed(int, ge=0, note="tokens decoded after each prefill; 0: TTFT only"))
     aa_check: bool = option(True, FLAG)
     engine_ideal: Any = option("auto", Allowed(str, choices=(*ENGINE_IDEAL, True, False)))
-    also: Any = option(None, NAMES)
+    also: Any = option(None, ALSO)
 
 
 @dataclass
@@ -649,6 +653,46 @@ def method_conf(name: str, keep: float, lookahead: int, keep_tokens: int | None 
     cfg = OmegaConf.merge(shorthands, {"m": OmegaConf.load(path)})
     assert isinstance(cfg, DictConfig)
     return method_spec(container(cfg)["m"])
+
+
+def also_methods(
+    also: Any, keep: float, lookahead: int, keep_tokens: int | None = None
+) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """(name, options) of each entry of a job's ``also``: a ``conf/method`` name (its preset,
+    with the ``keep``, ``lookahead`` and ``keep_tokens`` shorthands filled in), or a mapping
+    ``{name: <conf/method>, <option>: value, ...}``, that preset with those options replaced, so
+    one job can time or run variants of one method side by side (``[{name: specprefill,
+    lookahead: 8}]``). An option the method does not have is refused, naming the entry."""
+    if also is None:
+        return ()
+    if not isinstance(also, list | tuple):
+        raise ValueError(f"also={also!r} is invalid; allowed: {ALSO.describe()}")
+    out = []
+    for entry in also:
+        if isinstance(entry, str):
+            out.append(method_conf(entry, keep, lookahead, keep_tokens))
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise ValueError(
+                f"also entry {entry!r} is invalid; allowed: a conf/method name, or a mapping "
+                "{name: <conf/method>, <option>: value, ...}"
+            )
+        given = {k: v for k, v in entry.items() if k != "name"}
+        name, options = method_conf(entry["name"], keep, lookahead, keep_tokens)
+        unknown = sorted(set(given) - method_option_names(name))
+        if unknown:
+            raise ValueError(
+                f"also entry {entry!r} sets {unknown}, which {name!r} does not take; allowed: "
+                f"{sorted(method_option_names(name))}"
+            )
+        options.update(given)
+        if "keep_rate" in given and token_budget(options) is not None:
+            raise ValueError(
+                f"also entry {entry!r} sets keep_rate beside a budget in tokens ({token_budget(options)}), which "
+                f"replaces it; allowed: keep_tokens: null in the entry for a fraction"
+            )
+        out.append(method_spec({"name": name, **options}))  # a budget in tokens: the fraction is 1
+    return tuple(out)
 
 
 def check_prompt_scope(method: Method) -> None:

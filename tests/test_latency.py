@@ -373,6 +373,37 @@ def test_several_methods_share_one_reference_and_one_aa_check(tmp_path, monkeypa
             _lat(tmp_path, "method=specprefill", bad)
 
 
+def test_variants_of_one_method_are_timed_side_by_side_and_labelled_apart(tmp_path, monkeypatch):
+    """``also=[{name: specprefill, lookahead: 3}]``: the job's method and a variant of it in the
+    same iterations, each its own row key and its own line, labelled by the option that
+    differs (one run, one config hash: a label from the run alone would give both lines one
+    name); an option the method does not take, or a variant equal to the method, is refused."""
+    monkeypatch.chdir(tmp_path)
+    job = _lat(tmp_path, "method=specprefill", "also=[{name:specprefill,lookahead:3}]", "grid=[[1,96]]",
+               "warmup=0", "iters=5", "keep_tokens=32", "method.chunk_size=16")  # fmt: skip
+    assert [(n, m.options()["lookahead"]) for n, m in job.timed[2:]] == [("specprefill", 1), ("specprefill", 3)]
+    assert (
+        job.timed[3][1].options()["keep_tokens"] == 32
+    )  # the job's budget; the preset's chunks (32), not the method's
+    rows = RunStore(lat.execute(job)).read()
+    assert len(rows) == 4 * 5 and rows["row_key"].is_unique
+    s = summarize_latency(rows).set_index("method")
+    variants = [
+        "specprefill (chunk_size=16, lookahead=1) (32 tokens)",
+        "specprefill (chunk_size=32, lookahead=3) (32 tokens)",
+    ]
+    assert set(variants) <= set(s.index), s.index.tolist()
+    assert (s.loc[[i for i in s.index if i.startswith("specprefill")], "pairs"] == 5).all()
+    for bad, match in (
+        ("also=[{name:specprefill,lookahed:3}]", r"sets \['lookahed'\], which 'specprefill' does not take; allowed: "),
+        ("also=[{lookahead:3}]", "also entry .* is invalid; allowed: a conf/method name, or a mapping"),
+        ("also=[{name:specprefill,keep_rate:0.5}]", "sets keep_rate beside a budget in tokens"),
+        ("also=[{name:specprefill,chunk_size:16}]", "names \\['specprefill'\\] twice"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            _lat(tmp_path, "method=specprefill", "keep_tokens=32", "method.chunk_size=16", bad)
+
+
 def test_text_rewriting_methods_time_on_benchmark_prompts(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     job = _lat(tmp_path, "method=rag_bm25", "grid=[[2,1024]]", "warmup=0", "iters=1")

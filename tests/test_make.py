@@ -54,6 +54,7 @@ DRY_RUN_TARGETS = [
     (["experiment", "name=kvpress_ruler4k"], "--dry-run"),
     (["multiturn"], "--dry-run"),
     (["draft-family"], "--dry-run"),
+    (["lookahead"], "--dry-run"),
     (["positions"], "--dry-run"),
     (["kv-compare"], "dry_run=true"),
 ]
@@ -83,6 +84,17 @@ def test_make_draft_family_takes_a_task_list_and_quality_only():
         assert "--no-latency" not in _make_n("draft-family", f"quality_only={value}").stdout
     r = _make_n("draft-family", "quality_only=maybe")
     assert r.returncode != 0 and "quality_only=maybe: not a yes/no value" in r.stderr
+
+
+def test_make_lookahead_takes_a_list_of_look_aheads_and_tasks():
+    r = _make_n("lookahead", "lookaheads=1,8", "tasks=vt,qa_1", "keep_tokens=128", "quality_only=yes")
+    (line,) = [ln for ln in r.stdout.splitlines() if "-m harness.studies.lookahead" in ln]
+    args = shlex.split(line)
+    assert args[args.index("--lookaheads") + 1 : args.index("--lookaheads") + 3] == ["1", "8"]
+    assert args[args.index("--tasks") + 1 : args.index("--tasks") + 3] == ["vt", "qa_1"]
+    assert "--no-latency" in args and args[args.index("--keep-tokens") + 1] == "128"
+    r = _make_n("lookahead", "lookahed=8")
+    assert r.returncode != 0 and "unknown variable(s) lookahed" in r.stderr
 
 
 @pytest.mark.parametrize("target", [t[0] for t in DRY_RUN_TARGETS], ids=[t[0][0] for t in DRY_RUN_TARGETS])
@@ -152,8 +164,8 @@ def test_every_refusal_of_a_variable_comes_before_setup(tmp_path):
             assert [ln for ln in r.stderr.splitlines() if ln.strip()] == [r.stderr.strip()], r.stderr
     assert sorted(refusing) == sorted(["regress", "regress-accept", "paper", "paper-report", "fetch-models",
                                        "experiment", "report", "bench-scoring-memory", "bench-ruler-generation",
-                                       "speculator-depth", "speculator-family", "multiturn", "draft-family", "positions",
-                                       "lm-eval-crosscheck", "kv-compare", "kvpress-crosscheck",
+                                       "speculator-depth", "speculator-family", "multiturn", "draft-family", "lookahead",
+                                       "positions", "lm-eval-crosscheck", "kv-compare", "kvpress-crosscheck",
                                        "bench-front-throughput", "gpu-check"])  # fmt: skip
     for target, var in [*((t[0][0], "dry_run") for t in DRY_RUN_TARGETS), ("gpu-check", "quick")]:
         r = make_n(target, f"{var}=bogus")

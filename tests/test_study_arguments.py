@@ -11,6 +11,7 @@ from harness.studies import (
     draft_family,
     kvpress_crosscheck,
     lm_eval_crosscheck,
+    lookahead,
     positions,
     speculator_depth,
     speculator_family,
@@ -24,7 +25,15 @@ def no_jobs(monkeypatch):
     def job(cmd):
         raise AssertionError(f"a job started: {cmd}")
 
-    for mod in (speculator_depth, speculator_family, kvpress_crosscheck, lm_eval_crosscheck, positions, draft_family):
+    for mod in (
+        speculator_depth,
+        speculator_family,
+        kvpress_crosscheck,
+        lm_eval_crosscheck,
+        positions,
+        draft_family,
+        lookahead,
+    ):
         monkeypatch.setattr(mod, "run_job", job)
 
 
@@ -45,6 +54,10 @@ def no_jobs(monkeypatch):
         (draft_family, ["--no-run", "--out", "{tmp}/README.md"], "--no-run: no run's rows under {tmp}/README.md"),
         (draft_family, ["--keep-tokens", "0"], "--keep-tokens 0: allowed: a budget of 1 or more tokens"),
         (draft_family, ["--limit", "0"], "--limit 0: allowed"),
+        (lookahead, ["--lookaheads", "1", "0"], "--lookaheads 0: allowed: look-ahead steps of 1 or more"),
+        (lookahead, ["--lookaheads", "1", "8", "1"], "--lookaheads 1 8 1: allowed: each look-ahead once"),
+        (lookahead, ["--no-run", "--out", "{tmp}"], "--no-run: no run's rows under {tmp}"),
+        (lookahead, ["--keep-tokens", "0"], "--keep-tokens 0: allowed"),
     ],
 )
 def test_a_bad_study_argument_is_one_line_before_any_job(module, args, says, tmp_path, monkeypatch, capsys, no_jobs):

@@ -111,23 +111,27 @@ def label_variants(df: pd.DataFrame, point: list[str]) -> pd.Series:
     would otherwise share a row of a table keyed by ``point`` without them (look-ahead,
     pooling, truncation, output cap, speculator, dtype, ...)."""
     labels = df["method"].astype(str).copy()
+    # a variant: a run, and within one run a method's options (a latency job times variants of
+    # one method side by side, ``also``: one run, one config_hash)
+    by = [c for c in ("config_hash", "method_options") if c in df]
     for _, g in df.groupby(point, dropna=False):
-        runs = g.drop_duplicates("config_hash") if "config_hash" in g else g.iloc[:1]
+        variant = g[by].astype(str).agg("\x1f".join, axis=1) if by else pd.Series("", index=g.index)
+        runs = g.loc[~variant.duplicated()]
         if len(runs) < 2:
             continue
         opts = {
-            h: {
+            v: {
                 **_options(r.get("method_options")),
                 **_options(r.get("benchmark_options")),
                 **{k: r.get(k) for k in RUN_KEYS},
             }
-            for h, r in zip(runs["config_hash"], runs.to_dict("records"), strict=True)
+            for v, r in zip(variant[runs.index], runs.to_dict("records"), strict=True)
         }
         differ = sorted({k for o in opts.values() for k in o if len({json.dumps(x.get(k)) for x in opts.values()}) > 1})
-        for h, o in opts.items():
+        for v, o in opts.items():
             desc = ", ".join(f"{k}={o.get(k)}" for k in differ if k != "keep_rate")
             if desc:
-                labels[g.index[g["config_hash"] == h]] = f"{g['method'].iloc[0]} ({desc})"
+                labels[g.index[variant == v]] = f"{g['method'].iloc[0]} ({desc})"
     return labels
 
 

@@ -28,6 +28,7 @@ from harness.benchmarks.base import Benchmark, BenchmarkConfig
 from harness.benchmarks.samples import benchmark_samples
 from harness.config import (
     EvalSchema,
+    also_methods,
     benchmark_config,
     check_common,
     check_in_model,
@@ -38,7 +39,6 @@ from harness.config import (
     container,
     longest_prompt,
     longest_sequence,
-    method_conf,
     method_spec,
     model_from,
     model_identity,
@@ -87,9 +87,6 @@ class EvalConfig:
         check_common(c)
         name, options = method_spec(c["method"], int(c["lookahead"]))
         check_backend(str(c["backend"]))
-        also = c.get("also") or []
-        if not isinstance(also, list) or not all(isinstance(a, str) for a in also):
-            raise ValueError(f"also={also!r} is invalid; allowed: a list of method names, e.g. [specprefill_revival]")
         return cls(
             model=model_from(c),
             method_name=name,
@@ -98,7 +95,7 @@ class EvalConfig:
             backend=str(c["backend"]),
             out=Path(str(c["out"])),
             reference=str(c["reference"]),
-            also=tuple(method_conf(a, float(c["keep"]), int(c["lookahead"]), c.get("keep_tokens")) for a in also),
+            also=also_methods(c.get("also"), float(c["keep"]), int(c["lookahead"]), c.get("keep_tokens")),
         )
 
 

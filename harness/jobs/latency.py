@@ -75,6 +75,7 @@ from harness.benchmarks.samples import benchmark_samples
 from harness.config import (
     ENGINE_IDEAL,
     LatencySchema,
+    also_methods,
     check_common,
     check_in_model,
     check_keys,
@@ -179,10 +180,7 @@ class LatencyConfig:
         check_common(c)
         name, options = method_spec(c["method"], int(c["lookahead"]))
         ref_name, ref_options = method_conf(str(c["reference"]), float(c["keep"]), int(c["lookahead"]))
-        also = c["also"] or []
-        if not isinstance(also, list) or not all(isinstance(a, str) for a in also):
-            raise ValueError(f"also={also!r} is invalid; allowed: a list of method names, e.g. [knorm,snapkv]")
-        extra = tuple(method_conf(a, float(c["keep"]), int(c["lookahead"]), c.get("keep_tokens")) for a in also)
+        extra = also_methods(c["also"], float(c["keep"]), int(c["lookahead"]), c.get("keep_tokens"))
         grid = c["grid"]
         if not isinstance(grid, list) or not all(isinstance(p, list) for p in grid):
             raise ValueError(f"grid={grid!r} is invalid; allowed: a list of [batch, length] pairs, e.g. [[1,4096]]")

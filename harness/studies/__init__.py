@@ -14,6 +14,31 @@ def options_of(options: Any) -> dict[str, Any]:
     return json.loads(options) if isinstance(options, str) else dict(options or {})
 
 
+#: A sample of a study's eval rows: what two lines are paired by.
+SAMPLE = ["task", "sample_id"]
+#: The scope of a difference over all of a line's tasks (weighted equally).
+ALL = "ALL"
+
+
+def paired_scores(cand: Any, base: Any, scope: str) -> dict[str, Any]:
+    """``cand``'s score minus ``base``'s on the samples both ran (eval rows of two lines of a
+    study; ``scope``: one task, or :data:`ALL` of the tasks both ran, weighted equally): the
+    difference in points with its 95 % interval
+    (:func:`harness.analysis.quality.paired_difference`), the samples paired and how many
+    ``cand`` won and lost."""
+    from harness.analysis.quality import Point, paired_difference
+
+    tasks = sorted(set(cand["task"]) & set(base["task"]))
+    parts = [tasks] if scope == ALL else [[scope]]
+    diff, _, _ = paired_difference(Point(cand), Point(base), "score", parts)
+    c, b = (f if scope == ALL else f[f["task"] == scope] for f in (cand, base))
+    c = c[c["task"].isin(tasks)].drop_duplicates(SAMPLE).set_index(SAMPLE)["score"].astype(float)
+    b = b.drop_duplicates(SAMPLE).set_index(SAMPLE)["score"].astype(float)
+    both = c.to_frame("c").join(b.rename("b"), how="inner")
+    return {"difference": diff.value, "lo": diff.lo, "hi": diff.hi, "n": len(both),
+            "wins": int((both["c"] > both["b"]).sum()), "losses": int((both["c"] < both["b"]).sum())}  # fmt: skip
+
+
 def run_job(cmd: list[str]) -> None:
     """Run one harness job of a study. A job that refuses (its one-line message already on
     stderr) or fails ends the study with the job's exit status, not a second traceback."""

@@ -52,9 +52,8 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.folder import Analysis, analyze
-from harness.analysis.quality import Point, paired_difference
 from harness.rendering.tables import ci, difference, num
-from harness.studies import options_of, require_runs, require_values, run_job
+from harness.studies import ALL, options_of, paired_scores, require_runs, require_values, run_job
 
 TASKS = ["niah_single_2", "niah_multikey_1", "qa_1"]
 PRESS = "keydiff"
@@ -131,8 +130,6 @@ def run(a: argparse.Namespace, dry_run: bool = False) -> None:
 #: lengths or models (or an experiment's sweep, ``conf/experiments/draft_family.yaml``); their
 #: rows never meet in a line or a pair.
 SETUP = ["model", "speculator", "backend", "dtype", "benchmark", "length"]
-ALL = "ALL"
-KEY = ["task", "sample_id"]
 
 
 def budget_of(options: Any) -> float:
@@ -249,16 +246,8 @@ def differences(a: Analysis, baseline: str = BASELINE) -> pd.DataFrame:
                     continue
                 tasks = sorted(set(c["task"]) & set(base["task"]))
                 for scope in [ALL, *tasks] if len(tasks) > 1 else [ALL]:  # one task: ALL is it
-                    parts = [tasks] if scope == ALL else [[scope]]
-                    diff, _, _ = paired_difference(Point(c), Point(base), "score", parts)
-                    cs, bs = (f if scope == ALL else f[f["task"] == scope] for f in (c, base))
-                    m = cs.drop_duplicates(KEY).set_index(KEY)["score"].astype(float)
-                    b = bs.drop_duplicates(KEY).set_index(KEY)["score"].astype(float)
-                    both = m.to_frame("c").join(b.rename("b"), how="inner")
-                    out.append({**where, "speculator": draft, "budget": budget, "task": scope, "line": line, "baseline": baseline,
-                                "difference": diff.value, "lo": diff.lo, "hi": diff.hi, "n": len(both),
-                                "wins": int((both["c"] > both["b"]).sum()),
-                                "losses": int((both["c"] < both["b"]).sum())})  # fmt: skip
+                    out.append({**where, "speculator": draft, "budget": budget, "task": scope, "line": line,
+                                "baseline": baseline, **paired_scores(c, base, scope)})  # fmt: skip
     return pd.DataFrame(out)
 
 

@@ -1,0 +1,402 @@
+"""Study: what SpecPrefill's look-ahead buys and what it costs, at one token budget.
+
+SpecPrefill (Liu et al., ICML 2025) scores the prompt's tokens by the attention of the
+speculator's queries: with look-ahead L, those of the last prompt token and of L - 1 tokens the
+speculator decodes after it. The paper's tables use L = 1 ("full") and report L = 8
+("full_lah8") beside it; the official code's default is 8. Each extra step is one decode step
+of the speculator, so look-ahead moves quality and TTFT together, and a deployer picks a point
+on that line.
+
+The base and its speculator are a model config's pair (default: Qwen2.5-Coder-1.5B with its
+0.5B sibling), RULER at ``--length`` on ``--tasks`` (variable tracking, ``vt``, included: a
+chained task, where one look-ahead token scores the prompt mostly from the question, which
+names only the chain's last value), ``--limit`` samples each. Every line keeps the same budget
+of ``--keep-tokens`` N tokens of each prompt, and differs from the smallest of ``--lookaheads``
+(the baseline, 1 by default) in the look-ahead alone.
+
+Quality: one ``make eval`` run per look-ahead on the same samples, full prefill beside them:
+score and retention against full prefill with 95 % intervals, the needle kept, the draft's
+time in the eval; each look-ahead (and full prefill) against the baseline by paired score
+differences on the same samples, over all tasks and per task (:func:`differences`). Speed: one
+``make latency`` job timing every look-ahead beside full prefill in the same iterations
+(paired, order-balanced: ``also`` with ``{name: specprefill, lookahead: L}`` entries), on
+``--latency-task``'s prompts at ``--length``: each line's TTFT speedup over full prefill with
+its interval, the FLOP model's ideal, the draft's own time, and its TTFT over the baseline's,
+paired by iteration (:func:`cost`). A figure: retention against the side-by-side speedup, one
+point per look-ahead.
+
+One ``--out`` may hold the study at several budgets, lengths or models: every line and pair is
+one setup's and one budget's, and full prefill pairs with each budget of its setup. SpecPrefill
+rows whose other options differ (pooling, chunks: an ablation in the same folder) are refused
+in one line (:func:`one_setting`); rows of other methods are left out.
+
+    python -m harness.studies.lookahead [--model qwen2.5-coder-1.5b] [--length 2048]
+        [--tasks niah_single_2 niah_multikey_1 vt qa_1] [--limit 15] [--keep-tokens 256]
+        [--lookaheads 1 2 4 8] [--iters 10] [--out results/lookahead] [--no-latency] [--no-run]
+        [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.analysis.folder import Analysis, analyze
+from harness.analysis.speed import point_speedup, run_speedup
+from harness.rendering.tables import ci, difference, num
+from harness.studies import ALL, options_of, paired_scores, require_runs, require_values, run_job
+
+TASKS = ["niah_single_2", "niah_multikey_1", "vt", "qa_1"]
+LOOKAHEADS = [1, 2, 4, 8]
+METHOD = "specprefill"
+#: What a line shares besides its look-ahead and budget.
+SETUP = ["model", "speculator", "backend", "dtype", "benchmark", "length"]
+#: SpecPrefill's options that are the budget or the look-ahead, not its setting.
+VARYING = ("keep_rate", "keep_tokens", "lookahead")
+
+
+def budget_of(options: Any) -> float:
+    """A row's budget N (``keep_tokens``); NaN for full prefill."""
+    v = options_of(options).get("keep_tokens")
+    return float(v) if v is not None else float("nan")
+
+
+def line_of(method: str, options: Any) -> float | None:
+    """A row's line: its look-ahead (SpecPrefill), NaN (full prefill), None (another method:
+    left out)."""
+    if method == "full":
+        return float("nan")
+    if method != METHOD:
+        return None
+    return float(options_of(options).get("lookahead", 1))
+
+
+def line_name(lookahead: float) -> str:
+    return "full prefill" if np.isnan(lookahead) else f"SpecPrefill, look-ahead {int(lookahead)}"
+
+
+def _lines(frame: pd.DataFrame, method: str = "method") -> pd.DataFrame:
+    """``frame``'s rows of this study's lines, with their ``lookahead`` (NaN: full prefill) and
+    ``budget`` columns."""
+    if frame.empty:
+        return frame.assign(lookahead=pd.Series(dtype=float), budget=pd.Series(dtype=float))
+    ls = [line_of(m, o) for m, o in zip(frame[method], frame["method_options"], strict=True)]
+    keep = [x is not None for x in ls]
+    d = frame[keep]
+    return d.assign(lookahead=[x for x in ls if x is not None], budget=[budget_of(o) for o in d["method_options"]])
+
+
+def _setting(options: Any) -> str:
+    opts = options_of(options)
+    return json.dumps({k: v for k, v in opts.items() if k not in VARYING}, sort_keys=True, default=str)
+
+
+def one_setting(rows: pd.DataFrame) -> None:
+    """Refuse, in one line, SpecPrefill rows of one setup that differ in more than the budget
+    and the look-ahead (pooling, chunk size, positions: an ablation run into the study's
+    ``--out``): the pairs would compare more than the look-ahead."""
+    d = _lines(rows)
+    d = d[~d["lookahead"].isna()]
+    if d.empty:
+        return
+    keys = [c for c in SETUP if c in d]
+    n = d.assign(setting=[_setting(o) for o in d["method_options"]]).groupby(keys, dropna=False)["setting"].nunique()
+    if (n > 1).any():
+        where = dict(zip(keys, n[n > 1].index[0], strict=True))
+        raise ValueError(
+            f"lookahead: SpecPrefill rows of {where.get('model')} at length {where.get('length')} hold "
+            f"{int(n.max())} settings of its options besides the budget and the look-ahead; allowed: one setting per "
+            "folder (run an ablation into another --out)"
+        )
+
+
+def eval_commands(
+    out: Path, model: str, length: int, tasks: list[str], limit: int, keep_tokens: int, lookaheads: list[int]
+) -> list[list[str]]:
+    """One ``make eval`` job for full prefill, then one per look-ahead at the budget."""
+    common = [sys.executable, "-m", "harness.jobs.eval", f"model={model}", "benchmark=ruler", f"length={length}",
+              f"tasks=[{','.join(tasks)}]", f"limit={limit}", f"out={out}"]  # fmt: skip
+    return [[*common, "method=full"]] + [
+        [*common, f"method={METHOD}", f"keep_tokens={keep_tokens}", f"lookahead={la}"] for la in lookaheads
+    ]
+
+
+def latency_command(
+    out: Path, model: str, length: int, task: str, keep_tokens: int, iters: int, decode_tokens: int,
+    lookaheads: list[int],
+) -> list[str]:  # fmt: skip
+    """Every look-ahead timed beside full prefill in the same iterations: the smallest as the
+    job's method, the others as ``also`` entries of the same method with their look-ahead."""
+    first, *rest = sorted(lookaheads)
+    also = [f"also=[{','.join(f'{{name:{METHOD},lookahead:{la}}}' for la in rest)}]"] if rest else []
+    return [sys.executable, "-m", "harness.jobs.latency", f"model={model}", f"grid=[[1,{length}]]", "warmup=1",
+            f"iters={iters}", "prompts=benchmark", f"prompt_task={task}", f"method={METHOD}", f"lookahead={first}",
+            f"keep_tokens={keep_tokens}", *also, f"decode_tokens={decode_tokens}", f"out={out}"]  # fmt: skip
+
+
+def run(a: argparse.Namespace, dry_run: bool = False) -> None:
+    extra = ["dry_run=true"] if dry_run else []
+    for cmd in eval_commands(a.out, a.model, a.length, a.tasks, a.limit, a.keep_tokens, a.lookaheads):
+        run_job([*cmd, *extra])
+    if not a.no_latency:
+        run_job([*latency_command(a.out / "latency", a.model, a.length, a.latency_task, a.keep_tokens, a.iters,
+                                  a.decode_tokens, a.lookaheads), *extra])  # fmt: skip
+
+
+def quality(a: Analysis) -> pd.DataFrame:
+    """One line per setup, budget and look-ahead (full prefill: no budget, no look-ahead): the
+    summary's over-all-tasks row."""
+    s = a.summary
+    s = _lines(s[s["task"] == ALL], "method_name")
+    cols = ("n", "score", "score_lo", "score_hi", "retention", "retention_lo", "retention_hi", "needle_kept",
+            "kept_fraction", "speculator_s", "ttft_s")  # fmt: skip
+    line = {**{c: s[c] for c in SETUP if c in s}, "budget": s["budget"], "lookahead": s["lookahead"]}
+    return pd.DataFrame({**line, **{c: s[c] for c in cols}}).reset_index(drop=True)
+
+
+def speed(a: Analysis) -> pd.DataFrame:
+    """One line per model, length, budget and look-ahead timed beside full prefill: the
+    side-by-side TTFT speedup with its interval, the FLOP model's ideal, the draft's own time
+    (the latest job's where one was timed twice)."""
+    s = a.latency
+    keys = ["model", "length", "budget", "lookahead"]
+    if s.empty:
+        return pd.DataFrame(columns=keys)
+    s = _lines(s[~s["is_reference"].astype(bool)], "method_name")
+    s = s[~s["lookahead"].isna()]
+    cols = ("speedup", "speedup_lo", "speedup_hi", "ideal_speedup", "efficiency", "method_median_s", "aa_speedup",
+            "comparable")  # fmt: skip
+    return (
+        pd.DataFrame({**{k: s[k] for k in keys}, **{f"lat_{c}": s[c] for c in cols if c in s}})
+        .drop_duplicates(keys, keep="last")
+        .reset_index(drop=True)
+    )
+
+
+def cost(a: Analysis) -> pd.DataFrame:
+    """Each look-ahead's TTFT over the baseline's (the smallest look-ahead timed in the same
+    job), paired by iteration within a run as the speedup is
+    (:func:`harness.analysis.speed.run_speedup`): above 1, slower than the baseline."""
+    d = _lines(a.ok("latency"))
+    out = []
+    d = d[~d["lookahead"].isna() & ~d["warmup"].astype(bool)] if not d.empty else d
+    for (model, length, budget), g in d.groupby(["model", "length", "budget"], dropna=False):
+        base_l = g["lookahead"].min()
+        for la in sorted(set(g["lookahead"]) - {base_l}):
+            runs = []
+            for _, gr in g.groupby("run_id"):
+                b, c = gr[gr["lookahead"] == base_l], gr[gr["lookahead"] == la]
+                if len(b) and len(c):
+                    runs.append(run_speedup(_by_iteration(c), _by_iteration(b)))
+            e = point_speedup(runs)
+            if e is not None:
+                out.append({"model": model, "length": length, "budget": budget, "lookahead": la, "baseline": base_l,
+                            "ttft_ratio": e.value, "ttft_ratio_lo": e.lo, "ttft_ratio_hi": e.hi, "pairs": e.n})  # fmt: skip
+    return pd.DataFrame(out, columns=["model", "length", "budget", "lookahead", "baseline", "ttft_ratio",
+                                      "ttft_ratio_lo", "ttft_ratio_hi", "pairs"])  # fmt: skip
+
+
+def _by_iteration(rows: pd.DataFrame) -> dict[int, float]:
+    return dict(zip(rows["iteration"].astype(int), rows["ttft_s"].astype(float), strict=True))
+
+
+def table(a: Analysis) -> pd.DataFrame:
+    """:func:`quality` with :func:`speed`'s and :func:`cost`'s columns, per setup: full prefill,
+    then each budget's look-aheads in order."""
+    one_setting(a.ok("eval"))
+    q, sp, c = quality(a), speed(a), cost(a)
+    keys = ["model", "length", "budget", "lookahead"]
+    df = q
+    for part in (sp, c.drop(columns=["baseline", "pairs"])):
+        if len(part):
+            df = df.merge(part.astype({"length": q["length"].dtype}), on=keys, how="left")
+    by = [c for c in SETUP if c in df]
+    return df.sort_values([*by, "budget", "lookahead"], na_position="first").reset_index(drop=True)
+
+
+def differences(a: Analysis) -> pd.DataFrame:
+    """Per setup and budget, each look-ahead, and full prefill, against the baseline (the
+    smallest look-ahead run at that budget) on the same samples, over all tasks and (where
+    there are several) per task: :func:`harness.studies.paired_scores`."""
+    d = a.ok("eval")
+    one_setting(d)
+    d = _lines(d)
+    cols = [c for c in SETUP if c in d and c != "speculator"]  # full prefill has no speculator
+    out = []
+    for key, g in d.groupby(cols, sort=True, dropna=False):
+        where = dict(zip(cols, key, strict=True))
+        spec = g[~g["lookahead"].isna()]
+        for (draft, budget), gb in spec.groupby(["speculator", "budget"], dropna=False):
+            base_l = gb["lookahead"].min()
+            base = gb[gb["lookahead"] == base_l]
+            others = [(la, gb[gb["lookahead"] == la]) for la in sorted(set(gb["lookahead"]) - {base_l})]
+            for la, c in [*others, (float("nan"), g[g["lookahead"].isna()])]:
+                if c.empty:
+                    continue
+                tasks = sorted(set(c["task"]) & set(base["task"]))
+                for scope in [ALL, *tasks] if len(tasks) > 1 else [ALL]:  # one task: ALL is it
+                    out.append({**where, "speculator": draft, "budget": budget, "task": scope,
+                                "lookahead": la, "baseline": base_l, **paired_scores(c, base, scope)})  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def _varying(*frames: pd.DataFrame) -> list[str]:
+    """The columns (model, length, budget) with more than one value across ``frames``."""
+
+    def values(c: str) -> set[Any]:
+        return {v for f in frames if c in f for v in f[c] if not (isinstance(v, float) and np.isnan(v))}
+
+    return [c for c in ("model", "length", "budget") if len(values(c)) > 1]
+
+
+def _cell(r: Any, c: str) -> str:
+    v = getattr(r, c)
+    return "-" if isinstance(v, float) and np.isnan(v) else f"{int(v)}" if c == "budget" else str(v)
+
+
+def _get(r: Any, c: str) -> float:
+    return float(getattr(r, c, np.nan))
+
+
+def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
+    setup = _varying(df, diff)
+    lead = "".join(f"| {'budget N' if c == 'budget' else c} " for c in setup)
+    head = (lead + "| line | n | score | retention vs full | needle kept | draft s (eval) | TTFT s (eval) | "
+            "speedup, side by side | ideal | draft s (timed) | TTFT over the baseline's |")  # fmt: skip
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for r in df.itertuples():
+        full = np.isnan(r.lookahead)
+        sp = "1.00x" if full else ci(_get(r, "lat_speedup"), _get(r, "lat_speedup_lo"), _get(r, "lat_speedup_hi"),
+                                     ".2f")  # fmt: skip
+        ideal = 1.0 if full else _get(r, "lat_ideal_speedup")
+        ratio = ci(_get(r, "ttft_ratio"), _get(r, "ttft_ratio_lo"), _get(r, "ttft_ratio_hi"), ".2f")
+        base = not full and np.isnan(_get(r, "ttft_ratio")) and not np.isnan(_get(r, "lat_speedup"))
+        lines.append(
+            "".join(f"| {_cell(r, c)} " for c in setup) +
+            f"| {line_name(r.lookahead)} | {r.n} | {ci(r.score, r.score_lo, r.score_hi)} | "
+            f"{'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | {num(r.needle_kept, '.2f')} | "
+            f"{'-' if full else num(r.speculator_s, '.2f')} | {num(r.ttft_s, '.2f')} | {sp} | "
+            f"{num(ideal, '.2f')}{'' if np.isnan(ideal) else 'x'} | "
+            f"{'-' if full else num(_get(r, 'lat_method_median_s'), '.2f')} | "
+            f"{'the baseline' if base else '-' if full else ratio + ('x' if ratio != '-' else '')} |"
+        )  # fmt: skip
+    lines += ["", "Score (0-100) and retention (score over full prefill's on the same samples): 95 % bootstrap over "
+              "samples. Draft s: the speculator's time in a prefill (its prompt pass and look-ahead steps), median. "
+              "Speedup: TTFT of full prefill over the line's, timed side by side in the same iterations (paired, "
+              "order-balanced), 95 % interval; ideal: the FLOP model's (the draft's work included). TTFT over the "
+              "baseline's: the line's TTFT over that of the smallest look-ahead, paired by iteration in the same job "
+              "(above 1: slower), 95 % interval."]  # fmt: skip
+    if not diff.empty:
+        for scope, title, note in (
+            (diff["task"] == ALL, "", "tasks weighted equally"),
+            (diff["task"] != ALL, "| task ", "one task's samples"),
+        ):
+            part = diff[scope]
+            if part.empty:
+                continue
+            h = lead + title + "| line | against | score difference [95 %] | samples | wins / losses |"
+            lines += ["", h, "|---" * (h.count("|") - 1) + "|"]
+            for r in part.itertuples():
+                lines.append("".join(f"| {_cell(r, c)} " for c in setup) + (f"| {r.task} " if title else "") +
+                             f"| {line_name(r.lookahead)} | {line_name(r.baseline)} | "
+                             f"{difference(r.difference, r.lo, r.hi)} | {r.n} | {r.wins} / {r.losses} |")  # fmt: skip
+            lines += ["", f"Paired by sample: the line's score minus the baseline's at the same budget (0-100 "
+                      f"points), {note}, 95 % bootstrap."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def figure(df: pd.DataFrame, path: Path) -> None:
+    """Retention against the side-by-side TTFT speedup, one point per look-ahead with both
+    intervals, joined in look-ahead order per budget; without a latency job, retention against
+    the look-ahead (the title says so), so the figure never comes out empty."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = "lat_speedup" in df and df["lat_speedup"].notna().any()
+    d = df[~df["lookahead"].isna()]
+    if timed:
+        d = d[d["lat_speedup"].notna()]
+    setup = _varying(d)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    group = [c for c in ("model", "length", "budget") if c in d]
+    for _, g in d.groupby(group, dropna=False) if len(d) else []:
+        g = g.sort_values("lookahead")
+        x = g["lat_speedup"] if timed else g["lookahead"]
+        where = ", ".join(f"{c} {_cell(r, c)}" for c in setup for r in [next(g.itertuples())])
+        ax.plot(x, g["retention"], color="grey", lw=0.8, alpha=0.6)
+        for r in g.itertuples():
+            xv = r.lat_speedup if timed else r.lookahead
+            xerr = [[r.lat_speedup - r.lat_speedup_lo], [r.lat_speedup_hi - r.lat_speedup]] if timed else None
+            ax.errorbar(xv, r.retention, xerr=xerr,
+                        yerr=[[r.retention - r.retention_lo], [r.retention_hi - r.retention]], fmt="o", capsize=3,
+                        label=f"look-ahead {int(r.lookahead)}" + (f", {where}" if where else ""))  # fmt: skip
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    if timed:
+        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("TTFT speedup over full prefill (side by side, 95 % interval)")
+        ax.set_title("SpecPrefill's look-ahead at one token budget")
+    else:
+        if len(d):
+            ax.set_xticks(sorted(set(d["lookahead"])))
+        ax.set_xlabel("look-ahead steps")
+        ax.set_title("SpecPrefill's look-ahead at one token budget (no side-by-side speed yet)")
+    ax.set_ylabel("retention (score / full prefill's, 95 % interval)")
+    if len(d):
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="a conf/model name (its speculator is the draft)")
+    ap.add_argument("--length", type=int, default=2048)
+    ap.add_argument("--tasks", nargs="+", default=TASKS)
+    ap.add_argument("--limit", type=int, default=15, help="samples per task")
+    ap.add_argument("--keep-tokens", type=int, default=256, help="the budget N, tokens of each prompt")
+    ap.add_argument("--lookaheads", type=int, nargs="+", default=LOOKAHEADS,
+                    help="look-ahead steps; the smallest is the baseline the others are paired with")  # fmt: skip
+    ap.add_argument("--iters", type=int, default=10, help="timed iterations of the latency job")
+    ap.add_argument("--latency-task", default="niah_single_2", help="the RULER task whose prompts are timed")
+    ap.add_argument("--decode-tokens", type=int, default=16, help="tokens decoded after each timed prefill")
+    ap.add_argument("--out", type=Path, default=Path("results/lookahead"))
+    ap.add_argument("--no-latency", action="store_true", help="quality only")
+    ap.add_argument("--no-run", action="store_true", help="only read the rows already under --out")
+    ap.add_argument("--dry-run", action="store_true", help="print the jobs' plans, load nothing")
+    a = ap.parse_args(argv)
+    require_values(ap, "--limit", [a.limit], lambda n: n >= 1, "1 or more samples a task")
+    require_values(ap, "--keep-tokens", [a.keep_tokens], lambda n: n >= 1, "a budget of 1 or more tokens")
+    require_values(ap, "--lookaheads", a.lookaheads, lambda n: n >= 1, "look-ahead steps of 1 or more")
+    if len(set(a.lookaheads)) != len(a.lookaheads):
+        ap.error(f"--lookaheads {' '.join(map(str, a.lookaheads))}: allowed: each look-ahead once")
+    if a.no_run:
+        require_runs(ap, a.out)
+    if a.dry_run:
+        run(a, dry_run=True)
+        return
+    if not a.no_run:
+        run(a)
+    found = analyze(a.out)
+    try:
+        df, diff = table(found), differences(found)
+    except ValueError as e:  # a folder the tables cannot read: one line, no traceback
+        raise SystemExit(str(e)) from None
+    df.to_csv(a.out / "lookahead.csv", index=False)
+    diff.to_csv(a.out / "lookahead_differences.csv", index=False)
+    text = markdown(df, diff)
+    (a.out / "lookahead.md").write_text(text + "\n")
+    figure(df, a.out / "lookahead.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The look-ahead study (harness/studies/lookahead.py): its jobs differ in the look-ahead alone
+(one budget, every look-ahead timed in one latency job), and its tables read real rows: a tiny
+run of full prefill and SpecPrefill at two look-aheads, each paired with the smallest on the
+same samples, and the TTFT of each look-ahead over the baseline's paired by iteration."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from harness.analysis.folder import analyze
+from harness.jobs import latency as lat
+from harness.studies import lookahead as study
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def test_the_jobs_differ_in_the_look_ahead_alone(tmp_path):
+    cmds = study.eval_commands(tmp_path, "qwen2.5-coder-1.5b", 2048, ["vt"], 15, 256, [1, 8])
+    assert "method=full" in cmds[0] and not any("keep_tokens" in c or "lookahead" in c for c in cmds[0])
+    assert [c[-1] for c in cmds[1:]] == ["lookahead=1", "lookahead=8"]
+    assert all(c[:-1] == cmds[1][:-1] and "keep_tokens=256" in c for c in cmds[1:])
+    # the smallest look-ahead is the job's method, the others `also` entries of the same method
+    cmd = study.latency_command(tmp_path, "m", 2048, "niah_single_2", 256, 10, 16, [8, 1, 4])
+    assert "lookahead=1" in cmd and "also=[{name:specprefill,lookahead:4},{name:specprefill,lookahead:8}]" in cmd
+    assert not any(c.startswith("also=") for c in study.latency_command(tmp_path, "m", 2048, "t", 256, 10, 16, [2]))
+    # the entries are what the latency job itself composes from the command line
+    args = [a for a in cmd if "=" in a and not a.startswith(("out=", "model="))]
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="latency", overrides=["model=tiny-random", f"out={tmp_path}", *args])
+    job = lat.prepare(lat.LatencyConfig.from_hydra(cfg))
+    assert [m.options()["lookahead"] for _, m in job.timed[2:]] == [1, 4, 8]
+    assert {m.options()["keep_tokens"] for _, m in job.timed[2:]} == {256}
+    assert shlex.join(cmd)  # one command line
+
+
+def test_tables_from_a_tiny_run(tmp_path, tiny_ruler_eval):
+    tiny_ruler_eval(["method=full"])
+    for la in (1, 3):
+        tiny_ruler_eval(["method=specprefill", "keep_tokens=200", f"lookahead={la}"])
+    a = analyze(tmp_path)
+    df = study.table(a)
+    assert pd.isna(df["lookahead"].iloc[0]) and df["lookahead"].tolist()[1:] == [1, 3]
+    assert (df["n"] == 3).all() and df["budget"].tolist()[1:] == [200, 200]
+    # the tiny model scores 0 everywhere: scores set by hand per look-ahead and sample, the
+    # differences worked out here
+    r = a.rows
+    la = pd.Series([study.line_of(m, o) for m, o in zip(r["method"], r["method_options"], strict=True)], index=r.index)
+    hand = {1.0: [0, 100, 0], 3.0: [100, 100, 0]}
+    for look, scores in hand.items():
+        for sid, v in enumerate(scores):
+            r.loc[(la == look) & (r["sample_id"].astype(int) == sid), "score"] = v
+    r.loc[la.isna(), "score"] = 100.0  # full prefill
+    diff = study.differences(a)
+    got = diff.set_index("lookahead", drop=False)
+    three = got[got["lookahead"] == 3].iloc[0]
+    assert three["difference"] == pytest.approx(100 / 3) and (three["wins"], three["losses"], three["n"]) == (1, 0, 3)
+    full = diff[diff["lookahead"].isna()].iloc[0]
+    assert full["difference"] == pytest.approx(200 / 3) and (full["wins"], full["losses"]) == (2, 0)
+    assert set(diff["baseline"]) == {1.0} and set(diff["task"]) == {"ALL"}  # one task: ALL is it
+    text = study.markdown(df, diff)
+    assert "| SpecPrefill, look-ahead 3 | SpecPrefill, look-ahead 1 | +33.3" in text and "| full prefill | 3 |" in text
+    study.figure(df, tmp_path / "f.png")  # no latency job: retention against the look-ahead
+    study.main(["--no-run", "--out", str(tmp_path)])
+    assert (tmp_path / "lookahead.md").exists() and (tmp_path / "lookahead.png").exists()
+    # an ablation in the same folder (another pooling kernel) is refused, not paired
+    tiny_ruler_eval(["method=specprefill", "keep_tokens=200", "lookahead=3", "method.pool_kernel=3"])
+    for read in (study.table, study.differences):
+        with pytest.raises(ValueError, match=r"hold 2 settings of its options .* allowed: one setting per folder"):
+            read(analyze(tmp_path))
+
+
+def test_the_cost_of_look_ahead_is_paired_by_iteration(tmp_path, monkeypatch):
+    """Each look-ahead's TTFT over the baseline's in the same job, iteration by iteration: set
+    by hand to twice the baseline's in every iteration (but one, three times), it reads 2.0."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "latency"
+    cmd = study.latency_command(out, "tiny-random", 96, "t", 32, 5, 0, [1, 2])
+    args = [a for a in cmd if a.startswith(("also=", "lookahead=", "keep_tokens=", "method="))]
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="latency", overrides=[
+            "model=tiny-random", f"out={out}", "grid=[[1,96]]", "warmup=1", "iters=5", "decode_tokens=0",
+            "method.chunk_size=16", *args])  # fmt: skip
+    lat.execute(lat.prepare(lat.LatencyConfig.from_hydra(cfg)))
+    a = analyze(tmp_path)
+    r = a.rows
+    spec = r[r["method"] == "specprefill"]
+    look = spec["method_options"].map(lambda o: study.line_of("specprefill", o))
+    base = spec[look == 1].set_index("iteration")["ttft_s"]
+    for idx, row in spec[look == 2].iterrows():
+        r.loc[idx, "ttft_s"] = base[row["iteration"]] * (3.0 if row["iteration"] == 3 else 2.0)
+    c = study.cost(a)
+    assert len(c) == 1 and c["lookahead"].iloc[0] == 2 and c["baseline"].iloc[0] == 1
+    assert c["ttft_ratio"].iloc[0] == pytest.approx(2.0) and c["pairs"].iloc[0] == 5
+    assert c["ttft_ratio_lo"].iloc[0] == pytest.approx(2.0) and c["ttft_ratio_hi"].iloc[0] > 2.0
+    sp = study.speed(a)
+    assert sorted(sp["lookahead"]) == [1, 2] and (sp["lat_speedup"] > 0).all()
