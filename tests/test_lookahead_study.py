@@ -43,9 +43,6 @@ def test_tables_from_a_tiny_run(tmp_path, tiny_ruler_eval):
     for la in (1, 3):
         tiny_ruler_eval(["method=specprefill", "keep_tokens=200", f"lookahead={la}"])
     a = analyze(tmp_path)
-    df = study.table(a)
-    assert pd.isna(df["lookahead"].iloc[0]) and df["lookahead"].tolist()[1:] == [1, 3]
-    assert (df["n"] == 3).all() and df["budget"].tolist()[1:] == [200, 200]
     # the tiny model scores 0 everywhere: scores set by hand per look-ahead and sample, the
     # differences worked out here
     r = a.rows
@@ -55,15 +52,22 @@ def test_tables_from_a_tiny_run(tmp_path, tiny_ruler_eval):
         for sid, v in enumerate(scores):
             r.loc[(la == look) & (r["sample_id"].astype(int) == sid), "score"] = v
     r.loc[la.isna(), "score"] = 100.0  # full prefill
-    diff = study.differences(a)
+    df, diff = study.table(a), study.differences(a)
+    assert pd.isna(df["lookahead"].iloc[0]) and df["lookahead"].tolist()[1:] == [1, 3]
+    assert (df["n"] == 3).all() and df["budget"].tolist()[1:] == [200, 200]
+    assert df["retention"].tolist()[1:] == pytest.approx([1 / 3, 2 / 3])
     got = diff.set_index("lookahead", drop=False)
     three = got[got["lookahead"] == 3].iloc[0]
     assert three["difference"] == pytest.approx(100 / 3) and (three["wins"], three["losses"], three["n"]) == (1, 0, 3)
     full = diff[diff["lookahead"].isna()].iloc[0]
     assert full["difference"] == pytest.approx(200 / 3) and (full["wins"], full["losses"]) == (2, 0)
     assert set(diff["baseline"]) == {1.0} and set(diff["task"]) == {"ALL"}  # one task: ALL is it
-    text = study.markdown(df, diff)
+    tasks = study.per_task(a)
+    text = study.markdown(df, diff, tasks)
     assert "| SpecPrefill, look-ahead 3 | SpecPrefill, look-ahead 1 | +33.3" in text and "| full prefill | 3 |" in text
+    # per task, the lines side by side: the scores set by hand above, as means over the 3 samples
+    assert "| task | n | full prefill | look-ahead 1 | look-ahead 3 |" in text
+    assert "| niah_single_1 | 3 | 100.0 (1.00) | 33.3 (" in text and " | 66.7 (" in text
     study.figure(df, tmp_path / "f.png")  # no latency job: retention against the look-ahead
     study.main(["--no-run", "--out", str(tmp_path)])
     assert (tmp_path / "lookahead.md").exists() and (tmp_path / "lookahead.png").exists()

@@ -154,10 +154,21 @@ def quality(a: Analysis) -> pd.DataFrame:
     summary's over-all-tasks row."""
     s = a.summary
     s = _lines(s[s["task"] == ALL], "method_name")
+    # no eval timings: each look-ahead's eval ran on its own, minutes apart (the cost is the
+    # latency job's, side by side)
     cols = ("n", "score", "score_lo", "score_hi", "retention", "retention_lo", "retention_hi", "needle_kept",
-            "kept_fraction", "speculator_s", "ttft_s")  # fmt: skip
+            "kept_fraction")  # fmt: skip
     line = {**{c: s[c] for c in SETUP if c in s}, "budget": s["budget"], "lookahead": s["lookahead"]}
     return pd.DataFrame({**line, **{c: s[c] for c in cols}}).reset_index(drop=True)
+
+
+def per_task(a: Analysis) -> pd.DataFrame:
+    """One line per setup, budget, look-ahead and task: the score and the needle kept (on a
+    chained task, the share of the chain's tokens the base prefilled)."""
+    s = a.summary
+    s = _lines(s[s["task"] != ALL], "method_name")
+    line = {**{c: s[c] for c in SETUP if c in s}, "budget": s["budget"], "lookahead": s["lookahead"]}
+    return pd.DataFrame({**line, **{c: s[c] for c in ("task", "n", "score", "needle_kept")}}).reset_index(drop=True)
 
 
 def speed(a: Analysis) -> pd.DataFrame:
@@ -264,11 +275,11 @@ def _get(r: Any, c: str) -> float:
     return float(getattr(r, c, np.nan))
 
 
-def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
+def markdown(df: pd.DataFrame, diff: pd.DataFrame, tasks: pd.DataFrame | None = None) -> str:
     setup = _varying(df, diff)
     lead = "".join(f"| {'budget N' if c == 'budget' else c} " for c in setup)
-    head = (lead + "| line | n | score | retention vs full | needle kept | draft s (eval) | TTFT s (eval) | "
-            "speedup, side by side | ideal | draft s (timed) | TTFT over the baseline's |")  # fmt: skip
+    head = (lead + "| line | n | score | retention vs full | needle kept | speedup, side by side | ideal | "
+            "draft s | TTFT over the baseline's |")  # fmt: skip
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in df.itertuples():
         full = np.isnan(r.lookahead)
@@ -281,17 +292,19 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
             "".join(f"| {_cell(r, c)} " for c in setup) +
             f"| {line_name(r.lookahead)} | {r.n} | {ci(r.score, r.score_lo, r.score_hi)} | "
             f"{'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | {num(r.needle_kept, '.2f')} | "
-            f"{'-' if full else num(r.speculator_s, '.2f')} | {num(r.ttft_s, '.2f')} | {sp} | "
+            f"{sp} | "
             f"{num(ideal, '.2f')}{'' if np.isnan(ideal) else 'x'} | "
             f"{'-' if full else num(_get(r, 'lat_method_median_s'), '.2f')} | "
             f"{'the baseline' if base else '-' if full else ratio + ('x' if ratio != '-' else '')} |"
         )  # fmt: skip
     lines += ["", "Score (0-100) and retention (score over full prefill's on the same samples): 95 % bootstrap over "
-              "samples. Draft s: the speculator's time in a prefill (its prompt pass and look-ahead steps), median. "
-              "Speedup: TTFT of full prefill over the line's, timed side by side in the same iterations (paired, "
-              "order-balanced), 95 % interval; ideal: the FLOP model's (the draft's work included). TTFT over the "
+              "samples. Speedup: TTFT of full prefill over the line's, timed side by side in the same iterations (paired, "
+              "order-balanced), 95 % interval; ideal: the FLOP model's (the draft's work included). Draft s: the "
+              "speculator's time in the timed prefill (its prompt pass and look-ahead steps), median. TTFT over the "
               "baseline's: the line's TTFT over that of the smallest look-ahead, paired by iteration in the same job "
               "(above 1: slower), 95 % interval."]  # fmt: skip
+    if tasks is not None and not tasks.empty:
+        lines += ["", *_task_table(tasks, setup)]
     if not diff.empty:
         for scope, title, note in (
             (diff["task"] == ALL, "", "tasks weighted equally"),
@@ -309,6 +322,34 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
             lines += ["", f"Paired by sample: the line's score minus the baseline's at the same budget (0-100 "
                       f"points), {note}, 95 % bootstrap."]  # fmt: skip
     return "\n".join(lines)
+
+
+def _task_table(tasks: pd.DataFrame, setup: list[str]) -> list[str]:
+    """Per task, each line's score and needle kept, the lines side by side."""
+    looks = sorted(tasks["lookahead"].dropna().unique())
+    cols = [float("nan"), *looks]
+    h = (
+        "".join(f"| {'budget N' if c == 'budget' else c} " for c in setup)
+        + "| task | n | "
+        + " | ".join("full prefill" if np.isnan(la) else f"look-ahead {int(la)}" for la in cols)
+        + " |"
+    )
+    out = [h, "|---" * (h.count("|") - 1) + "|"]
+    keys = [c for c in setup if c != "budget"]
+    budgets = sorted(tasks["budget"].dropna().unique())
+    for key, g in tasks.groupby([*keys, "task"] if keys else ["task"], sort=True):
+        for b in budgets:
+            at = g[(g["budget"] == b) | g["lookahead"].isna()]
+            cells = []
+            for la in cols:
+                r = at[at["lookahead"].isna()] if np.isnan(la) else at[at["lookahead"] == la]
+                cells.append("-" if r.empty else f"{r['score'].iloc[0]:.1f} ({r['needle_kept'].iloc[0]:.2f})")
+            where = dict(zip([*keys, "task"], key if isinstance(key, tuple) else (key,), strict=True))
+            lead = "".join(f"| {int(b) if c == 'budget' else where[c]} " for c in setup)
+            out.append(f"{lead}| {where['task']} | {int(at['n'].max())} | " + " | ".join(cells) + " |")
+    out += ["", "Per task: score (needle kept: on variable tracking, the share of the chain's tokens the base "
+            "prefilled)."]  # fmt: skip
+    return out
 
 
 def figure(df: pd.DataFrame, path: Path) -> None:
@@ -387,12 +428,12 @@ def main(argv: list[str] | None = None) -> None:
         run(a)
     found = analyze(a.out)
     try:
-        df, diff = table(found), differences(found)
+        df, diff, tasks = table(found), differences(found), per_task(found)
     except ValueError as e:  # a folder the tables cannot read: one line, no traceback
         raise SystemExit(str(e)) from None
     df.to_csv(a.out / "lookahead.csv", index=False)
     diff.to_csv(a.out / "lookahead_differences.csv", index=False)
-    text = markdown(df, diff)
+    text = markdown(df, diff, tasks)
     (a.out / "lookahead.md").write_text(text + "\n")
     figure(df, a.out / "lookahead.png")
     print(text)
