@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +62,24 @@ def test_the_commit_is_read_once_as_the_process_starts(monkeypatch):
     assert git_sha() == pinned
     assert provenance.provenance(type("M", (), {"name": "m", "max_context": 8, "weights_label": "w", "dtype": "x",
                                                "speculator": None})(), "transformers")["git_sha"] == pinned  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("study", "folder", "table"),
+    [
+        ("draft_family", "draft_family_qwen_cpu", "draft_family.md"),
+        ("draft_family", "draft_family_256_qwen_cpu", "draft_family.md"),
+        ("lookahead", "lookahead_256_qwen_cpu", "lookahead.md"),
+    ],
+)
+def test_a_committed_study_table_is_what_its_rows_render(study, folder, table, tmp_path):
+    """A study's committed table, the READMEs' source, re-rendered from the committed rows by the
+    study's own --no-run: a change to the analysis that moves a published number shows here."""
+    import importlib
+    import shutil
+
+    src = Path(__file__).resolve().parents[1] / "results" / "reference" / folder
+    out = tmp_path / folder
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.md", "*.csv", "*.png"))
+    importlib.import_module(f"harness.studies.{study}").main(["--no-run", "--out", str(out)])
+    assert (out / table).read_text() == (src / table).read_text()
