@@ -52,6 +52,9 @@ def test_tables_from_a_tiny_run(tmp_path, tiny_ruler_eval):
         for sid, v in enumerate(scores):
             r.loc[(la == look) & (r["sample_id"].astype(int) == sid), "score"] = v
     r.loc[la.isna(), "score"] = 100.0  # full prefill
+    for look, kept in {1.0: [0.5, 0.5, 0.5], 3.0: [1.0, 0.5, 0.25]}.items():  # the needle's tokens prefilled
+        for sid, v in enumerate(kept):
+            r.loc[(la == look) & (r["sample_id"].astype(int) == sid), "needle_kept"] = v
     df, diff = study.table(a), study.differences(a)
     assert pd.isna(df["lookahead"].iloc[0]) and df["lookahead"].tolist()[1:] == [1, 3]
     assert (df["n"] == 3).all() and df["budget"].tolist()[1:] == [200, 200]
@@ -61,13 +64,23 @@ def test_tables_from_a_tiny_run(tmp_path, tiny_ruler_eval):
     assert three["difference"] == pytest.approx(100 / 3) and (three["wins"], three["losses"], three["n"]) == (1, 0, 3)
     full = diff[diff["lookahead"].isna()].iloc[0]
     assert full["difference"] == pytest.approx(200 / 3) and (full["wins"], full["losses"]) == (2, 0)
+    # what the base prefilled, paired the same way, in points of the needle's tokens: (50 + 0 - 25) / 3
+    needle = diff[diff["measure"] == "needle_kept"]
+    assert len(needle) == 1 and needle["lookahead"].iloc[0] == 3 and needle["task"].iloc[0] == "niah_single_1"
+    assert needle["difference"].iloc[0] == pytest.approx(25 / 3) and (
+        needle["wins"].iloc[0],
+        needle["losses"].iloc[0],
+    ) == (1, 1)
+    diff = diff[diff["measure"] == "score"]
     assert set(diff["baseline"]) == {1.0} and set(diff["task"]) == {"ALL"}  # one task: ALL is it
     tasks = study.per_task(a)
     text = study.markdown(df, diff, tasks)
     assert "| SpecPrefill, look-ahead 3 | SpecPrefill, look-ahead 1 | +33.3" in text and "| full prefill | 3 |" in text
     # per task, the lines side by side: the scores set by hand above, as means over the 3 samples
     assert "| task | n | full prefill | look-ahead 1 | look-ahead 3 |" in text
-    assert "| niah_single_1 | 3 | 100.0 (1.00) | 33.3 (" in text and " | 66.7 (" in text
+    assert "| niah_single_1 | 3 | 100.0 (1.00) | 33.3 (0.50) | 66.7 (0.58) |" in text
+    text = study.markdown(df, study.differences(a), tasks)
+    assert "| niah_single_1 | needle kept | SpecPrefill, look-ahead 3 | SpecPrefill, look-ahead 1 | +8.3 [" in text
     study.figure(df, tmp_path / "f.png")  # no latency job: retention against the look-ahead
     study.main(["--no-run", "--out", str(tmp_path)])
     assert (tmp_path / "lookahead.md").exists() and (tmp_path / "lookahead.png").exists()

@@ -57,6 +57,9 @@ LOOKAHEADS = [1, 2, 4, 8]
 METHOD = "specprefill"
 #: What a line shares besides its look-ahead and budget.
 SETUP = ["model", "speculator", "backend", "dtype", "benchmark", "length"]
+#: What the base prefilled, per sample (:mod:`harness.diagnostics`): the share of the needle's
+#: tokens (on a chained task, the chain's) and of a look-alike distractor's the base kept.
+KEPT = ("needle_kept", "distractor_kept")
 #: SpecPrefill's options that are the budget or the look-ahead, not its setting.
 VARYING = ("keep_rate", "keep_tokens", "lookahead")
 
@@ -234,7 +237,10 @@ def table(a: Analysis) -> pd.DataFrame:
 def differences(a: Analysis) -> pd.DataFrame:
     """Per setup and budget, each look-ahead, and full prefill, against the baseline (the
     smallest look-ahead run at that budget) on the same samples, over all tasks and (where
-    there are several) per task: :func:`harness.studies.paired_scores`."""
+    there are several) per task: :func:`harness.studies.paired_scores` (``measure`` score).
+    Then, per task that has them, what each look-ahead's base prefilled against the
+    baseline's: the needle and distractor kept (``measure`` :data:`KEPT`), in points of their
+    tokens (0-100)."""
     d = a.ok("eval")
     one_setting(d)
     d = _lines(d)
@@ -251,9 +257,19 @@ def differences(a: Analysis) -> pd.DataFrame:
                 if c.empty:
                     continue
                 tasks = sorted(set(c["task"]) & set(base["task"]))
+                line = {**where, "speculator": draft, "budget": budget, "lookahead": la, "baseline": base_l}
                 for scope in [ALL, *tasks] if len(tasks) > 1 else [ALL]:  # one task: ALL is it
-                    out.append({**where, "speculator": draft, "budget": budget, "task": scope,
-                                "lookahead": la, "baseline": base_l, **paired_scores(c, base, scope)})  # fmt: skip
+                    out.append({**line, "task": scope, "measure": "score", **paired_scores(c, base, scope)})
+                if np.isnan(la):
+                    continue  # full prefill keeps every token
+                for measure in KEPT:  # per task, where the task has the measure (in points of its tokens)
+                    for task in tasks:
+                        has = [f[(f["task"] == task)][measure].notna().any() if measure in f else False
+                               for f in (c, base)]  # fmt: skip
+                        if all(has):
+                            p = paired_scores(c, base, task, measure)
+                            out.append({**line, "task": task, "measure": measure, **p,
+                                        **{k: p[k] * 100 for k in ("difference", "lo", "hi")}})  # fmt: skip
     return pd.DataFrame(out)
 
 
@@ -305,6 +321,8 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame, tasks: pd.DataFrame | None = 
               "(above 1: slower), 95 % interval."]  # fmt: skip
     if tasks is not None and not tasks.empty:
         lines += ["", *_task_table(tasks, setup)]
+    kept = diff[diff["measure"] != "score"] if "measure" in diff else diff.iloc[0:0]
+    diff = diff[diff["measure"] == "score"] if "measure" in diff else diff
     if not diff.empty:
         for scope, title, note in (
             (diff["task"] == ALL, "", "tasks weighted equally"),
@@ -321,6 +339,18 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame, tasks: pd.DataFrame | None = 
                              f"{difference(r.difference, r.lo, r.hi)} | {r.n} | {r.wins} / {r.losses} |")  # fmt: skip
             lines += ["", f"Paired by sample: the line's score minus the baseline's at the same budget (0-100 "
                       f"points), {note}, 95 % bootstrap."]  # fmt: skip
+    if not kept.empty:
+        h = lead + "| task | what the base prefilled | line | against | difference [95 %] | samples | more / less |"
+        lines += ["", h, "|---" * (h.count("|") - 1) + "|"]
+        for r in kept.sort_values(["task", "measure", "lookahead"], kind="stable").itertuples():
+            what = {"needle_kept": "needle kept", "distractor_kept": "distractor kept"}[r.measure]
+            lines.append("".join(f"| {_cell(r, c)} " for c in setup) + f"| {r.task} | {what} | "
+                         f"{line_name(r.lookahead)} | {line_name(r.baseline)} | {difference(r.difference, r.lo, r.hi)} | "
+                         f"{r.n} | {r.wins} / {r.losses} |")  # fmt: skip
+        lines += ["", "Paired by sample: the share of the needle's tokens (on variable tracking, the chain's) and "
+                  "of a look-alike distractor's (niah_multikey_1's other keys) the base prefilled, the line's minus "
+                  "the baseline's, in points of those tokens (0-100), 95 % bootstrap; more / less: samples where the "
+                  "line kept more or less of them."]  # fmt: skip
     return "\n".join(lines)
 
 
