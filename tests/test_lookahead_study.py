@@ -116,3 +116,19 @@ def test_the_cost_of_look_ahead_is_paired_by_iteration(tmp_path, monkeypatch):
     assert c["ttft_ratio_lo"].iloc[0] == pytest.approx(2.0) and c["ttft_ratio_hi"].iloc[0] > 2.0
     sp = study.speed(a)
     assert sorted(sp["lookahead"]) == [1, 2] and (sp["lat_speedup"] > 0).all()
+
+
+def test_the_per_task_table_gives_each_setup_its_own_budgets():
+    """One folder at two lengths, each with its own budget: a task's line per setup and budget,
+    never a budget of another setup (a line of full prefill alone)."""
+    rows = []
+    for length, budget in ((2048, 256), (4096, 512)):
+        rows.append({"model": "m", "length": length, "budget": float("nan"), "lookahead": float("nan"), "task": "vt",
+                     "n": 15, "score": 90.0, "needle_kept": 1.0})  # fmt: skip
+        for la, score in ((1.0, 12.0), (8.0, 56.0 if length == 2048 else 78.7)):
+            rows.append({"model": "m", "length": length, "budget": budget, "lookahead": la, "task": "vt", "n": 15,
+                         "score": score, "needle_kept": 0.5})  # fmt: skip
+    text = "\n".join(study._task_table(pd.DataFrame(rows), ["length", "budget"]))
+    assert "| 2048 | 256 | vt | 15 | 90.0 (1.00) | 12.0 (0.50) | 56.0 (0.50) |" in text
+    assert "| 4096 | 512 | vt | 15 | 90.0 (1.00) | 12.0 (0.50) | 78.7 (0.50) |" in text
+    assert text.count("| vt |") == 2, text

@@ -230,7 +230,7 @@ def table(a: Analysis) -> pd.DataFrame:
     for part in (sp, c.drop(columns=["baseline", "pairs"])):
         if len(part):
             df = df.merge(part.astype({"length": q["length"].dtype}), on=keys, how="left")
-    by = [c for c in SETUP if c in df]
+    by = [c for c in ("model", "length") if c in df]  # each setup's lines together, full prefill first
     return df.sort_values([*by, "budget", "lookahead"], na_position="first").reset_index(drop=True)
 
 
@@ -366,16 +366,15 @@ def _task_table(tasks: pd.DataFrame, setup: list[str]) -> list[str]:
     )
     out = [h, "|---" * (h.count("|") - 1) + "|"]
     keys = [c for c in setup if c != "budget"]
-    budgets = sorted(tasks["budget"].dropna().unique())
     for key, g in tasks.groupby([*keys, "task"] if keys else ["task"], sort=True):
-        for b in budgets:
+        for b in sorted(g["budget"].dropna().unique()) or [float("nan")]:  # this setup's budgets
             at = g[(g["budget"] == b) | g["lookahead"].isna()]
             cells = []
             for la in cols:
                 r = at[at["lookahead"].isna()] if np.isnan(la) else at[at["lookahead"] == la]
                 cells.append("-" if r.empty else f"{r['score'].iloc[0]:.1f} ({r['needle_kept'].iloc[0]:.2f})")
             where = dict(zip([*keys, "task"], key if isinstance(key, tuple) else (key,), strict=True))
-            lead = "".join(f"| {int(b) if c == 'budget' else where[c]} " for c in setup)
+            lead = "".join(f"| {('-' if np.isnan(b) else int(b)) if c == 'budget' else where[c]} " for c in setup)
             out.append(f"{lead}| {where['task']} | {int(at['n'].max())} | " + " | ".join(cells) + " |")
     out += ["", "Per task: score (needle kept: on variable tracking, the share of the chain's tokens the base "
             "prefilled)."]  # fmt: skip
@@ -383,8 +382,8 @@ def _task_table(tasks: pd.DataFrame, setup: list[str]) -> list[str]:
 
 
 def figure(df: pd.DataFrame, path: Path) -> None:
-    """Retention against the side-by-side TTFT speedup, one point per look-ahead with both
-    intervals, joined in look-ahead order per budget; without a latency job, retention against
+    """Retention against the side-by-side TTFT speedup, one point per look-ahead (``L=n``) with
+    both intervals, joined in look-ahead order per setup and budget (one colour each); without a latency job, retention against
     the look-ahead (the title says so), so the figure never comes out empty."""
     import matplotlib
 
@@ -398,17 +397,19 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     setup = _varying(d)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     group = [c for c in ("model", "length", "budget") if c in d]
-    for _, g in d.groupby(group, dropna=False) if len(d) else []:
+    for i, (_, g) in enumerate(d.groupby(group, dropna=False) if len(d) else []):
         g = g.sort_values("lookahead")
+        color = f"C{i}"  # one colour per setup and budget; each point says its look-ahead
         x = g["lat_speedup"] if timed else g["lookahead"]
         where = ", ".join(f"{c} {_cell(r, c)}" for c in setup for r in [next(g.itertuples())])
-        ax.plot(x, g["retention"], color="grey", lw=0.8, alpha=0.6)
+        ax.plot(x, g["retention"], color=color, lw=0.8, alpha=0.6, label=where or "look-ahead, in order")
         for r in g.itertuples():
             xv = r.lat_speedup if timed else r.lookahead
             xerr = [[r.lat_speedup - r.lat_speedup_lo], [r.lat_speedup_hi - r.lat_speedup]] if timed else None
-            ax.errorbar(xv, r.retention, xerr=xerr,
-                        yerr=[[r.retention - r.retention_lo], [r.retention_hi - r.retention]], fmt="o", capsize=3,
-                        label=f"look-ahead {int(r.lookahead)}" + (f", {where}" if where else ""))  # fmt: skip
+            ax.errorbar(xv, r.retention, xerr=xerr, color=color, fmt="o", capsize=3,
+                        yerr=[[r.retention - r.retention_lo], [r.retention_hi - r.retention]])  # fmt: skip
+            ax.annotate(f"L={int(r.lookahead)}", (xv, r.retention), textcoords="offset points", xytext=(5, 5),
+                        fontsize=8, color=color)  # fmt: skip
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     if timed:
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")
