@@ -39,6 +39,66 @@ def paired_scores(cand: Any, base: Any, scope: str, column: str = "score") -> di
             "wins": int((both["c"] > both["b"]).sum()), "losses": int((both["c"] < both["b"]).sum())}  # fmt: skip
 
 
+def varying(*frames: Any) -> list[str]:
+    """The setup columns (model, length, budget) with more than one value across ``frames`` (a
+    study's tables): the tables print them only then (one run of a study has one of each; full
+    prefill's budget, none, does not count)."""
+
+    def values(c: str) -> set[Any]:
+        return {v for f in frames if c in f for v in f[c] if not (isinstance(v, float) and v != v)}
+
+    return [c for c in ("model", "length", "budget") if len(values(c)) > 1]
+
+
+def cell(r: Any, c: str) -> str:
+    """A setup column of a table line as text (``-`` for none; a budget as a whole number)."""
+    v = getattr(r, c)
+    return "-" if isinstance(v, float) and v != v else f"{int(v)}" if c == "budget" else str(v)
+
+
+def head_cells(setup: list[str]) -> str:
+    """The setup columns' header cells (:func:`varying`)."""
+    return "".join(f"| {'budget N' if c == 'budget' else c} " for c in setup)
+
+
+def difference_tables(diff: Any, setup: list[str], word: str, names: Any) -> list[str]:
+    """A study's paired score differences (:func:`paired_scores` rows, ``task`` :data:`ALL` or
+    one task) as markdown: the over-all-tasks table, then the per-task one where there is one;
+    ``word`` names a line (``method``, ``line``), ``names(r)`` gives a row's line and baseline."""
+    from harness.rendering.tables import difference
+
+    lines: list[str] = []
+    if diff.empty:
+        return lines
+    for scope, title, note in (
+        (diff["task"] == ALL, "", "tasks weighted equally"),
+        (diff["task"] != ALL, "| task ", "one task's samples"),
+    ):
+        part = diff[scope]
+        if part.empty:  # per-task lines exist only where a budget has several tasks
+            continue
+        h = head_cells(setup) + title + f"| {word} | against | score difference [95 %] | samples | wins / losses |"
+        lines += ["", h, "|---" * (h.count("|") - 1) + "|"]
+        for r in part.itertuples():
+            line, against = names(r)
+            lines.append("".join(f"| {cell(r, c)} " for c in setup) + (f"| {r.task} " if title else "") +
+                         f"| {line} | {against} | {difference(r.difference, r.lo, r.hi)} | {r.n} | "
+                         f"{r.wins} / {r.losses} |")  # fmt: skip
+        lines += ["", f"Paired by sample: the {word}'s score minus the baseline's at the same budget (0-100 "
+                  f"points), {note}, 95 % bootstrap."]  # fmt: skip
+    return lines
+
+
+def first_conflict(d: Any, keys: list[str], column: str) -> tuple[dict[str, Any], int] | None:
+    """The first group of ``d`` by ``keys`` holding more than one value of ``column`` (two
+    variants of what a study pairs as one line), with the most values any group holds; None
+    where every group holds one: a study's refusal names it."""
+    n = d.groupby(keys, dropna=False)[column].nunique()
+    if not (n > 1).any():
+        return None
+    return dict(zip(keys, n[n > 1].index[0], strict=True)), int(n.max())
+
+
 def run_job(cmd: list[str]) -> None:
     """Run one harness job of a study. A job that refuses (its one-line message already on
     stderr) or fails ends the study with the job's exit status, not a second traceback."""

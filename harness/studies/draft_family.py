@@ -52,8 +52,20 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.folder import Analysis, analyze
-from harness.rendering.tables import ci, difference, num
-from harness.studies import ALL, options_of, paired_scores, require_runs, require_values, run_job
+from harness.rendering.tables import ci, num
+from harness.studies import (
+    ALL,
+    cell,
+    difference_tables,
+    first_conflict,
+    head_cells,
+    options_of,
+    paired_scores,
+    require_runs,
+    require_values,
+    run_job,
+    varying,
+)
 
 TASKS = ["niah_single_2", "niah_multikey_1", "qa_1"]
 PRESS = "keydiff"
@@ -164,13 +176,12 @@ def one_variant(rows: pd.DataFrame) -> None:
     d = rows.assign(line=[line_of(m, o) for m, o in zip(rows["method"], rows["method_options"], strict=True)],
                     budget=[budget_of(o) for o in rows["method_options"]],
                     variant=[_variant(o) for o in rows["method_options"]])  # fmt: skip
-    keys = [*(c for c in SETUP if c in d), "budget", "line"]
-    n = d.groupby(keys, dropna=False)["variant"].nunique()
-    if (n > 1).any():
-        where = dict(zip(keys, n[n > 1].index[0], strict=True))
+    conflict = first_conflict(d, [*(c for c in SETUP if c in d), "budget", "line"], "variant")
+    if conflict:
+        where, most = conflict
         raise ValueError(
             f"draft-family: {where['line']} at budget {where['budget']:g} ({where.get('model')}, length "
-            f"{where.get('length')}) has {int(n.max())} variants of its options in one folder; allowed: one "
+            f"{where.get('length')}) has {most} variants of its options in one folder; allowed: one "
             "variant of each method per budget (run an ablation into another --out)"
         )
 
@@ -251,25 +262,9 @@ def differences(a: Analysis, baseline: str = BASELINE) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _varying(*frames: pd.DataFrame) -> list[str]:
-    """The columns (model, length, budget) with more than one value across ``frames``: the
-    tables print them only then (one run of the study has one of each; full prefill's budget,
-    none, does not count)."""
-
-    def values(c: str) -> set[Any]:
-        return {v for f in frames if c in f for v in f[c] if not (isinstance(v, float) and np.isnan(v))}
-
-    return [c for c in ("model", "length", "budget") if len(values(c)) > 1]
-
-
-def _cell(r: Any, c: str) -> str:
-    v = getattr(r, c)
-    return "-" if isinstance(v, float) and np.isnan(v) else f"{int(v)}" if c == "budget" else str(v)
-
-
 def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
-    setup = _varying(df, diff)
-    lead = "".join(f"| {'budget N' if c == 'budget' else c} " for c in setup)
+    setup = varying(df, diff)
+    lead = head_cells(setup)
     head = (lead + "| method | n | score | retention vs full | needle kept | prefilled (of prompt) | KV held | KV MiB | "
             "TTFT s (eval) | speedup, side by side | ideal | decode s/token |")  # fmt: skip
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
@@ -279,7 +274,7 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
                                      getattr(r, "lat_speedup_hi", np.nan), ".2f")  # fmt: skip
         ideal = 1.0 if full else getattr(r, "lat_ideal_speedup", np.nan)
         lines.append(
-            "".join(f"| {_cell(r, c)} " for c in setup) +
+            "".join(f"| {cell(r, c)} " for c in setup) +
             f"| {KIND.get(str(r.line), r.line)} | {r.n} | {ci(r.score, r.score_lo, r.score_hi)} | "
             f"{'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | {num(r.needle_kept, '.2f')} | "
             f"{num(r.kept_fraction, '.2f')} | {num(r.kv_fraction, '.2f')} | {num(r.kv_mib, '.1f')} | "
@@ -291,22 +286,9 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame) -> str:
               "(paired, order-balanced), 95 % interval; ideal: the FLOP model's (the draft's work included). KV held: "
               "the base's cache after the prefill over the prompt's tokens. SpecKV prefills the prompt and its "
               "draft (prefilled 1.00)."]  # fmt: skip
-    if not diff.empty:
-        for scope, title, note in (
-            (diff["task"] == ALL, "", "tasks weighted equally"),
-            (diff["task"] != ALL, "| task ", "one task's samples"),
-        ):
-            part = diff[scope]
-            if part.empty:  # per-task lines exist only where a budget has several tasks
-                continue
-            h = lead + title + "| method | against | score difference [95 %] | samples | wins / losses |"
-            lines += ["", h, "|---" * (h.count("|") - 1) + "|"]
-            for r in part.itertuples():
-                lines.append("".join(f"| {_cell(r, c)} " for c in setup) + (f"| {r.task} " if title else "") +
-                             f"| {KIND.get(str(r.line), r.line)} | {KIND.get(str(r.baseline), r.baseline)} | "
-                             f"{difference(r.difference, r.lo, r.hi)} | {r.n} | {r.wins} / {r.losses} |")  # fmt: skip
-            lines += ["", f"Paired by sample: the method's score minus the baseline's at the same budget (0-100 "
-                      f"points), {note}, 95 % bootstrap."]  # fmt: skip
+    lines += difference_tables(
+        diff, setup, "method", lambda r: (KIND.get(str(r.line), r.line), KIND.get(str(r.baseline), r.baseline))
+    )
     return "\n".join(lines)
 
 
@@ -321,7 +303,7 @@ def figure(df: pd.DataFrame, path: Path) -> None:
 
     timed = "lat_speedup" in df and df["lat_speedup"].notna().any()
     d = df[(df["line"] != "full") & df["lat_speedup"].notna()] if timed else df[df["line"] != "full"]
-    setup = _varying(d)  # a folder of several budgets (or lengths, models): each point says which
+    setup = varying(d)  # a folder of several budgets (or lengths, models): each point says which
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for r in d.itertuples():
         x, xerr = (
@@ -331,7 +313,7 @@ def figure(df: pd.DataFrame, path: Path) -> None:
         )
         ax.errorbar(x, r.retention, xerr=xerr, yerr=[[r.retention - r.retention_lo], [r.retention_hi - r.retention]],
                     fmt="o", capsize=3, label=KIND.get(str(r.line), r.line) +
-                    "".join(f", {c} {_cell(r, c)}" for c in setup))  # fmt: skip
+                    "".join(f", {c} {cell(r, c)}" for c in setup))  # fmt: skip
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     if timed:
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")

@@ -50,7 +50,19 @@ import pandas as pd
 from harness.analysis.folder import Analysis, analyze
 from harness.analysis.speed import point_speedup, run_speedup
 from harness.rendering.tables import ci, difference, num
-from harness.studies import ALL, options_of, paired_scores, require_runs, require_values, run_job
+from harness.studies import (
+    ALL,
+    cell,
+    difference_tables,
+    first_conflict,
+    head_cells,
+    options_of,
+    paired_scores,
+    require_runs,
+    require_values,
+    run_job,
+    varying,
+)
 
 TASKS = ["niah_single_2", "niah_multikey_1", "vt", "qa_1"]
 LOOKAHEADS = [1, 2, 4, 8]
@@ -108,13 +120,13 @@ def one_setting(rows: pd.DataFrame) -> None:
     d = d[~d["lookahead"].isna()]
     if d.empty:
         return
-    keys = [c for c in SETUP if c in d]
-    n = d.assign(setting=[_setting(o) for o in d["method_options"]]).groupby(keys, dropna=False)["setting"].nunique()
-    if (n > 1).any():
-        where = dict(zip(keys, n[n > 1].index[0], strict=True))
+    d = d.assign(setting=[_setting(o) for o in d["method_options"]])
+    conflict = first_conflict(d, [c for c in SETUP if c in d], "setting")
+    if conflict:
+        where, most = conflict
         raise ValueError(
             f"lookahead: SpecPrefill rows of {where.get('model')} at length {where.get('length')} hold "
-            f"{int(n.max())} settings of its options besides the budget and the look-ahead; allowed: one setting per "
+            f"{most} settings of its options besides the budget and the look-ahead; allowed: one setting per "
             "folder (run an ablation into another --out)"
         )
 
@@ -273,27 +285,13 @@ def differences(a: Analysis) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _varying(*frames: pd.DataFrame) -> list[str]:
-    """The columns (model, length, budget) with more than one value across ``frames``."""
-
-    def values(c: str) -> set[Any]:
-        return {v for f in frames if c in f for v in f[c] if not (isinstance(v, float) and np.isnan(v))}
-
-    return [c for c in ("model", "length", "budget") if len(values(c)) > 1]
-
-
-def _cell(r: Any, c: str) -> str:
-    v = getattr(r, c)
-    return "-" if isinstance(v, float) and np.isnan(v) else f"{int(v)}" if c == "budget" else str(v)
-
-
 def _get(r: Any, c: str) -> float:
     return float(getattr(r, c, np.nan))
 
 
 def markdown(df: pd.DataFrame, diff: pd.DataFrame, tasks: pd.DataFrame | None = None) -> str:
-    setup = _varying(df, diff)
-    lead = "".join(f"| {'budget N' if c == 'budget' else c} " for c in setup)
+    setup = varying(df, diff)
+    lead = head_cells(setup)
     head = (lead + "| line | n | score | retention vs full | needle kept | speedup, side by side | ideal | "
             "draft s | TTFT over the baseline's |")  # fmt: skip
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
@@ -305,7 +303,7 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame, tasks: pd.DataFrame | None = 
         ratio = ci(_get(r, "ttft_ratio"), _get(r, "ttft_ratio_lo"), _get(r, "ttft_ratio_hi"), ".2f")
         base = not full and np.isnan(_get(r, "ttft_ratio")) and not np.isnan(_get(r, "lat_speedup"))
         lines.append(
-            "".join(f"| {_cell(r, c)} " for c in setup) +
+            "".join(f"| {cell(r, c)} " for c in setup) +
             f"| {line_name(r.lookahead)} | {r.n} | {ci(r.score, r.score_lo, r.score_hi)} | "
             f"{'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | {num(r.needle_kept, '.2f')} | "
             f"{sp} | "
@@ -323,28 +321,13 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame, tasks: pd.DataFrame | None = 
         lines += ["", *_task_table(tasks, setup)]
     kept = diff[diff["measure"] != "score"] if "measure" in diff else diff.iloc[0:0]
     diff = diff[diff["measure"] == "score"] if "measure" in diff else diff
-    if not diff.empty:
-        for scope, title, note in (
-            (diff["task"] == ALL, "", "tasks weighted equally"),
-            (diff["task"] != ALL, "| task ", "one task's samples"),
-        ):
-            part = diff[scope]
-            if part.empty:
-                continue
-            h = lead + title + "| line | against | score difference [95 %] | samples | wins / losses |"
-            lines += ["", h, "|---" * (h.count("|") - 1) + "|"]
-            for r in part.itertuples():
-                lines.append("".join(f"| {_cell(r, c)} " for c in setup) + (f"| {r.task} " if title else "") +
-                             f"| {line_name(r.lookahead)} | {line_name(r.baseline)} | "
-                             f"{difference(r.difference, r.lo, r.hi)} | {r.n} | {r.wins} / {r.losses} |")  # fmt: skip
-            lines += ["", f"Paired by sample: the line's score minus the baseline's at the same budget (0-100 "
-                      f"points), {note}, 95 % bootstrap."]  # fmt: skip
+    lines += difference_tables(diff, setup, "line", lambda r: (line_name(r.lookahead), line_name(r.baseline)))
     if not kept.empty:
         h = lead + "| task | what the base prefilled | line | against | difference [95 %] | samples | more / less |"
         lines += ["", h, "|---" * (h.count("|") - 1) + "|"]
         for r in kept.sort_values(["task", "measure", "lookahead"], kind="stable").itertuples():
             what = {"needle_kept": "needle kept", "distractor_kept": "distractor kept"}[r.measure]
-            lines.append("".join(f"| {_cell(r, c)} " for c in setup) + f"| {r.task} | {what} | "
+            lines.append("".join(f"| {cell(r, c)} " for c in setup) + f"| {r.task} | {what} | "
                          f"{line_name(r.lookahead)} | {line_name(r.baseline)} | {difference(r.difference, r.lo, r.hi)} | "
                          f"{r.n} | {r.wins} / {r.losses} |")  # fmt: skip
         lines += ["", "Paired by sample: the share of the needle's tokens (on variable tracking, the chain's) and "
@@ -359,7 +342,7 @@ def _task_table(tasks: pd.DataFrame, setup: list[str]) -> list[str]:
     looks = sorted(tasks["lookahead"].dropna().unique())
     cols = [float("nan"), *looks]
     h = (
-        "".join(f"| {'budget N' if c == 'budget' else c} " for c in setup)
+        head_cells(setup)
         + "| task | n | "
         + " | ".join("full prefill" if np.isnan(la) else f"look-ahead {int(la)}" for la in cols)
         + " |"
@@ -394,14 +377,14 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     d = df[~df["lookahead"].isna()]
     if timed:
         d = d[d["lat_speedup"].notna()]
-    setup = _varying(d)
+    setup = varying(d)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     group = [c for c in ("model", "length", "budget") if c in d]
     for i, (_, g) in enumerate(d.groupby(group, dropna=False) if len(d) else []):
         g = g.sort_values("lookahead")
         color = f"C{i}"  # one colour per setup and budget; each point says its look-ahead
         x = g["lat_speedup"] if timed else g["lookahead"]
-        where = ", ".join(f"{c} {_cell(r, c)}" for c in setup for r in [next(g.itertuples())])
+        where = ", ".join(f"{c} {cell(r, c)}" for c in setup for r in [next(g.itertuples())])
         ax.plot(x, g["retention"], color=color, lw=0.8, alpha=0.6, label=where or "look-ahead, in order")
         for r in g.itertuples():
             xv = r.lat_speedup if timed else r.lookahead
