@@ -192,10 +192,12 @@ draft-family: setup
 # and 8 at one budget of keep_tokens (256) beside full prefill, on Qwen2.5-Coder-1.5B with its 0.5B
 # draft, RULER 2K on four tasks x 15 (variable tracking included), paired by sample against
 # look-ahead 1, then every look-ahead's TTFT side by side (results/lookahead/);
-# lookaheads=1,8 another list, tasks=vt another task list, quality_only=true no timing.
-$(call takes,lookahead,limit length keep_tokens lookaheads tasks model quality_only dry_run,dry_run quality_only)
+# lookaheads=1,8 another list, tasks=vt another task list, methods=specprefill,specpc SpecPC's
+# look-ahead too (each method paired with its own look-ahead 1, SpecPC with SpecPrefill at each),
+# quality_only=true no timing.
+$(call takes,lookahead,limit length keep_tokens lookaheads methods tasks model quality_only dry_run,dry_run quality_only)
 lookahead: setup
-	$(PY) -m harness.studies.lookahead $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep_tokens),--keep-tokens $(keep_tokens)) $(if $(lookaheads),--lookaheads $(subst $(comma),$(space),$(lookaheads))) $(if $(tasks),--tasks $(subst $(comma),$(space),$(tasks))) $(if $(model),--model $(model)) $(call yes_no,quality_only,--no-latency) $(call yes_no,dry_run,--dry-run)
+	$(PY) -m harness.studies.lookahead $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep_tokens),--keep-tokens $(keep_tokens)) $(if $(lookaheads),--lookaheads $(subst $(comma),$(space),$(lookaheads))) $(if $(methods),--methods $(subst $(comma),$(space),$(methods))) $(if $(tasks),--tasks $(subst $(comma),$(space),$(tasks))) $(if $(model),--model $(model)) $(call yes_no,quality_only,--no-latency) $(call yes_no,dry_run,--dry-run)
 
 # The same kept tokens at their original positions or re-numbered 0..K-1 (needs make fetch-models
 # first): SpecPrefill and SpecPC, each in both position modes at keep 0.1 and 0.3, beside full

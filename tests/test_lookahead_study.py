@@ -5,6 +5,7 @@ same samples, and the TTFT of each look-ahead over the baseline's paired by iter
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -87,7 +88,9 @@ def test_tables_from_a_tiny_run(tmp_path, tiny_ruler_eval):
     # an ablation in the same folder (another pooling kernel) is refused, not paired
     tiny_ruler_eval(["method=specprefill", "keep_tokens=200", "lookahead=3", "method.pool_kernel=3"])
     for read in (study.table, study.differences):
-        with pytest.raises(ValueError, match=r"hold 2 settings of its options .* allowed: one setting per folder"):
+        with pytest.raises(
+            ValueError, match=r"hold 2 settings of its options .* allowed: one setting per method and folder"
+        ):
             read(analyze(tmp_path))
 
 
@@ -124,11 +127,83 @@ def test_the_per_task_table_gives_each_setup_its_own_budgets():
     rows = []
     for length, budget in ((2048, 256), (4096, 512)):
         rows.append({"model": "m", "length": length, "budget": float("nan"), "lookahead": float("nan"), "task": "vt",
+                     "line_method": "full",
                      "n": 15, "score": 90.0, "needle_kept": 1.0})  # fmt: skip
         for la, score in ((1.0, 12.0), (8.0, 56.0 if length == 2048 else 78.7)):
             rows.append({"model": "m", "length": length, "budget": budget, "lookahead": la, "task": "vt", "n": 15,
+                         "line_method": "specprefill",
                          "score": score, "needle_kept": 0.5})  # fmt: skip
     text = "\n".join(study._task_table(pd.DataFrame(rows), ["length", "budget"]))
     assert "| 2048 | 256 | vt | 15 | 90.0 (1.00) | 12.0 (0.50) | 56.0 (0.50) |" in text
     assert "| 4096 | 512 | vt | 15 | 90.0 (1.00) | 12.0 (0.50) | 78.7 (0.50) |" in text
     assert text.count("| vt |") == 2, text
+
+
+def test_specpc_s_look_ahead_is_its_lookahead_tokens_and_every_line_is_timed_in_one_job(tmp_path):
+    """``--methods specprefill specpc``: SpecPC's look-ahead is set by its own option on the
+    command line and in the latency job's ``also`` entries, which the job itself composes."""
+    cmds = study.eval_commands(tmp_path, "m", 2048, ["vt"], 15, 256, [1, 8], ("specprefill", "specpc"))
+    assert [c[-2:] for c in cmds[1:]] == [
+        ["method=specprefill", "keep_tokens=256", "lookahead=1"][1:],
+        ["keep_tokens=256", "lookahead=8"],
+        ["keep_tokens=256", "method.lookahead_tokens=1"],
+        ["keep_tokens=256", "method.lookahead_tokens=8"],
+    ]
+    assert [c for c in cmds[3] if c.startswith("method=")] == ["method=specpc"]
+    cmd = study.latency_command(tmp_path, "m", 2048, "niah_single_2", 256, 10, 16, [8, 1], ("specprefill", "specpc"))
+    also = "also=[{name:specprefill,lookahead:8},{name:specpc,lookahead_tokens:1},{name:specpc,lookahead_tokens:8}]"
+    assert also in cmd and "method=specprefill" in cmd and "lookahead=1" in cmd
+    args = [a for a in cmd if "=" in a and not a.startswith(("out=", "model="))]
+    tiny = [a.replace("{name:specpc,", "{name:specpc,starting_layer_index:0,") for a in args]  # a 1-layer draft
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="latency", overrides=["model=tiny-random", f"out={tmp_path}", *tiny])
+    job = lat.prepare(lat.LatencyConfig.from_hydra(cfg))
+    got = [(m.name, study.line_of(m.name, m.options()), m.options()["keep_tokens"]) for _, m in job.timed[2:]]
+    assert got == [("specprefill", 1, 256), ("specprefill", 8, 256), ("specpc", 1, 256), ("specpc", 8, 256)]
+    # SpecKV-PC's `lookahead_tokens: null` is generate's default length, 20 tokens
+    assert study.line_of("specpc", {"lookahead_tokens": None}) == 20 and study.line_of("speckv", {}) is None
+
+
+def test_two_methods_each_paired_with_its_own_baseline_and_with_specprefill(tmp_path, tiny_ruler_eval):
+    """A folder with SpecPrefill and SpecPC at look-aheads 1 and 3: each method's look-ahead 3
+    against its own look-ahead 1, full prefill against each baseline, and SpecPC against
+    SpecPrefill at the same look-ahead; scores set by hand, differences worked out here."""
+    tiny_ruler_eval(["method=full"])
+    for la in (1, 3):
+        tiny_ruler_eval(["method=specprefill", "keep_tokens=200", f"lookahead={la}"])
+        tiny_ruler_eval(["method=specpc", "keep_tokens=200", "method.starting_layer_index=0", "method.window_size=8",
+                         f"method.lookahead_tokens={la}"])  # fmt: skip  # the tiny model's draft: 1 layer
+    a = analyze(tmp_path)
+    r = a.rows
+    hand = {("specprefill", 1.0): [0, 100, 0], ("specprefill", 3.0): [100, 100, 0],
+            ("specpc", 1.0): [0, 0, 0], ("specpc", 3.0): [100, 100, 100]}  # fmt: skip
+    for (m, look), scores in hand.items():
+        la = r["method_options"].map(lambda o, m=m: study.line_of(m, o))
+        for sid, v in enumerate(scores):
+            r.loc[(r["method"] == m) & (la == look) & (r["sample_id"].astype(int) == sid), "score"] = v
+    r.loc[r["method"] == "full", "score"] = 100.0
+    df, diff = study.table(a), study.differences(a)
+    assert [(m, x) for m, x in zip(df["line_method"], df["lookahead"].fillna(0), strict=True)] == [
+        ("full", 0), ("specprefill", 1), ("specprefill", 3), ("specpc", 1), ("specpc", 3)]  # fmt: skip
+    text = study.markdown(df, diff, study.per_task(a))
+    for line in ("| SpecPrefill, look-ahead 3 | SpecPrefill, look-ahead 1 | +33.3 [",
+                 "| SpecPC, look-ahead 3 | SpecPC, look-ahead 1 | +100.0 [",
+                 "| full prefill | SpecPC, look-ahead 1 | +100.0 [",
+                 "| full prefill | SpecPrefill, look-ahead 1 | +66.7 [",
+                 "| SpecPC, look-ahead 1 | SpecPrefill, look-ahead 1 | -33.3 [",
+                 "| SpecPC, look-ahead 3 | SpecPrefill, look-ahead 3 | +33.3 ["):  # fmt: skip
+        assert line in text, (line, text)
+    pc = diff[
+        (diff["line_method"] == "specpc") & (diff["baseline_method"] == "specprefill") & (diff["measure"] == "score")
+    ]
+    assert [(x.lookahead, x.wins, x.losses) for x in pc.itertuples()] == [(1, 0, 1), (3, 1, 0)]
+    head = "| task | n | full prefill | SpecPrefill, look-ahead 1 | SpecPrefill, look-ahead 3 | SpecPC, look-ahead 1 | "
+    assert head + "SpecPC, look-ahead 3 |" in text
+    row = r"\| niah_single_1 \| 3 \| 100\.0 \(1\.00\) \| 33\.3 \(\S+\) \| 66\.7 \(\S+\) \| 0\.0 \(\S+\) \| 100\.0 \(\S+\) \|"
+    assert re.search(row, text), text
+    study.figure(df, tmp_path / "f.png")
+    # an ablation of one method is refused, naming it
+    tiny_ruler_eval(["method=specpc", "keep_tokens=200", "method.starting_layer_index=0", "method.window_size=8",
+                     "method.lookahead_tokens=3", "method.kernel_size=3"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"lookahead: SpecPC rows of .* hold 2 settings"):
+        study.table(analyze(tmp_path))

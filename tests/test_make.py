@@ -87,9 +87,11 @@ def test_make_draft_family_takes_a_task_list_and_quality_only():
 
 
 def test_make_lookahead_takes_a_list_of_look_aheads_and_tasks():
-    r = _make_n("lookahead", "lookaheads=1,8", "tasks=vt,qa_1", "keep_tokens=128", "quality_only=yes")
+    r = _make_n("lookahead", "lookaheads=1,8", "tasks=vt,qa_1", "keep_tokens=128", "quality_only=yes",
+                "methods=specprefill,specpc")  # fmt: skip
     (line,) = [ln for ln in r.stdout.splitlines() if "-m harness.studies.lookahead" in ln]
     args = shlex.split(line)
+    assert args[args.index("--methods") + 1 : args.index("--methods") + 3] == ["specprefill", "specpc"]
     assert args[args.index("--lookaheads") + 1 : args.index("--lookaheads") + 3] == ["1", "8"]
     assert args[args.index("--tasks") + 1 : args.index("--tasks") + 3] == ["vt", "qa_1"]
     assert "--no-latency" in args and args[args.index("--keep-tokens") + 1] == "128"

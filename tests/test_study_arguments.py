@@ -56,6 +56,7 @@ def no_jobs(monkeypatch):
         (draft_family, ["--limit", "0"], "--limit 0: allowed"),
         (lookahead, ["--lookaheads", "1", "0"], "--lookaheads 0: allowed: look-ahead steps of 1 or more"),
         (lookahead, ["--lookaheads", "1", "8", "1"], "--lookaheads 1 8 1: allowed: each look-ahead once"),
+        (lookahead, ["--methods", "specpc", "specpc"], "--methods specpc specpc: allowed: each method once"),
         (lookahead, ["--no-run", "--out", "{tmp}"], "--no-run: no run's rows under {tmp}"),
         (lookahead, ["--keep-tokens", "0"], "--keep-tokens 0: allowed"),
     ],
