@@ -70,6 +70,7 @@ def test_the_commit_is_read_once_as_the_process_starts(monkeypatch):
         ("draft_family", "draft_family_qwen_cpu", "draft_family.md"),
         ("draft_family", "draft_family_256_qwen_cpu", "draft_family.md"),
         ("lookahead", "lookahead_qwen_cpu", "lookahead.md"),
+        ("lookahead", "lookahead_multikey_qwen_cpu", "lookahead.md"),
     ],
 )
 def test_a_committed_study_table_is_what_its_rows_render(study, folder, table, tmp_path):

@@ -384,7 +384,8 @@ def markdown(df: pd.DataFrame, diff: pd.DataFrame, tasks: pd.DataFrame | None = 
         h = lead + "| task | what the base prefilled | line | against | difference [95 %] | samples | more / less |"
         lines += ["", h, "|---" * (h.count("|") - 1) + "|"]
         kept = kept.assign(_m=kept["line_method"].map(ORDER), _b=kept["baseline_method"].map(ORDER))
-        for r in kept.sort_values(["task", "measure", "_b", "_m", "lookahead"], kind="stable").itertuples():
+        by = ["task", "measure", *(c for c in ("model", "length", "budget") if c in kept), "_b", "_m", "lookahead"]
+        for r in kept.sort_values(by, kind="stable").itertuples():  # each setup's lines together
             what = {"needle_kept": "needle kept", "distractor_kept": "distractor kept"}[r.measure]
             lines.append("".join(f"| {cell(r, c)} " for c in setup) + f"| {r.task} | {what} | "
                          f"{' | '.join(_names(r))} | {difference(r.difference, r.lo, r.hi)} | "
@@ -448,9 +449,13 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     group = [c for c in ("model", "length", "budget", "line_method") if c in d]
     methods = sorted(set(d["line_method"]), key=ORDER.__getitem__) if len(d) else [METHOD]
-    for i, (_, g) in enumerate(d.groupby(group, dropna=False) if len(d) else []):
+    groups = sorted(
+        d.groupby(group, dropna=False) if len(d) else [], key=lambda kg: ORDER[kg[1]["line_method"].iloc[0]]
+    )
+    for i, (_, g) in enumerate(groups):  # SpecPrefill's lines first, then SpecPC's (squares)
         g = g.sort_values("lookahead")
         color = f"C{i}"  # one colour per setup, budget and method; each point says its look-ahead
+        marker = "s" if g["line_method"].iloc[0] == "specpc" else "o"
         x = g["lat_speedup"] if timed else g["lookahead"]
         first = next(g.itertuples())
         where = ", ".join([*([NAMES[first.line_method]] if len(methods) > 1 else []),
@@ -459,7 +464,7 @@ def figure(df: pd.DataFrame, path: Path) -> None:
         for r in g.itertuples():
             xv = r.lat_speedup if timed else r.lookahead
             xerr = [[r.lat_speedup - r.lat_speedup_lo], [r.lat_speedup_hi - r.lat_speedup]] if timed else None
-            ax.errorbar(xv, r.retention, xerr=xerr, color=color, fmt="o", capsize=3,
+            ax.errorbar(xv, r.retention, xerr=xerr, color=color, fmt=marker, capsize=3,
                         yerr=[[r.retention - r.retention_lo], [r.retention_hi - r.retention]])  # fmt: skip
             ax.annotate(f"L={int(r.lookahead)}", (xv, r.retention), textcoords="offset points", xytext=(5, 5),
                         fontsize=8, color=color)  # fmt: skip
