@@ -201,7 +201,7 @@ def run(a: argparse.Namespace, dry_run: bool = False) -> None:
                                   a.decode_tokens, a.lookaheads, methods), *extra])  # fmt: skip
 
 
-#: A line of a table: its setup, budget, method and look-ahead.
+#: What tells a table's lines apart within a setup: the budget, the method and the look-ahead.
 LINE = ["budget", "line_method", "lookahead"]
 
 
