@@ -317,7 +317,7 @@ def differences(a: Analysis) -> pd.DataFrame:
 
     for key, g in d.groupby(cols, sort=True, dropna=False):
         where = dict(zip(cols, key, strict=True))
-        spec = g[~g["lookahead"].isna()]
+        spec, full = g[~g["lookahead"].isna()], g[g["lookahead"].isna()]
         for (draft, budget), gb in spec.groupby(["speculator", "budget"], dropna=False):
             at = {m: gm for m, gm in gb.groupby("line_method")}
             for m in sorted(at, key=ORDER.__getitem__):
@@ -327,14 +327,16 @@ def differences(a: Analysis) -> pd.DataFrame:
                 line = {**where, "speculator": draft, "budget": budget, "baseline": base_l, "baseline_method": m}
                 for la in sorted(set(gm["lookahead"]) - {base_l}):
                     pair(gm[gm["lookahead"] == la], base, {**line, "line_method": m, "lookahead": la})
-                full = g[g["lookahead"].isna()]
                 if not full.empty:
                     pair(full, base, {**line, "line_method": "full", "lookahead": float("nan")})
-            for m in sorted(set(at) - {METHOD}, key=ORDER.__getitem__):  # against SpecPrefill, look-ahead by look-ahead
-                for la in sorted(set(at[m]["lookahead"]) & set(at.get(METHOD, spec.iloc[0:0])["lookahead"])):
+            ref = at.get(METHOD)  # each other method against SpecPrefill, look-ahead by look-ahead
+            if ref is None:
+                continue
+            for m in sorted(set(at) - {METHOD}, key=ORDER.__getitem__):
+                for la in sorted(set(at[m]["lookahead"]) & set(ref["lookahead"])):
                     line = {**where, "speculator": draft, "budget": budget, "line_method": m, "lookahead": la,
                             "baseline": la, "baseline_method": METHOD}  # fmt: skip
-                    pair(at[m][at[m]["lookahead"] == la], at[METHOD][at[METHOD]["lookahead"] == la], line)
+                    pair(at[m][at[m]["lookahead"] == la], ref[ref["lookahead"] == la], line)
     return pd.DataFrame(out)
 
 
