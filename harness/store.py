@@ -196,6 +196,11 @@ class EvalRecord(RunRecord):
     #: niah_multikey_1's other keys; Sample.distractor_spans); None without any, or in older
     #: rows, whose ``needle_kept`` on niah_multikey_1 counted them with the asked one.
     distractor_kept: float | None = None
+    #: The share of the evidence's pieces (each needle, each statement of a variable-tracking
+    #: chain, each gold document: Sample.spans) kept whole, every token of the piece
+    #: (:func:`harness.diagnostics.pieces_whole`); None where ``needle_kept`` is, and in rows
+    #: before 2026-12-06.
+    needle_whole: float | None = None
     #: Which prompt tokens the base prefilled (:func:`harness.diagnostics.kept_hash`: SHA-256, 16
     #: hex, of the kept indices; a conversation turn's: those the base holds); None where no token
     #: maps back to the prompt (a rewritten text, a KV press) and in rows before 2026-12-05.

@@ -110,6 +110,9 @@ def test_end_to_end_rows_resume_and_failures(tiny_run, monkeypatch):
     assert 0.3 <= row["kept_fraction"] <= 0.45  # chunk mode rounds up to whole chunks
     assert row["ttft_s"] == pytest.approx(row["speculator_s"] + row["selection_s"] + row["base_prefill_s"])
     assert 0.0 <= row["needle_kept"] <= 1.0 and row["git_sha"] and row["hardware"]
+    # a piece is kept whole only where all its tokens are: whole pieces never outnumber kept tokens
+    assert (df["needle_whole"].between(0.0, 1.0) & (df["needle_whole"] <= df["needle_kept"] + 1e-9)).all()
+    assert ((df["needle_whole"] == 1.0) == (df["needle_kept"] == 1.0)).all()
     assert df["needle_depth"].between(0.0, 1.0).all()  # where the evidence sits in the context, every task
     assert set(df["weights_hash"]) == {"random-seed0"} and df["sample_hash"].str.fullmatch("[0-9a-f]{16}").all()
     assert df["sample_hash"].nunique() == 4  # four samples, four prompts
@@ -146,6 +149,24 @@ def test_needle_helpers():
     assert toks.tolist() == [1, 2, 3]
     assert needle_kept(torch.tensor([0, 2, 3]), toks) == pytest.approx(2 / 3)
     assert needle_kept(torch.tensor([0]), torch.tensor([], dtype=torch.int64)) is None
+
+
+def test_pieces_whole_counts_the_spans_kept_to_their_last_token():
+    """Two statements of a chain, four tokens each: keeping six of the eight tokens is 0.75 of
+    the chain's tokens and, whichever six, at most one statement whole."""
+    import torch
+
+    from harness.diagnostics import needle_kept, needle_tokens, pieces_whole
+
+    offsets = [(i, i + 1) for i in range(10)]  # one character a token
+    spans = ((1, 5), (6, 10))  # tokens 1-4 and 6-9
+    assert pieces_whole(torch.tensor([1, 2, 3, 4, 6, 7]), offsets, spans) == 0.5
+    assert pieces_whole(torch.tensor([1, 2, 3, 6, 7, 8]), offsets, spans) == 0.0
+    assert needle_kept(torch.tensor([1, 2, 3, 6, 7, 8]), needle_tokens(offsets, spans)) == 0.75
+    assert pieces_whole(torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 9]), offsets, spans) == 1.0
+    assert pieces_whole(None, offsets, spans) is None  # nothing maps back to the prompt
+    assert pieces_whole(torch.tensor([1]), offsets, ()) is None  # no evidence to track
+    assert pieces_whole(torch.tensor([1]), [(0, 0)] * 3, ((0, 2),)) is None  # a span over no token
 
 
 def test_hub_loading_code_runs_on_a_local_folder(tmp_path, smollm2_tokenizer):

@@ -24,6 +24,10 @@ needle_kept    macro mean over the tasks that have evidence tokens (others have 
                tokens of the evidence the question asks (a RULER needle of the asked key)
 distractor_kept  likewise for look-alike evidence the question does not ask (niah_multikey_1's
                other keys' needles; a conversation turn's other turns' needles)
+needle_whole   macro mean, as ``needle_kept``, of the share of the evidence's pieces kept whole
+               (each needle, each statement of a variable-tracking chain, each gold document,
+               every token of it): what ``needle_kept`` cannot tell, a chain kept in pieces
+               from one kept statement by statement
 retention      ratio of macro means, paired: the point's score over the reference's on the
                samples both ran (:func:`paired_ratio`)
 ttft_ratio     ratio of macro means, paired: the point's TTFT over the reference's on the
@@ -304,6 +308,7 @@ COLUMNS = [
     "kv_fraction", "kv_mib", "decode_s_per_token", "e2e_s", "e2e_speedup", "e2e_speedup_lo", "e2e_speedup_hi",
     "prefilled_tokens", "revived_tokens", "speed_anomaly", "speedup_timing",
     "distractor_kept", "speculator_kv_mib", "kv_memory_ratio", "kv_memory_ratio_lo", "kv_memory_ratio_hi",
+    "needle_whole", "needle_whole_lo", "needle_whole_hi",
 ]  # fmt: skip
 
 
@@ -395,6 +400,7 @@ def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> d
     put("kept_fraction", macro_mean(p, "kept_fraction", parts))
     put("needle_kept", macro_mean(p, "needle_kept", parts, complete=False))
     out["distractor_kept"] = macro_mean(p, "distractor_kept", parts, complete=False).value
+    put("needle_whole", macro_mean(p, "needle_whole", parts, complete=False))
     put("ttft_s", macro_mean(p, "ttft_s", parts), interval=False)
     put("speculator_s", macro_mean(p, "speculator_s", parts), interval=False)
     put("ideal_speedup", paired_ratio(p, "flops_full", p, "flops_method", parts), interval=False)

@@ -43,7 +43,7 @@ from harness.config import (
     model_from,
     model_identity,
 )
-from harness.diagnostics import kept_hash, needle_depth, needle_kept, needle_tokens
+from harness.diagnostics import kept_hash, needle_depth, needle_kept, needle_tokens, pieces_whole
 from harness.dryrun import requirements_text
 from harness.failures import measured
 from harness.jobs import lifecycle as jobs
@@ -315,6 +315,7 @@ def run_sample(job: EvalJob, backend: Backend, tokenizer: Any, sample: Sample) -
         "distractor_kept": None
         if job.method.compresses_cache
         else needle_kept(plan.kept_indices, needle_tokens(offsets, sample.distractor_spans)),
+        "needle_whole": None if job.method.compresses_cache else pieces_whole(plan.kept_indices, offsets, sample.spans),
         "needle_depth": needle_depth(sample.prompt, sample.context, sample.spans),
         "kept_hash": None if job.method.compresses_cache else kept_hash(plan.kept_indices),
         "sample_hash": sample_hash(sample),
@@ -416,6 +417,7 @@ def run_conversation(
                     "score": bench.score_turn(sample, turn, gen.text),
                     "needle_kept": needle_kept(res.held, needle_tokens(offsets, turn.spans)),
                     "distractor_kept": needle_kept(res.held, needle_tokens(offsets, others)),
+                    "needle_whole": pieces_whole(res.held, offsets, turn.spans),
                     "needle_depth": needle_depth(sample.prompt, sample.context, turn.spans),
                     "kept_hash": kept_hash(res.held),
                     "turn_needle": turn.needle,
