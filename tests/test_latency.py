@@ -266,6 +266,25 @@ def test_the_aa_check_anomalies_and_old_rows_are_flagged():
     assert s.loc["x", "loaded"] and "loaded" in s.loc["x", "flags"] and s.loc["x", "comparable"]
 
 
+def test_the_aa_line_of_a_point_timed_in_several_runs_shows_its_worst_run():
+    """Three jobs at one point, two whose A/A holds 1.0 and one whose copy runs 10 % fast: the
+    A/A line fails (the median run would pass and hide it), and each method's line carries
+    its own run's check."""
+    base = [2.0, 2.1, 1.9, 2.05, 1.95, 2.0, 2.02, 1.98, 2.0, 2.01]
+    runs = [
+        _paired_rows(base, [t / 2 for t in base], aa=[t * 1.001 for t in base]).assign(run_id="a"),
+        _paired_rows(base, [t / 1.9 for t in base], aa=[t / 1.1 for t in base]).assign(run_id="b"),
+        _paired_rows(base, [t / 2.1 for t in base], aa=[t * 0.999 for t in base]).assign(run_id="c"),
+    ]
+    s = summarize_latency(pd.concat(runs, ignore_index=True)).set_index("method")
+    assert s.loc["aa_check", "aa_speedup"] == pytest.approx(1.1) and not s.loc["aa_check", "aa_ok"]
+    assert "A/A check failed: 1.100x" in s.loc["aa_check", "flags"]
+    assert s.loc["x", "speedup"] == pytest.approx(2.0) and s.loc["x", "aa_speedup"] == pytest.approx(1 / 1.001)
+    assert s.loc["x", "aa_ok"]  # x's median run is "a" (1.9x, 2.0x, 2.1x): its own run's check
+    one = summarize_latency(runs[0]).set_index("method")  # one run: its check, as before
+    assert one.loc["aa_check", "aa_speedup"] == pytest.approx(1 / 1.001) and one.loc["aa_check", "aa_ok"]
+
+
 def test_the_ideal_per_engine_from_a_calibrated_speculator_rate(tmp_path, monkeypatch):
     """``engine_ideal=true`` (by default only where the speculator runs on another engine
     than the base: backend vllm): each point measures the speculator's FLOP rate and the
