@@ -1,0 +1,135 @@
+"""Paired differences between the lines of one results folder.
+
+A line is what the summary calls a method: a method with its options and budget (the
+``method`` column of ``summary.md``, e.g. ``specpc (neighbor_tokens=8, pool_type=None) (256
+tokens)``). Every line is set against one base line on the samples both ran, per task and over
+all the tasks both ran (weighted equally), for each measure: the difference with its 95 %
+interval (:func:`harness.studies.paired_scores`, the analysis layer's paired bootstrap), the
+samples paired, and how many the line won and lost. Rows of different models, benchmarks or
+lengths are never paired (their sample ids name different prompts): each setup is its own
+table.
+
+    python -m harness.studies.pairs results/reference/vt_pieces_qwen_cpu --base "specprefill (256 tokens)"
+    make pairs dir=results/x base=full
+
+writes ``pairs.md`` and ``pairs.csv`` into the folder (``--name`` for another file name). A
+base given as part of a label is taken where exactly one label holds it; otherwise the error
+lists the labels.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from harness.analysis.folder import analyze
+from harness.rendering.tables import difference, md_table, natural_key
+from harness.studies import ALL, paired_scores, require_runs
+
+#: What each pair compares, where the rows have it: the score (0-100), the share of the
+#: evidence's tokens kept, the share of its pieces kept whole, the share of the prompt kept.
+MEASURES = ("score", "needle_kept", "needle_whole", "kept_fraction")
+#: Rows of one setup share their samples' prompts: only they are paired.
+SETUP = ["model", "benchmark", "length"]
+COLUMNS = [*SETUP, "line", "base", "task", "measure", "n", "line_mean", "base_mean", "difference", "lo", "hi",
+           "wins", "losses"]  # fmt: skip
+
+
+def pick(wanted: str, labels: list[str]) -> str:
+    """The label ``wanted`` names: itself, or the one label that contains it; else a
+    ValueError listing the labels."""
+    if wanted in labels:
+        return wanted
+    hits = [lab for lab in labels if wanted in lab]
+    if len(hits) == 1:
+        return hits[0]
+    what = "no line of the folder holds it" if not hits else f"{len(hits)} lines hold it"
+    raise ValueError(f"--base {wanted!r}: {what}; allowed: one of its lines, or part of exactly one: {labels}")
+
+
+def pairs(rows: pd.DataFrame, base: str, measures: tuple[str, ...] = MEASURES) -> pd.DataFrame:
+    """Every line of ``rows`` (ok eval rows, normalized: a ``label`` column) against ``base``
+    (a label, or part of one: :func:`pick`), per setup, over all tasks and per task, for each
+    of ``measures`` the rows have; :data:`COLUMNS`."""
+    base = pick(base, sorted(rows["label"].unique()))
+    out = []
+    for setup, g in rows.groupby(SETUP, sort=True):
+        b = g[g["label"] == base]
+        if b.empty:
+            continue
+        for line in sorted(set(g["label"]) - {base}, key=natural_key):
+            c = g[g["label"] == line]
+            tasks = sorted(set(c["task"]) & set(b["task"]))
+            for scope in [ALL, *tasks] if len(tasks) > 1 else tasks:
+                for m in measures:
+                    if m not in c or m not in b:
+                        continue
+                    p = paired_scores(c, b, scope, m, means=True)
+                    if p["n"] == 0 or pd.isna(p["difference"]):
+                        continue
+                    out.append({**dict(zip(SETUP, setup, strict=True)), "line": line, "base": base, "task": scope,
+                                "measure": m, **p})  # fmt: skip
+    return pd.DataFrame(out).reindex(columns=COLUMNS)
+
+
+def markdown(df: pd.DataFrame) -> str:
+    """One table per setup: each line and task, each measure's line mean and its paired
+    difference from the base, and the score's wins and losses."""
+    if df.empty:
+        return "No line shares samples with the base.\n"
+    parts = []
+    for setup, g in df.groupby(SETUP, sort=True):
+        measures = [m for m in MEASURES if m in set(g["measure"])]
+        head = ["line", "task", "n", *(h for m in measures for h in (m, f"{m} - base"))]
+        cells = []
+        for (line, task), t in g.groupby(["line", "task"], sort=False):
+            by = t.set_index("measure")
+            row = [line, task, str(int(by["n"].max()))]
+            for m in measures:
+                if m not in by.index:
+                    row += ["-", "-"]
+                    continue
+                r, points = by.loc[m], 1.0 if m == "score" else 100.0  # a share's difference in points
+                row += [f"{r['line_mean']:{'.1f' if m == 'score' else '.2f'}}",
+                        difference(r["difference"] * points, r["lo"] * points, r["hi"] * points)]  # fmt: skip
+            if "score" in by.index:
+                won, lost = int(by.loc["score", "wins"]), int(by.loc["score", "losses"])
+                row[head.index("score - base")] += f"; {won} won, {lost} lost"
+            cells.append(row)
+        base = g["base"].iloc[0]
+        title = ", ".join(f"{k} {v}" for k, v in zip(SETUP, setup, strict=True))
+        parts.append(f"### {title}: each line against `{base}`\n\n" + md_table(pd.DataFrame(cells, columns=head)))
+    note = ("Differences: the line minus the base on the samples both ran (`n`), 95 % paired bootstrap interval, "
+            "`(within noise)` where it holds 0; the score in points (0-100), the shares (needle kept, needle whole, "
+            "kept fraction) in percentage points. `ALL`: the mean over the tasks both ran, each weighted equally.")  # fmt: skip
+    return "\n".join(parts) + "\n" + note + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder", type=Path, help="a results folder (make eval's out=)")
+    ap.add_argument("--base", required=True, help="the line every other is set against: a label, or part of one")
+    ap.add_argument("--measures", nargs="+", default=list(MEASURES), help=f"of {list(MEASURES)}")
+    ap.add_argument("--name", default="pairs", help="the files written: <folder>/<name>.md and .csv")
+    a = ap.parse_args(argv)
+    for m in a.measures:
+        if m not in MEASURES:
+            ap.error(f"--measures {m}: allowed: {list(MEASURES)}")
+    require_runs(ap, a.folder)
+    rows = analyze(a.folder).ok("eval")
+    if rows.empty:
+        ap.error(f"{a.folder}: no eval rows that ran")
+    try:
+        df = pairs(rows, a.base, tuple(a.measures))
+    except ValueError as e:
+        ap.error(str(e))
+    df.to_csv(a.folder / f"{a.name}.csv", index=False)
+    text = markdown(df)
+    (a.folder / f"{a.name}.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Paired differences between the lines of one folder (harness.studies.pairs): the values
+worked out by hand, setups never paired across, and the base named in one line or refused."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from harness.analysis.folder import analyze_rows
+from harness.studies.pairs import main, markdown, pairs, pick
+
+
+def _rows(method: str, opts: dict, scores: dict[str, list[float]], whole: float | None = None, length: int = 2048):
+    out = []
+    for task, values in scores.items():
+        for i, v in enumerate(values):
+            out.append({"kind": "eval", "status": "ok", "model": "m", "benchmark": "ruler", "length": length,
+                        "task": task, "sample_id": i, "method": method, "keep_rate": None if method == "full" else 0.1,
+                        "method_options": json.dumps(opts), "benchmark_options": "{}", "reference_method": "full",
+                        "config_hash": method + json.dumps(opts), "score": v, "needle_kept": 0.5,
+                        "needle_whole": whole, "kept_fraction": 0.1, "ttft_s": 1.0, "run_id": "r", "hardware": "x",
+                        "dtype": "bfloat16", "backend": "transformers"})  # fmt: skip
+    return out
+
+
+@pytest.fixture
+def rows() -> pd.DataFrame:
+    base = _rows("sp", {"chunk_size": 32}, {"vt": [0, 0, 50, 100], "qa": [100, 0, 0, 0]}, whole=0.2)
+    token = _rows("sp", {"chunk_size": None}, {"vt": [100, 0, 100, 100], "qa": [100, 0, 0, 100]}, whole=0.6)
+    other = _rows("pc", {}, {"vt": [0, 0, 0, 0]})  # no needle_whole: old rows
+    longer = _rows("pc", {}, {"vt": [100, 100, 100, 100]}, length=4096)  # another setup: never paired
+    return analyze_rows(None, pd.DataFrame(base + token + other + longer)).ok("eval")
+
+
+def test_each_line_against_the_base_worked_by_hand(rows):
+    df = pairs(rows, "chunk_size=32")
+    assert set(df["length"]) == {2048} and set(df["base"]) == {"sp (chunk_size=32)"}
+    t = df[(df["line"] == "sp (chunk_size=None)") & (df["measure"] == "score")].set_index("task")
+    # vt: +100, 0, +50, 0 -> +37.5 (2 won); qa: 0, 0, 0, +100 -> +25.0 (1 won); ALL: the two tasks' mean
+    assert t.loc["vt", "difference"] == pytest.approx(37.5) and (t.loc["vt", "wins"], t.loc["vt", "losses"]) == (2, 0)
+    assert t.loc["qa", "difference"] == pytest.approx(25.0) and t.loc["qa", "line_mean"] == pytest.approx(50.0)
+    assert t.loc["ALL", "difference"] == pytest.approx(31.25) and t.loc["ALL", "n"] == 8
+    assert t.loc["vt", "lo"] <= 37.5 <= t.loc["vt", "hi"] and t.loc["vt", "base_mean"] == pytest.approx(37.5)
+    w = df[(df["line"] == "sp (chunk_size=None)") & (df["measure"] == "needle_whole")].set_index("task")
+    assert w.loc["ALL", "difference"] == pytest.approx(0.4)
+    pc = df[df["line"] == "pc"]
+    assert set(pc["measure"]) == {"score", "needle_kept", "kept_fraction"}  # no needle_whole to pair
+    assert pc[(pc["measure"] == "score") & (pc["task"] == "vt")]["difference"].item() == pytest.approx(-37.5)
+    md = markdown(df)
+    assert "| sp (chunk_size=None) | vt | 4 | 75.0 | +37.5 [" in md and "; 2 won, 0 lost |" in md
+    assert "| 0.60 | +40.0 [+40.0, +40.0] |" in md  # a share's difference in percentage points
+    assert "4096" not in md
+
+
+def test_the_base_is_one_label_or_part_of_exactly_one():
+    labels = ["full", "sp (chunk_size=32)", "sp (chunk_size=None)"]
+    assert pick("full", labels) == "full" and pick("=None", labels) == "sp (chunk_size=None)"
+    with pytest.raises(ValueError, match=r"--base 'sp': 2 lines hold it; allowed: one of its lines"):
+        pick("sp", labels)
+    with pytest.raises(ValueError, match="--base 'specpc': no line of the folder holds it"):
+        pick("specpc", labels)
+
+
+def test_the_command_refuses_a_measure_and_a_folder_without_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--base", "full", "--measures", "speedup"])
+    assert "--measures speedup: allowed: ['score', 'needle_kept', 'needle_whole', 'kept_fraction']" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--base", "full"])
+    assert str(tmp_path) in capsys.readouterr().err
