@@ -132,6 +132,13 @@ report: setup
 	$(PY) -m harness.report $(or $(out),results/default)
 	$(if $(screenshot),$(PY) -m harness.report.browser $(or $(out),results/default)/report.html --screenshot $(screenshot) --max-height 6000)
 
+# `make pairs out=<folder> base=<line>`: every line of the folder (a method with its options, the summary's
+# method column) against the base line on the samples both ran, per task and over all, paired, with 95 %
+# intervals: <folder>/pairs.md and pairs.csv. base= takes a label or a part of exactly one.
+$(call takes,pairs,out base measures)
+pairs: setup
+	$(PY) -m harness.studies.pairs $(or $(out),results/default) --base "$(or $(base),full)" $(if $(measures),--measures $(subst $(comma),$(space),$(measures)))
+
 # Debian's Chromium for the report's browser test (playwright drives it; installed by make setup).
 setup-browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \

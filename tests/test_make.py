@@ -41,6 +41,15 @@ def test_make_report_takes_the_folder():
     assert ".venv/bin/python -m harness.report results/x" in out
 
 
+def test_make_pairs_takes_the_folder_a_base_label_with_spaces_and_measures():
+    r = _make_n(
+        "pairs", "out=results/x", "base=specpc (neighbor_tokens=8, pool_type=None)", "measures=score,needle_whole"
+    )
+    line = next(ln for ln in r.stdout.splitlines() if "-m harness." in ln)
+    assert shlex.split(line)[1:] == ["-m", "harness.studies.pairs", "results/x", "--base",
+                                     "specpc (neighbor_tokens=8, pool_type=None)", "--measures", "score", "needle_whole"]  # fmt: skip
+
+
 def _make_n(*args: str) -> subprocess.CompletedProcess:
     """`make -n <args>` as a user types it (no parent make's MAKEFLAGS under `make test`)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
@@ -112,7 +121,7 @@ def test_a_dry_run_that_is_no_yes_or_no_is_refused_before_anything_runs(target):
 @pytest.mark.parametrize(
     "target,allowed",
     [(["paper", "table=latency_grid"], "table variant dry_run gpu_hour_usd"), (["paper-report"], "none"),
-     (["report"], "out screenshot"), (["speculator-depth"], "limit quality_from"),
+     (["report"], "out screenshot"), (["pairs"], "out base measures"), (["speculator-depth"], "limit quality_from"),
      (["lm-eval-crosscheck"], "limit"), (["gpu-check"], "quick"), (["bench-scoring-memory"], "none"),
      (["bench-ruler-generation"], "none"), (["bench-front-throughput"], "none")],
     ids=lambda v: v[0] if isinstance(v, list) else None,

@@ -20,23 +20,25 @@ SAMPLE = ["task", "sample_id"]
 ALL = "ALL"
 
 
-def paired_scores(cand: Any, base: Any, scope: str, column: str = "score") -> dict[str, Any]:
+def paired_scores(cand: Any, base: Any, scope: str, column: str = "score", means: bool = False) -> dict[str, Any]:
     """``cand``'s ``column`` (the score, 0-100, by default) minus ``base``'s on the samples both
     ran (eval rows of two lines of a study; ``scope``: one task, or :data:`ALL` of the tasks both
     ran, weighted equally): the difference with its 95 % interval
     (:func:`harness.analysis.quality.paired_difference`), the samples paired (both with a value)
-    and how many ``cand`` won and lost."""
+    and how many ``cand`` won and lost; ``means``: with each side's mean over those samples too
+    (``line_mean``, ``base_mean``)."""
     from harness.analysis.quality import Point, paired_difference
 
     tasks = sorted(set(cand["task"]) & set(base["task"]))
     parts = [tasks] if scope == ALL else [[scope]]
-    diff, _, _ = paired_difference(Point(cand), Point(base), column, parts)
+    diff, base_mean, cand_mean = paired_difference(Point(cand), Point(base), column, parts)
     c, b = (f if scope == ALL else f[f["task"] == scope] for f in (cand, base))
     c = c[c["task"].isin(tasks)].drop_duplicates(SAMPLE).set_index(SAMPLE)[column].astype(float)
     b = b.drop_duplicates(SAMPLE).set_index(SAMPLE)[column].astype(float)
     both = c.to_frame("c").join(b.rename("b"), how="inner").dropna()
-    return {"difference": diff.value, "lo": diff.lo, "hi": diff.hi, "n": len(both),
-            "wins": int((both["c"] > both["b"]).sum()), "losses": int((both["c"] < both["b"]).sum())}  # fmt: skip
+    out = {"difference": diff.value, "lo": diff.lo, "hi": diff.hi, "n": len(both),
+           "wins": int((both["c"] > both["b"]).sum()), "losses": int((both["c"] < both["b"]).sum())}  # fmt: skip
+    return {**out, "line_mean": cand_mean, "base_mean": base_mean} if means else out
 
 
 def varying(*frames: Any) -> list[str]:
