@@ -84,3 +84,23 @@ def test_a_committed_study_table_is_what_its_rows_render(study, folder, table, t
     shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.md", "*.csv", "*.png"))
     importlib.import_module(f"harness.studies.{study}").main(["--no-run", "--out", str(out)])
     assert (out / table).read_text() == (src / table).read_text()
+
+
+@pytest.mark.parametrize(
+    ("folder", "base", "name"),
+    [
+        ("selection_grain_qwen_cpu", "chunk_size=32, lookahead=1", "pairs"),
+        ("selection_grain_qwen_cpu", "neighbor_tokens=64", "pairs_specpc"),
+    ],
+)
+def test_a_committed_pairs_table_is_what_its_rows_render(folder, base, name, tmp_path):
+    """``make pairs``'s committed tables, the folder README's source, re-rendered from the committed rows."""
+    import shutil
+
+    from harness.studies.pairs import main
+
+    src = Path(__file__).resolve().parents[1] / "results" / "reference" / folder
+    out = tmp_path / folder
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.md", "*.csv", "*.png"))
+    main([str(out), "--base", base, "--name", name])
+    assert (out / f"{name}.md").read_text() == (src / f"{name}.md").read_text()
