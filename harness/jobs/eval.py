@@ -302,22 +302,20 @@ def run_sample(job: EvalJob, backend: Backend, tokenizer: Any, sample: Sample) -
         overhead = backend.method_flops
         gen = backend.generate(plan, max_new, stop=sample.stop)
     f_full, f_method = flops(Shape.of(backend.base_config), [prompt], [plan], overhead)
+    # a KV press prefills every token and each head keeps its own entries: no token-level answer
+    # (each diagnostic below reads None for None)
+    kept = None if job.method.compresses_cache else plan.kept_indices
     return {
         "prompt_tokens": prompt.n,
         "kept_tokens": plan.kept,
         "kept_fraction": plan.kept / prompt.n,
         "prediction": gen.text,
         "score": job.benchmark.score(sample, gen.text),
-        # a KV press prefills every token and each head keeps its own entries: no token-level answer
-        "needle_kept": None
-        if job.method.compresses_cache
-        else needle_kept(plan.kept_indices, needle_tokens(offsets, sample.spans)),
-        "distractor_kept": None
-        if job.method.compresses_cache
-        else needle_kept(plan.kept_indices, needle_tokens(offsets, sample.distractor_spans)),
-        "needle_whole": None if job.method.compresses_cache else pieces_whole(plan.kept_indices, offsets, sample.spans),
+        "needle_kept": needle_kept(kept, needle_tokens(offsets, sample.spans)),
+        "distractor_kept": needle_kept(kept, needle_tokens(offsets, sample.distractor_spans)),
+        "needle_whole": pieces_whole(kept, offsets, sample.spans),
         "needle_depth": needle_depth(sample.prompt, sample.context, sample.spans),
-        "kept_hash": None if job.method.compresses_cache else kept_hash(plan.kept_indices),
+        "kept_hash": kept_hash(kept),
         "sample_hash": sample_hash(sample),
         "flops_full": float(f_full),
         "flops_method": f_method,

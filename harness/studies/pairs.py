@@ -9,8 +9,8 @@ samples paired, and how many the line won and lost. Rows of different models, be
 lengths are never paired (their sample ids name different prompts): each setup is its own
 table.
 
-    python -m harness.studies.pairs results/reference/vt_pieces_qwen_cpu --base "specprefill (256 tokens)"
-    make pairs dir=results/x base=full
+    python -m harness.studies.pairs results/reference/selection_grain_qwen_cpu --base "chunk_size=32, lookahead=1"
+    make pairs out=results/x base=full
 
 writes ``pairs.md`` and ``pairs.csv`` into the folder (``--name`` for another file name). A
 base given as part of a label is taken where exactly one label holds it; otherwise the error
@@ -26,7 +26,7 @@ import pandas as pd
 
 from harness.analysis.folder import analyze
 from harness.rendering.tables import difference, md_table, natural_key
-from harness.studies import ALL, paired_scores, require_runs
+from harness.studies import ALL, paired_scores, require_runs, require_values
 
 #: What each pair compares, where the rows have it: the score (0-100), the share of the
 #: evidence's tokens kept, the share of its pieces kept whole, the share of the prompt kept.
@@ -114,9 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--measures", nargs="+", default=list(MEASURES), help=f"of {list(MEASURES)}")
     ap.add_argument("--name", default="pairs", help="the files written: <folder>/<name>.md and .csv")
     a = ap.parse_args(argv)
-    for m in a.measures:
-        if m not in MEASURES:
-            ap.error(f"--measures {m}: allowed: {list(MEASURES)}")
+    require_values(ap, "--measures", a.measures, lambda m: m in MEASURES, str(list(MEASURES)))
     require_runs(ap, a.folder)
     rows = analyze(a.folder).ok("eval")
     if rows.empty:
