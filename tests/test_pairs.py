@@ -71,4 +71,6 @@ def test_the_command_refuses_a_measure_and_a_folder_without_runs(tmp_path, capsy
     )
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--base", "full"])
-    assert str(tmp_path) in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"folder: no run's rows under {tmp_path}; allowed: a results folder holding a run's rows" in err
+    assert "--no-run" not in err  # a flag pairs does not have

@@ -111,15 +111,20 @@ def run_job(cmd: list[str]) -> None:
         raise SystemExit(done.returncode)
 
 
-def require_runs(ap: Any, *folders: Path) -> None:
-    """``--no-run``: each of ``folders`` must hold a run's rows (a run folder with its
-    ``config.yaml``), else one line through ``ap.error`` naming the folder (not a traceback
-    from the first reader)."""
+def require_runs(
+    ap: Any,
+    *folders: Path,
+    flag: str = "--no-run",
+    allowed: str = "the --out of a run of this study (or drop --no-run)",
+) -> None:
+    """``--no-run`` (or what ``flag`` names): each of ``folders`` must hold a run's rows (a run
+    folder with its ``config.yaml``), else one line through ``ap.error`` naming the folder (not
+    a traceback from the first reader)."""
     from harness.store import run_folders
 
     for f in folders:
         if not f.is_dir() or not run_folders(f):
-            ap.error(f"--no-run: no run's rows under {f}; allowed: the --out of a run of this study (or drop --no-run)")
+            ap.error(f"{flag}: no run's rows under {f}; allowed: {allowed}")
 
 
 def require_values(ap: Any, flag: str, values: list[Any], ok: Any, allowed: str) -> None:

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--name", default="pairs", help="the files written: <folder>/<name>.md and .csv")
     a = ap.parse_args(argv)
     require_values(ap, "--measures", a.measures, lambda m: m in MEASURES, str(list(MEASURES)))
-    require_runs(ap, a.folder)
+    require_runs(ap, a.folder, flag="folder", allowed="a results folder holding a run's rows (make eval's out=)")
     rows = analyze(a.folder).ok("eval")
     if rows.empty:
         ap.error(f"{a.folder}: no eval rows that ran")
