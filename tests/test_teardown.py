@@ -1,0 +1,64 @@
+"""A job that finished ends without the interpreter's teardown (harness.command_line).
+
+CI once saw ``make lm-eval`` write everything and then abort in teardown ("terminate called
+without an active exception", a C++ destructor failing while Python frees what was left).
+Here an object whose destructor aborts the process stands for that destructor: the job's
+entry point must still exit 0, after its threads finished and its ``atexit`` handlers ran."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+JOB = textwrap.dedent(
+    """
+    import atexit, os, sys, threading, time
+    from pathlib import Path
+    from harness import command_line
+
+    OUT = Path(os.environ["TEARDOWN_OUT"])
+
+    class AbortsWhenFreed:  # a C++ destructor that fails in the interpreter's teardown
+        def __del__(self, abort=os.abort):  # bound now: teardown may have cleared the module
+            abort()
+
+    def late_write():
+        time.sleep(0.3)
+        (OUT / "thread").write_text("finished")
+
+    def job():
+        global held
+        held = AbortsWhenFreed()  # alive until teardown, as the model and Arrow's pools are
+        atexit.register(lambda: (OUT / "atexit").write_text("ran"))
+        threading.Thread(target=late_write).start()
+        print("job done", flush=True)
+        if os.environ.get("TEARDOWN_FAIL"):
+            sys.exit(3)
+
+    command_line.main(job, "config")
+    """
+)
+
+
+def _run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", JOB], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TEARDOWN_OUT": str(tmp_path), **env})  # fmt: skip
+
+
+def test_a_finished_job_exits_zero_after_its_threads_and_atexit_handlers(tmp_path):
+    r = _run(tmp_path)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.strip() == "job done"
+    assert (tmp_path / "thread").read_text() == "finished"  # a non-daemon thread was waited for
+    assert (tmp_path / "atexit").read_text() == "ran"
+
+
+def test_a_failing_job_keeps_its_exit_status(tmp_path):
+    r = _run(tmp_path, TEARDOWN_FAIL="1")
+    assert r.returncode != 0
+    assert r.stdout.strip() == "job done"
