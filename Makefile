@@ -134,10 +134,11 @@ report: setup
 
 # `make pairs out=<folder> base=<line>`: every line of the folder (a method with its options, the summary's
 # method column) against the base line on the samples both ran, per task and over all, paired, with 95 %
-# intervals: <folder>/pairs.md and pairs.csv. base= takes a label or a part of exactly one.
-$(call takes,pairs,out base measures)
+# intervals: <folder>/pairs.md and pairs.csv. base= takes a label or a part of exactly one; samples=15-44
+# (or 15-) pairs only those sample ids (a held-out check); name= writes <name>.md / .csv instead.
+$(call takes,pairs,out base measures samples name)
 pairs: setup
-	$(PY) -m harness.studies.pairs $(or $(out),results/default) --base "$(or $(base),full)" $(if $(measures),--measures $(subst $(comma),$(space),$(measures)))
+	$(PY) -m harness.studies.pairs $(or $(out),results/default) --base "$(or $(base),full)" $(if $(measures),--measures $(subst $(comma),$(space),$(measures))) $(if $(samples),--samples $(samples)) $(if $(name),--name $(name))
 
 # Debian's Chromium for the report's browser test (playwright drives it; installed by make setup).
 setup-browser:

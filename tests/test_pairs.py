@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from harness.analysis.folder import analyze_rows
-from harness.studies.pairs import main, markdown, pairs, pick
+from harness.studies.pairs import main, markdown, pairs, pick, sample_range
 
 
 def _rows(method: str, opts: dict, scores: dict[str, list[float]], whole: float | None = None, length: int = 2048):
@@ -74,3 +74,27 @@ def test_the_command_refuses_a_measure_and_a_folder_without_runs(tmp_path, capsy
     err = capsys.readouterr().err
     assert f"folder: no run's rows under {tmp_path}; allowed: a results folder holding a run's rows" in err
     assert "--no-run" not in err  # a flag pairs does not have
+
+
+def test_a_sample_range_pairs_only_those_samples_worked_by_hand(rows):
+    df = pairs(rows, "chunk_size=32", ("score",), samples=(2, None))
+    t = df[df["line"] == "sp (chunk_size=None)"].set_index("task")
+    # samples 2 and 3 only: vt +50, 0 -> +25.0 (1 won); qa 0, +100 -> +50.0
+    assert t.loc["vt", "difference"] == pytest.approx(25.0) and t.loc["vt", "n"] == 2
+    assert t.loc["qa", "difference"] == pytest.approx(50.0) and t.loc["ALL", "n"] == 4
+    one = pairs(rows, "chunk_size=32", ("score",), samples=(1, 1)).set_index(["line", "task"])
+    assert one.loc[("sp (chunk_size=None)", "vt"), "difference"] == pytest.approx(0.0)  # 0 vs 0
+    assert one.loc[("sp (chunk_size=None)", "vt"), "n"] == 1
+    assert "### model m, benchmark ruler, length 2048, samples 2- only:" in markdown(df, "2-")
+    assert sample_range("15-44") == (15, 44) and sample_range("15-") == (15, None)
+    for bad in ("15", "44-15", "a-b", "-3"):
+        with pytest.raises(ValueError, match=f"--samples '{bad}': allowed: FIRST-LAST or FIRST-"):
+            sample_range(bad)
+
+
+def test_the_command_refuses_a_bad_sample_range(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--base", "full", "--samples", "9-3"])
+    assert "--samples '9-3': allowed: FIRST-LAST or FIRST- (sample ids, FIRST <= LAST), e.g. 15-44" in (
+        capsys.readouterr().err
+    )

@@ -10,11 +10,13 @@ lengths are never paired (their sample ids name different prompts): each setup i
 table.
 
     python -m harness.studies.pairs results/reference/selection_grain_qwen_cpu --base "chunk_size=32, lookahead=1"
-    make pairs out=results/x base=full
+    make pairs out=results/x base=full samples=15-44
 
 writes ``pairs.md`` and ``pairs.csv`` into the folder (``--name`` for another file name). A
 base given as part of a label is taken where exactly one label holds it; otherwise the error
-lists the labels.
+lists the labels. ``--samples 15-44`` (or ``15-``: from 15 on) pairs only the samples with
+those ids, both ends included: a check on samples a choice was not made on (held out), named
+in each table's heading.
 """
 
 from __future__ import annotations
@@ -49,11 +51,31 @@ def pick(wanted: str, labels: list[str]) -> str:
     raise ValueError(f"--base {wanted!r}: {what}; allowed: one of its lines, or part of exactly one: {labels}")
 
 
-def pairs(rows: pd.DataFrame, base: str, measures: tuple[str, ...] = MEASURES) -> pd.DataFrame:
+def sample_range(text: str) -> tuple[int, int | None]:
+    """``"15-44"`` -> (15, 44), ``"15-"`` -> (15, None): sample ids, both ends included; else a
+    ValueError naming the value and the forms allowed."""
+    first, sep, last = text.partition("-")
+    try:
+        lo, hi = int(first), (int(last) if last else None)
+    except ValueError:
+        lo, hi = -1, None
+    if not sep or lo < 0 or (hi is not None and hi < lo):
+        raise ValueError(f"--samples {text!r}: allowed: FIRST-LAST or FIRST- (sample ids, FIRST <= LAST), e.g. 15-44")
+    return lo, hi
+
+
+def pairs(
+    rows: pd.DataFrame, base: str, measures: tuple[str, ...] = MEASURES, samples: tuple[int, int | None] | None = None
+) -> pd.DataFrame:
     """Every line of ``rows`` (ok eval rows, normalized: a ``label`` column) against ``base``
     (a label, or part of one: :func:`pick`), per setup, over all tasks and per task, for each
-    of ``measures`` the rows have; :data:`COLUMNS`."""
+    of ``measures`` the rows have, on the samples whose ids lie in ``samples`` (both ends
+    included; None: all); :data:`COLUMNS`."""
     base = pick(base, sorted(rows["label"].unique()))
+    if samples is not None:
+        lo, hi = samples
+        ids = rows["sample_id"]
+        rows = rows[(ids >= lo) & (ids <= hi if hi is not None else True)]
     out = []
     for setup, g in rows.groupby(SETUP, sort=True):
         b = g[g["label"] == base]
@@ -74,9 +96,10 @@ def pairs(rows: pd.DataFrame, base: str, measures: tuple[str, ...] = MEASURES) -
     return pd.DataFrame(out).reindex(columns=COLUMNS)
 
 
-def markdown(df: pd.DataFrame) -> str:
+def markdown(df: pd.DataFrame, samples: str | None = None) -> str:
     """One table per setup: each line and task, each measure's line mean and its paired
-    difference from the base, and the score's wins and losses."""
+    difference from the base, and the score's wins and losses; ``samples`` (the ``--samples``
+    text) named in each heading."""
     if df.empty:
         return "No line shares samples with the base.\n"
     parts = []
@@ -100,6 +123,7 @@ def markdown(df: pd.DataFrame) -> str:
             cells.append(row)
         base = g["base"].iloc[0]
         title = ", ".join(f"{k} {v}" for k, v in zip(SETUP, setup, strict=True))
+        title += f", samples {samples} only" if samples else ""
         parts.append(f"### {title}: each line against `{base}`\n\n" + md_table(pd.DataFrame(cells, columns=head)))
     note = ("Differences: the line minus the base on the samples both ran (`n`), 95 % paired bootstrap interval, "
             "`(within noise)` where it holds 0; the score in points (0-100), the shares (needle kept, needle whole, "
@@ -113,18 +137,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--base", required=True, help="the line every other is set against: a label, or part of one")
     ap.add_argument("--measures", nargs="+", default=list(MEASURES), help=f"of {list(MEASURES)}")
     ap.add_argument("--name", default="pairs", help="the files written: <folder>/<name>.md and .csv")
+    ap.add_argument("--samples", help="only the samples with these ids: FIRST-LAST or FIRST- (e.g. 15-44)")
     a = ap.parse_args(argv)
     require_values(ap, "--measures", a.measures, lambda m: m in MEASURES, str(list(MEASURES)))
+    try:
+        samples = sample_range(a.samples) if a.samples else None
+    except ValueError as e:
+        ap.error(str(e))
     require_runs(ap, a.folder, flag="folder", allowed="a results folder holding a run's rows (make eval's out=)")
     rows = analyze(a.folder).ok("eval")
     if rows.empty:
         ap.error(f"{a.folder}: no eval rows that ran")
     try:
-        df = pairs(rows, a.base, tuple(a.measures))
+        df = pairs(rows, a.base, tuple(a.measures), samples)
     except ValueError as e:
         ap.error(str(e))
     df.to_csv(a.folder / f"{a.name}.csv", index=False)
-    text = markdown(df)
+    text = markdown(df, a.samples)
     (a.folder / f"{a.name}.md").write_text(text)
     print(text)
 
