@@ -87,13 +87,16 @@ def test_a_committed_study_table_is_what_its_rows_render(study, folder, table, t
 
 
 @pytest.mark.parametrize(
-    ("folder", "base", "name"),
+    ("folder", "base", "name", "more"),
     [
-        ("selection_grain_qwen_cpu", "chunk_size=32, lookahead=1", "pairs"),
-        ("selection_grain_qwen_cpu", "neighbor_tokens=64", "pairs_specpc"),
+        ("selection_grain_qwen_cpu", "chunk_size=32, keep_tokens=256, lookahead=1", "pairs", []),
+        ("selection_grain_qwen_cpu", "chunk_size=32, keep_tokens=512, lookahead=1", "pairs_512", []),
+        ("selection_grain_qwen_cpu", "neighbor_tokens=64", "pairs_specpc", []),
+        ("selection_grain_qwen_cpu", "chunk_size=32, keep_tokens=256, lookahead=1", "pairs_fresh",
+         ["--samples", "15-", "--measures", "score"]),
     ],
-)
-def test_a_committed_pairs_table_is_what_its_rows_render(folder, base, name, tmp_path):
+)  # fmt: skip
+def test_a_committed_pairs_table_is_what_its_rows_render(folder, base, name, more, tmp_path):
     """``make pairs``'s committed tables, the folder README's source, re-rendered from the committed rows."""
     import shutil
 
@@ -102,5 +105,5 @@ def test_a_committed_pairs_table_is_what_its_rows_render(folder, base, name, tmp
     src = Path(__file__).resolve().parents[1] / "results" / "reference" / folder
     out = tmp_path / folder
     shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.md", "*.csv", "*.png"))
-    main([str(out), "--base", base, "--name", name])
+    main([str(out), "--base", base, "--name", name, *more])
     assert (out / f"{name}.md").read_text() == (src / f"{name}.md").read_text()
