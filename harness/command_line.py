@@ -379,9 +379,10 @@ class _OneLineErrors(io.TextIOBase):
 
 
 def exit_without_teardown(status: int = 0) -> NoReturn:
-    """End a process whose work is done and written: wait for its threads, run its ``atexit``
-    handlers (logging's flush, multiprocessing's children, the finalizers of temporary
-    directories), flush stdout and stderr, and leave without the interpreter's teardown.
+    """End a process whose work is done and written: stop and wait for its threads as Python's
+    own exit does (an executor left running included), run its ``atexit`` handlers (logging's
+    flush, multiprocessing's children, the finalizers of temporary directories), flush stdout
+    and stderr, and leave without the interpreter's teardown.
 
     That teardown frees whatever is still alive (the model's tensors, Arrow's pools, lm-eval's
     tasks and datasets) in an order nobody chose, and a C++ destructor that fails there aborts
@@ -392,9 +393,9 @@ def exit_without_teardown(status: int = 0) -> NoReturn:
     destructor is ``noexcept`` around a decref that can throw (pytorch/pytorch#176747).
     Skipping the teardown loses nothing: the rows, summaries and report are on disk and the
     ``atexit`` handlers have run."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # What the interpreter does first on exit: threading's own exit hooks (an executor never shut
+    # down is told to stop), then every non-daemon thread joined.
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -3,7 +3,8 @@
 CI once saw ``make lm-eval`` write everything and then abort in teardown ("terminate called
 without an active exception", a C++ destructor failing while Python frees what was left).
 Here an object whose destructor aborts the process stands for that destructor: the job's
-entry point must still exit 0, after its threads finished and its ``atexit`` handlers ran."""
+entry point must still exit 0, after its threads finished (an executor left running is
+stopped, as Python's own exit does) and its ``atexit`` handlers ran."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 JOB = textwrap.dedent(
     """
     import atexit, os, sys, threading, time
+    from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
     from harness import command_line
 
@@ -36,6 +38,9 @@ JOB = textwrap.dedent(
         held = AbortsWhenFreed()  # alive until teardown, as the model and Arrow's pools are
         atexit.register(lambda: (OUT / "atexit").write_text("ran"))
         threading.Thread(target=late_write).start()
+        global executor
+        executor = ThreadPoolExecutor(max_workers=1)  # never shut down: its idle worker must not hang the exit
+        executor.submit(time.sleep, 0)
         print("job done", flush=True)
         if os.environ.get("TEARDOWN_FAIL"):
             sys.exit(3)
