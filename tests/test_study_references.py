@@ -94,6 +94,8 @@ def test_a_committed_study_table_is_what_its_rows_render(study, folder, table, t
         ("selection_grain_qwen_cpu", "neighbor_tokens=64", "pairs_specpc", []),
         ("selection_grain_qwen_cpu", "chunk_size=32, keep_tokens=256, lookahead=1", "pairs_fresh",
          ["--samples", "15-", "--measures", "score"]),
+        ("selection_grain_qwen_cpu", "chunk_size=None, keep_tokens=256", "pairs_token",
+         ["--measures", "score", "needle_kept", "needle_whole"]),
     ],
 )  # fmt: skip
 def test_a_committed_pairs_table_is_what_its_rows_render(folder, base, name, more, tmp_path):
