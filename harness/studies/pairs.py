@@ -9,7 +9,7 @@ samples paired, and how many the line won and lost. Rows of different models, be
 lengths are never paired (their sample ids name different prompts): each setup is its own
 table.
 
-    python -m harness.studies.pairs results/reference/selection_grain_qwen_cpu --base "chunk_size=32, lookahead=1"
+    python -m harness.studies.pairs results/reference/selection_grain_qwen_cpu --base "chunk_size=32, keep_tokens=256, lookahead=1"
     make pairs out=results/x base=full samples=15-44
 
 writes ``pairs.md`` and ``pairs.csv`` into the folder (``--name`` for another file name). A
@@ -74,8 +74,7 @@ def pairs(
     base = pick(base, sorted(rows["label"].unique()))
     if samples is not None:
         lo, hi = samples
-        ids = rows["sample_id"]
-        rows = rows[(ids >= lo) & (ids <= hi if hi is not None else True)]
+        rows = rows[rows["sample_id"].between(lo, float("inf") if hi is None else hi)]
     out = []
     for setup, g in rows.groupby(SETUP, sort=True):
         b = g[g["label"] == base]
