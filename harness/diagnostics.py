@@ -1,7 +1,8 @@
 """Diagnostics of what a method kept: the fraction of a sample's evidence tokens (a RULER
 needle, a variable-tracking chain, a QA gold document) that survived into the prefill, and
 the share of its evidence pieces (each needle, each statement of the chain, each gold
-document) that survived whole."""
+document) that survived whole, and the share of the prompt after the context (the question,
+the chat template's closing, the answer prefix) that survived."""
 
 from __future__ import annotations
 
@@ -38,6 +39,30 @@ def pieces_whole(
     if not pieces:
         return None
     return sum(bool(torch.isin(t, kept).all()) for t in pieces) / len(pieces)
+
+
+def question_span(prompt: str, instruction: str, context: str, question: str) -> tuple[int, int] | None:
+    """The characters of ``prompt`` after its context, up to its end: the question, the chat
+    template's closing and the answer prefix (``head + instruction + context + question + tail +
+    answer_prefix``, :class:`specprefill.plan.Prompt`). None without a context or a question, or
+    when the parts are not found in order."""
+    if not context or not question:
+        return None
+    start = prompt.find(instruction + context + question)
+    if start < 0:
+        return None
+    return (start + len(instruction) + len(context), len(prompt))
+
+
+def question_kept(
+    kept: torch.Tensor | None, offsets: list[tuple[int, int]], span: tuple[int, int] | None
+) -> float | None:
+    """Share of the tokens after the context (:func:`question_span`) the method kept. The
+    reference SpecPrefill force-keeps nothing, not even the question; a method that drops part
+    of it changes what is asked. None where :func:`needle_kept` is, or without a span."""
+    if span is None:
+        return None
+    return needle_kept(kept, needle_tokens(offsets, (span,)))
 
 
 def kept_hash(kept: torch.Tensor | None) -> str | None:

@@ -201,6 +201,10 @@ class EvalRecord(RunRecord):
     #: (:func:`harness.diagnostics.pieces_whole`); None where ``needle_kept`` is, and in rows
     #: before 2026-12-06.
     needle_whole: float | None = None
+    #: The share of the prompt's tokens after its context (the question, the chat template's
+    #: closing, the answer prefix: :func:`harness.diagnostics.question_kept`) the method kept; None
+    #: where ``needle_kept`` is, in a conversation's turns, without a question, and in older rows.
+    question_kept: float | None = None
     #: Which prompt tokens the base prefilled (:func:`harness.diagnostics.kept_hash`: SHA-256, 16
     #: hex, of the kept indices; a conversation turn's: those the base holds); None where no token
     #: maps back to the prompt (a rewritten text, a KV press) and in rows before 2026-12-05.

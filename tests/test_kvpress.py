@@ -165,7 +165,7 @@ def test_make_eval_with_a_press_writes_kv_and_decode_columns(tmp_path, monkeypat
     assert row["kv_bytes"] > 0 and row["decode_s"] > 0 and row["output_tokens"] > 0
     # every token prefilled, each head keeping its own entries: no token-level diagnostic (a press's plan
     # names the whole prompt, which would read as the needle kept whole)
-    assert row[["needle_kept", "distractor_kept", "needle_whole", "kept_hash"]].isna().all()
+    assert row[["needle_kept", "distractor_kept", "needle_whole", "question_kept", "kept_hash"]].isna().all()
     whole = one("method.compress_tail=true")
     assert whole["kv_tokens"] == int(whole["prompt_tokens"] * 0.1)
 

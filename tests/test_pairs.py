@@ -12,7 +12,14 @@ from harness.analysis.folder import analyze_rows
 from harness.studies.pairs import main, markdown, pairs, pick, sample_range
 
 
-def _rows(method: str, opts: dict, scores: dict[str, list[float]], whole: float | None = None, length: int = 2048):
+def _rows(
+    method: str,
+    opts: dict,
+    scores: dict[str, list[float]],
+    whole: float | None = None,
+    length: int = 2048,
+    question: float | None = None,
+):
     out = []
     for task, values in scores.items():
         for i, v in enumerate(values):
@@ -20,15 +27,17 @@ def _rows(method: str, opts: dict, scores: dict[str, list[float]], whole: float 
                         "task": task, "sample_id": i, "method": method, "keep_rate": None if method == "full" else 0.1,
                         "method_options": json.dumps(opts), "benchmark_options": "{}", "reference_method": "full",
                         "config_hash": method + json.dumps(opts), "score": v, "needle_kept": 0.5,
-                        "needle_whole": whole, "kept_fraction": 0.1, "ttft_s": 1.0, "run_id": "r", "hardware": "x",
+                        "needle_whole": whole, "question_kept": question, "kept_fraction": 0.1, "ttft_s": 1.0, "run_id": "r", "hardware": "x",
                         "dtype": "bfloat16", "backend": "transformers"})  # fmt: skip
     return out
 
 
 @pytest.fixture
 def rows() -> pd.DataFrame:
-    base = _rows("sp", {"chunk_size": 32}, {"vt": [0, 0, 50, 100], "qa": [100, 0, 0, 0]}, whole=0.2)
-    token = _rows("sp", {"chunk_size": None}, {"vt": [100, 0, 100, 100], "qa": [100, 0, 0, 100]}, whole=0.6)
+    base = _rows("sp", {"chunk_size": 32}, {"vt": [0, 0, 50, 100], "qa": [100, 0, 0, 0]}, whole=0.2, question=0.9)
+    token = _rows(
+        "sp", {"chunk_size": None}, {"vt": [100, 0, 100, 100], "qa": [100, 0, 0, 100]}, whole=0.6, question=1.0
+    )
     other = _rows("pc", {}, {"vt": [0, 0, 0, 0]})  # no needle_whole: old rows
     longer = _rows("pc", {}, {"vt": [100, 100, 100, 100]}, length=4096)  # another setup: never paired
     return analyze_rows(None, pd.DataFrame(base + token + other + longer)).ok("eval")
@@ -45,12 +54,15 @@ def test_each_line_against_the_base_worked_by_hand(rows):
     assert t.loc["vt", "lo"] <= 37.5 <= t.loc["vt", "hi"] and t.loc["vt", "base_mean"] == pytest.approx(37.5)
     w = df[(df["line"] == "sp (chunk_size=None)") & (df["measure"] == "needle_whole")].set_index("task")
     assert w.loc["ALL", "difference"] == pytest.approx(0.4)
+    q = df[(df["line"] == "sp (chunk_size=None)") & (df["measure"] == "question_kept")].set_index("task")
+    assert q.loc["ALL", "difference"] == pytest.approx(0.1) and q.loc["ALL", "line_mean"] == pytest.approx(1.0)
     pc = df[df["line"] == "pc"]
-    assert set(pc["measure"]) == {"score", "needle_kept", "kept_fraction"}  # no needle_whole to pair
+    assert set(pc["measure"]) == {"score", "needle_kept", "kept_fraction"}  # no needle_whole, question_kept
     assert pc[(pc["measure"] == "score") & (pc["task"] == "vt")]["difference"].item() == pytest.approx(-37.5)
     md = markdown(df)
     assert "| sp (chunk_size=None) | vt | 4 | 75.0 | +37.5 [" in md and "; 2 won, 0 lost |" in md
     assert "| 0.60 | +40.0 [+40.0, +40.0] |" in md  # a share's difference in percentage points
+    assert "| 1.00 | +10.0 [+10.0, +10.0] |" in md  # the question kept, likewise
     assert "4096" not in md
 
 
@@ -66,8 +78,9 @@ def test_the_base_is_one_label_or_part_of_exactly_one():
 def test_the_command_refuses_a_measure_and_a_folder_without_runs(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--base", "full", "--measures", "speedup"])
-    assert "--measures speedup: allowed: ['score', 'needle_kept', 'needle_whole', 'kept_fraction']" in (
-        capsys.readouterr().err
+    assert (
+        "--measures speedup: allowed: ['score', 'needle_kept', 'needle_whole', 'question_kept', 'kept_fraction']"
+        in (capsys.readouterr().err)
     )
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--base", "full"])

@@ -43,20 +43,21 @@ def test_ratio_to_full_and_variants_are_not_merged():
     assert s.loc[("ALL", "full"), "n"] == 2
 
 
-def test_pieces_whole_is_a_macro_mean_over_the_tasks_with_evidence():
-    """``needle_whole`` as ``needle_kept`` is taken: per task the mean over its samples, then
-    the mean over the tasks that have evidence (a task without any has no value and is left
-    out); older rows without the column give no value, not 0."""
+@pytest.mark.parametrize("measure", ["needle_whole", "question_kept"])
+def test_kept_shares_are_macro_means_over_the_tasks_that_have_them(measure):
+    """``needle_whole`` and ``question_kept`` as ``needle_kept`` is taken: per task the mean over
+    its samples, then the mean over the tasks that have a value (a task without evidence or a
+    question has none and is left out); older rows without the column give no value, not 0."""
     spec = _rows("specprefill", 0.3, "a", 60.0, 1.0, ["t1", "t1", "t2", "t3"], mopts={"keep_rate": 0.3})
-    for r, whole in zip(spec, [1.0, 0.5, 0.2, None], strict=True):
-        r["needle_whole"] = whole
+    for r, share in zip(spec, [1.0, 0.5, 0.2, None], strict=True):
+        r[measure] = share
     s = summarize(pd.DataFrame(_rows("full", None, "f", 80.0, 4.0, ["t1", "t1", "t2", "t3"]) + spec))
     s = s.set_index(["task", "method"])
-    assert s.loc[("t1", "specprefill"), "needle_whole"] == pytest.approx(0.75)
-    assert s.loc[("ALL", "specprefill"), "needle_whole"] == pytest.approx((0.75 + 0.2) / 2)  # t3 left out
-    lo, hi = s.loc[("t1", "specprefill"), ["needle_whole_lo", "needle_whole_hi"]]
+    assert s.loc[("t1", "specprefill"), measure] == pytest.approx(0.75)
+    assert s.loc[("ALL", "specprefill"), measure] == pytest.approx((0.75 + 0.2) / 2)  # t3 left out
+    lo, hi = s.loc[("t1", "specprefill"), [f"{measure}_lo", f"{measure}_hi"]]
     assert 0.5 <= lo <= 0.75 <= hi <= 1.0
-    assert pd.isna(s.loc[("ALL", "full"), "needle_whole"])  # rows without the column
+    assert pd.isna(s.loc[("ALL", "full"), measure])  # rows without the column
 
 
 def test_speculators_are_variants_compared_with_the_one_full_prefill_run():

@@ -114,6 +114,7 @@ def test_end_to_end_rows_resume_and_failures(tiny_run, monkeypatch):
     assert (df["needle_whole"].between(0.0, 1.0) & (df["needle_whole"] <= df["needle_kept"] + 1e-9)).all()
     assert ((df["needle_whole"] == 1.0) == (df["needle_kept"] == 1.0)).all()
     assert df["needle_depth"].between(0.0, 1.0).all()  # where the evidence sits in the context, every task
+    assert df["question_kept"].between(0.0, 1.0).all()  # every task has a question after its context
     assert set(df["weights_hash"]) == {"random-seed0"} and df["sample_hash"].str.fullmatch("[0-9a-f]{16}").all()
     assert df["sample_hash"].nunique() == 4  # four samples, four prompts
     assert "torch" in json.loads(row["versions"])
@@ -167,6 +168,29 @@ def test_pieces_whole_counts_the_spans_kept_to_their_last_token():
     assert pieces_whole(None, offsets, spans) is None  # nothing maps back to the prompt
     assert pieces_whole(torch.tensor([1]), offsets, ()) is None  # no evidence to track
     assert pieces_whole(torch.tensor([1]), [(0, 0)] * 3, ((0, 2),)) is None  # a span over no token
+
+
+def test_question_kept_counts_the_tokens_after_the_context():
+    """A prompt ``<s>I: ctx ctx|Q? A:`` (head, instruction, context, question, tail, answer
+    prefix), one character a token: the question span starts after the context and runs to the
+    prompt's end, tail and answer prefix included."""
+    import torch
+
+    from harness.diagnostics import question_kept, question_span
+
+    prompt = "<s>I: abcdefQ?|A:"
+    span = question_span(prompt, "I: ", "abcdef", "Q?")
+    assert span == (12, 17) and prompt[span[0] : span[1]] == "Q?|A:"
+    offsets = [(i, i + 1) for i in range(len(prompt))]
+    assert question_kept(torch.tensor([12, 13, 16]), offsets, span) == pytest.approx(3 / 5)
+    assert question_kept(torch.arange(12), offsets, span) == 0.0  # the context kept, nothing after it
+    assert question_kept(torch.arange(17), offsets, span) == 1.0
+    assert question_kept(None, offsets, span) is None  # a rewritten text
+    assert question_span(prompt, "I: ", "", "Q?") is None  # no context: nothing to place it after
+    assert question_span(prompt, "I: ", "abcdef", "") is None  # no question
+    assert question_span(prompt, "I: ", "abcdeX", "Q?") is None  # the parts are not in the prompt
+    # the context's text repeated in the question does not move the span (found as one body)
+    assert question_span("xx abc abc?", "xx ", "abc", " abc?") == (6, 11)
 
 
 def test_hub_loading_code_runs_on_a_local_folder(tmp_path, smollm2_tokenizer):

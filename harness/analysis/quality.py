@@ -28,6 +28,9 @@ needle_whole   macro mean, as ``needle_kept``, of the share of the evidence's pi
                (each needle, each statement of a variable-tracking chain, each gold document,
                every token of it): what ``needle_kept`` cannot tell, a chain kept in pieces
                from one kept statement by statement
+question_kept  macro mean, as ``needle_kept``, of the share of the prompt after the context (the
+               question, the chat template's closing, the answer prefix) kept: the reference
+               SpecPrefill force-keeps none of it
 retention      ratio of macro means, paired: the point's score over the reference's on the
                samples both ran (:func:`paired_ratio`)
 ttft_ratio     ratio of macro means, paired: the point's TTFT over the reference's on the
@@ -308,7 +311,7 @@ COLUMNS = [
     "kv_fraction", "kv_mib", "decode_s_per_token", "e2e_s", "e2e_speedup", "e2e_speedup_lo", "e2e_speedup_hi",
     "prefilled_tokens", "revived_tokens", "speed_anomaly", "speedup_timing",
     "distractor_kept", "speculator_kv_mib", "kv_memory_ratio", "kv_memory_ratio_lo", "kv_memory_ratio_hi",
-    "needle_whole", "needle_whole_lo", "needle_whole_hi",
+    "needle_whole", "needle_whole_lo", "needle_whole_hi", "question_kept", "question_kept_lo", "question_kept_hi",
 ]  # fmt: skip
 
 
@@ -401,6 +404,7 @@ def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> d
     put("needle_kept", macro_mean(p, "needle_kept", parts, complete=False))
     out["distractor_kept"] = macro_mean(p, "distractor_kept", parts, complete=False).value
     put("needle_whole", macro_mean(p, "needle_whole", parts, complete=False))
+    put("question_kept", macro_mean(p, "question_kept", parts, complete=False))
     put("ttft_s", macro_mean(p, "ttft_s", parts), interval=False)
     put("speculator_s", macro_mean(p, "speculator_s", parts), interval=False)
     put("ideal_speedup", paired_ratio(p, "flops_full", p, "flops_method", parts), interval=False)

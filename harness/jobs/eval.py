@@ -43,7 +43,15 @@ from harness.config import (
     model_from,
     model_identity,
 )
-from harness.diagnostics import kept_hash, needle_depth, needle_kept, needle_tokens, pieces_whole
+from harness.diagnostics import (
+    kept_hash,
+    needle_depth,
+    needle_kept,
+    needle_tokens,
+    pieces_whole,
+    question_kept,
+    question_span,
+)
 from harness.dryrun import requirements_text
 from harness.failures import measured
 from harness.jobs import lifecycle as jobs
@@ -314,6 +322,9 @@ def run_sample(job: EvalJob, backend: Backend, tokenizer: Any, sample: Sample) -
         "needle_kept": needle_kept(kept, needle_tokens(offsets, sample.spans)),
         "distractor_kept": needle_kept(kept, needle_tokens(offsets, sample.distractor_spans)),
         "needle_whole": pieces_whole(kept, offsets, sample.spans),
+        "question_kept": question_kept(
+            kept, offsets, question_span(sample.prompt, sample.instruction, sample.context, sample.question)
+        ),
         "needle_depth": needle_depth(sample.prompt, sample.context, sample.spans),
         "kept_hash": kept_hash(kept),
         "sample_hash": sample_hash(sample),

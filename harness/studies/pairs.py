@@ -31,8 +31,9 @@ from harness.rendering.tables import difference, md_table, natural_key
 from harness.studies import ALL, paired_scores, require_runs, require_values
 
 #: What each pair compares, where the rows have it: the score (0-100), the share of the
-#: evidence's tokens kept, the share of its pieces kept whole, the share of the prompt kept.
-MEASURES = ("score", "needle_kept", "needle_whole", "kept_fraction")
+#: evidence's tokens kept, the share of its pieces kept whole, the share of the prompt after its
+#: context (the question) kept, the share of the prompt kept.
+MEASURES = ("score", "needle_kept", "needle_whole", "question_kept", "kept_fraction")
 #: Rows of one setup share their samples' prompts: only they are paired.
 SETUP = ["model", "benchmark", "length"]
 COLUMNS = [*SETUP, "line", "base", "task", "measure", "n", "line_mean", "base_mean", "difference", "lo", "hi",
@@ -126,7 +127,7 @@ def markdown(df: pd.DataFrame, samples: str | None = None) -> str:
         parts.append(f"### {title}: each line against `{base}`\n\n" + md_table(pd.DataFrame(cells, columns=head)))
     note = ("Differences: the line minus the base on the samples both ran (`n`), 95 % paired bootstrap interval, "
             "`(within noise)` where it holds 0; the score in points (0-100), the shares (needle kept, needle whole, "
-            "kept fraction) in percentage points. `ALL`: the mean over the tasks both ran, each weighted equally.")  # fmt: skip
+            "question kept, kept fraction) in percentage points. `ALL`: the mean over the tasks both ran, each weighted equally.")  # fmt: skip
     return "\n".join(parts) + "\n" + note + "\n"
 
 
