@@ -22,6 +22,7 @@ in each table's heading.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -136,10 +137,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("folder", type=Path, help="a results folder (make eval's out=)")
     ap.add_argument("--base", required=True, help="the line every other is set against: a label, or part of one")
     ap.add_argument("--measures", nargs="+", default=list(MEASURES), help=f"of {list(MEASURES)}")
-    ap.add_argument("--name", default="pairs", help="the files written: <folder>/<name>.md and .csv")
+    ap.add_argument("--name", default="pairs", help="the files written: <folder>/<name>.md and .csv (a file name)")
     ap.add_argument("--samples", help="only the samples with these ids: FIRST-LAST or FIRST- (e.g. 15-44)")
     a = ap.parse_args(argv)
     require_values(ap, "--measures", a.measures, lambda m: m in MEASURES, str(list(MEASURES)))
+    named = re.fullmatch(r"[\w.-]+", a.name) and a.name not in (".", "..")
+    require_values(ap, "--name", [a.name], lambda _: named, "a file name: letters, digits, _ . - (no folder)")
     try:
         samples = sample_range(a.samples) if a.samples else None
     except ValueError as e:
