@@ -41,6 +41,8 @@ from typing import Any
 
 import pandas as pd
 
+from harness.parquet import read_parquet
+
 try:
     from hydra.errors import CompactHydraException
 except ImportError:  # the GPU machine's bare check (harness.studies.gpu_check) has no Hydra; it needs only rows
@@ -551,7 +553,7 @@ def _read_file(path: Path, quarantine: bool, strict: bool = False) -> pd.DataFra
     import pyarrow as pa
 
     try:
-        return _upgrade(pd.read_parquet(path))
+        return _upgrade(read_parquet(path))
     except FileNotFoundError:
         raise
     except (pa.ArrowException, OSError, ValueError, KeyError) as e:  # pyarrow's errors on a damaged file vary

@@ -9,7 +9,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -19,6 +18,7 @@ from baselines.kv_presses import question_end
 from harness.benchmarks import ruler
 from harness.config import ConfigError, check_in_model, method_spec
 from harness.jobs.eval import EvalConfig, execute, prepare
+from harness.parquet import read_parquet
 from harness.prompts import sample_prompt
 from harness.registry import build_method
 from specprefill.plan import Prompt
@@ -88,7 +88,7 @@ def test_rows_show_both_parts(tmp_path, monkeypatch):
         cfg = compose(config_name="config", overrides=[
             "model=tiny-random", "method=compose", "method.first=truncate", "method.then=snapkv", "keep=0.5",
             "benchmark=ruler", "tasks=[niah_single_1]", "length=1024", "limit=2", "max_new=2", f"out={tmp_path}"])  # fmt: skip
-    rows = pd.read_parquet(execute(prepare(EvalConfig.from_hydra(cfg))) / "rows.parquet")
+    rows = read_parquet(execute(prepare(EvalConfig.from_hydra(cfg))) / "rows.parquet")
     assert set(rows["status"]) == {"ok"} and (rows["method"] == "compose").all()
     opts = rows["method_options"].map(json.loads)
     assert all(o["first"] == "truncate" and o["then"] == "snapkv" and o["then_keep_rate"] == 0.5 for o in opts)

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from harness.jobs.eval import EvalConfig, execute, prepare
+from harness.parquet import read_parquet
 from tests.test_run import _cfg
 
 
@@ -18,8 +19,8 @@ def test_smollm2_ruler_full_and_specprefill(tmp_path, monkeypatch):
     common = ["model=smollm2-135m", "length=1024", "tasks=[niah_single_1]", "limit=1", f"out={out}"]
     full = execute(prepare(EvalConfig.from_hydra(_cfg("method=full", *common))))
     spec = execute(prepare(EvalConfig.from_hydra(_cfg("method=specprefill", "keep=0.5", *common))))
-    f = pd.read_parquet(full / "rows.parquet").iloc[0]
-    s = pd.read_parquet(spec / "rows.parquet").iloc[0]
+    f = read_parquet(full / "rows.parquet").iloc[0]
+    s = read_parquet(spec / "rows.parquet").iloc[0]
     assert f["status"] == "ok" and s["status"] == "ok", (f["error"], s["error"])
     # SmolLM2 finds a single needle in a 1K noise haystack with full prefill.
     assert f["score"] == 100.0, f["prediction"]
@@ -66,7 +67,7 @@ def _fixture_rows(benchmark: str, tasks: list[str], out: Path) -> pd.DataFrame:
         execute(prepare(EvalConfig.from_hydra(_cfg(f"method={m}", "keep=0.5", *common))))
         for m in ("full", "specprefill")
     ]
-    rows = pd.concat([pd.read_parquet(f / "rows.parquet") for f in folders])
+    rows = pd.concat([read_parquet(f / "rows.parquet") for f in folders])
     assert len(rows) == 2 * len(tasks) and set(rows["status"]) == {"ok"}, rows["error"].tolist()
     assert set(rows["task"]) == set(tasks) and set(rows["method"]) == {"full", "specprefill"}
     assert rows["score"].between(0, 100).all() and rows["benchmark_version"].str.startswith(f"{benchmark}-").all()

@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from harness.analysis.rows import normalize
 from harness.config import ConfigError
 from harness.jobs.eval import EvalConfig, execute, prepare
+from harness.parquet import read_parquet
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -45,10 +46,10 @@ def test_rows_record_the_requested_and_the_achieved(tmp_path, monkeypatch):
     by_tokens = execute(prepare(EvalConfig.from_hydra(_cfg("method=truncate", "keep_tokens=200", *common))))
     by_rate = execute(prepare(EvalConfig.from_hydra(_cfg("method=truncate", "keep=0.5", *common))))
     assert by_tokens != by_rate  # two budgets, two run folders
-    rows = pd.read_parquet(by_tokens / "rows.parquet")
+    rows = read_parquet(by_tokens / "rows.parquet")
     assert set(rows["status"]) == {"ok"} and (rows["keep_tokens"] == 200).all() and rows["keep_rate"].isna().all()
     assert (rows["kept_tokens"] == 200).all() and (rows["prompt_tokens"] > 200).all()
-    rate = pd.read_parquet(by_rate / "rows.parquet")
+    rate = read_parquet(by_rate / "rows.parquet")
     assert rate["keep_tokens"].isna().all() and (rate["keep_rate"] == 0.5).all()
     labels = normalize(pd.concat([rows, rate]))["label"]
     assert set(labels) == {"truncate (200 tokens)", "truncate"}
@@ -67,7 +68,7 @@ def test_max_capacity_prompt_is_a_budget_in_tokens_as_keep_tokens(tmp_path, monk
     budgeted = [f"method={method}", f"method.max_capacity_prompt={budget}", *common]
     jobs = [prepare(EvalConfig.from_hydra(_cfg(*budgeted, f"keep={k}"))) for k in (0.1, 0.3, 0.5)]
     assert len({j.folder for j in jobs}) == 1 and jobs[0].method.options()["keep_rate"] == 1.0
-    rows = pd.read_parquet(execute(jobs[0]) / "rows.parquet")
+    rows = read_parquet(execute(jobs[0]) / "rows.parquet")
     assert set(rows["status"]) == {"ok"} and (rows["keep_tokens"] == budget).all() and rows["keep_rate"].isna().all()
     # achieved: SpecPC's kept tokens; SpecKV's cache, C entries and the prompt's last token prefilled again
     achieved = rows["kept_tokens"] if method == "specpc" else rows["kv_tokens"] - 1

@@ -19,6 +19,7 @@ from hydra import compose, initialize_config_dir
 from harness.config import ConfigError
 from harness.jobs.lm_eval import prepare
 from harness.lm_eval.offline import packaged_ruler_data
+from harness.parquet import read_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
@@ -44,7 +45,7 @@ def test_make_lm_eval_writes_lm_evals_json_and_our_rows_and_resumes(tmp_path):
     assert set(results) == {"specprefill_local_qa", "specprefill_local_mc"}
     samples = [json.loads(x) for x in (folder / "lm_eval_samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4
-    rows = pd.read_parquet(folder / "rows.parquet")
+    rows = read_parquet(folder / "rows.parquet")
     assert len(rows) == 4 and set(rows["status"]) == {"ok"} and set(rows["benchmark"]) == {"lm-eval"}
     assert sorted(rows["row_key"]) == sorted(f"{t}/{i}" for t in results for i in (0, 1))
     # the two forms agree: each row's score is lm-eval's per-document metric x 100, and the
@@ -70,7 +71,7 @@ def test_make_lm_eval_writes_lm_evals_json_and_our_rows_and_resumes(tmp_path):
     r = _make(tmp_path)  # resumed: every request answered from lm-eval's cache, no new rows
     assert r.returncode == 0, r.stderr[-3000:]
     assert re.search(r"Cached requests: 2, Requests remaining: 0", r.stderr + r.stdout)
-    again = pd.read_parquet(folder / "rows.parquet")
+    again = read_parquet(folder / "rows.parquet")
     assert sorted(again["row_key"]) == sorted(rows["row_key"])
 
 

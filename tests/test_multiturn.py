@@ -11,6 +11,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from harness.analysis.folder import analyze_rows
+from harness.parquet import read_parquet
 from harness.registry import build_method
 from specprefill.backends.transformers import TransformersBackend, position_mask
 from specprefill.conversation import ConversationRun, check_multiturn
@@ -292,7 +293,7 @@ def test_eval_writes_one_row_per_turn_and_resumes(tmp_path, monkeypatch):
     execute(prepare(EvalConfig.from_hydra(_cfg("method=full", *common))))
     job = prepare(EvalConfig.from_hydra(_cfg("method=specprefill_revival", "keep=0.1", *common)))
     folder = execute(job)
-    df = pd.read_parquet(folder / "rows.parquet").sort_values("row_key")
+    df = read_parquet(folder / "rows.parquet").sort_values("row_key")
     assert len(df) == 8 and set(df["status"]) == {"ok"}
     assert df["row_key"].tolist()[:4] == [f"niah_keys/0/turn{k}" for k in range(1, 5)]
     assert set(df["unit"]) == {"niah_keys/0", "niah_keys/1"} and set(df["turn_policy"]) == {"revival"}
@@ -308,8 +309,8 @@ def test_eval_writes_one_row_per_turn_and_resumes(tmp_path, monkeypatch):
         assert conv.sort_values("turn")["speculator_kv_bytes"].is_monotonic_increasing
     for _, conv in df.groupby("unit"):
         assert sorted(conv["turn_needle"]) == [1, 2, 3, 4]  # every needle asked once, its place recorded
-    assert execute(job) == folder and len(pd.read_parquet(folder / "rows.parquet")) == 8  # resumed: nothing added
-    rows = pd.concat([pd.read_parquet(p) for p in tmp_path.rglob("rows.parquet")])
+    assert execute(job) == folder and len(read_parquet(folder / "rows.parquet")) == 8  # resumed: nothing added
+    rows = pd.concat([read_parquet(p) for p in tmp_path.rglob("rows.parquet")])
     s = summarize(rows)
     tasks = set(s[s["method"] == "specprefill_revival"]["task"])
     assert {f"niah_keys/turn{k}" for k in range(1, 5)} <= tasks
@@ -319,7 +320,7 @@ def test_eval_writes_one_row_per_turn_and_resumes(tmp_path, monkeypatch):
     held = ((t4["kv_bytes"] + t4["speculator_kv_bytes"]).mean()) / 2**20
     assert per_turn.set_index("task").loc["niah_keys/turn4", "kv_mib"] == pytest.approx(held)
     assert s.loc[(s["method"] == "full") & (s["task"] == "niah_keys/turn4"), "speculator_kv_mib"].iloc[0] == 0
-    full4 = pd.concat([pd.read_parquet(p) for p in tmp_path.rglob("rows.parquet")])
+    full4 = pd.concat([read_parquet(p) for p in tmp_path.rglob("rows.parquet")])
     full4 = full4[(full4["method"] == "full") & (full4["turn"] == 4)]
     ratio = per_turn.set_index("task").loc["niah_keys/turn4", "kv_memory_ratio"]
     assert ratio == pytest.approx((t4["kv_bytes"] + t4["speculator_kv_bytes"]).sum() / full4["kv_bytes"].sum())
@@ -349,14 +350,14 @@ def test_policies_run_turn_by_turn_in_one_job_side_by_side(tmp_path, monkeypatch
     job = prepare(EvalConfig.from_hydra(_cfg("method=full", f"also=[{','.join(policies)}]", "keep=0.25", *common,
                                             f"out={tmp_path / 'together'}")))  # fmt: skip
     assert "specprefill_revival" in job.describe()
-    df = pd.read_parquet(execute(job) / "rows.parquet")
+    df = read_parquet(execute(job) / "rows.parquet")
     assert len(df) == 2 * 4 * 3 and set(df["status"]) == {"ok"} and set(df["method"]) == {"full", *policies}
     for _, turn in df.groupby(["unit", "turn"]):
         assert sorted(turn["order"]) == [0, 1, 2]
     assert set(df.loc[df["order"] == 0, "method"]) == {"full", *policies}  # each runs first on some turn
     alone = execute(prepare(EvalConfig.from_hydra(_cfg("method=specprefill_revival", "keep=0.25", *common,
                                                       f"out={tmp_path / 'alone'}"))))  # fmt: skip
-    one = pd.read_parquet(alone / "rows.parquet").sort_values(["unit", "turn"])
+    one = read_parquet(alone / "rows.parquet").sort_values(["unit", "turn"])
     rev = df[df["method"] == "specprefill_revival"].sort_values(["unit", "turn"])
     assert rev["prediction"].tolist() == one["prediction"].tolist()  # interleaving changes no policy's work
     assert rev["kept_tokens"].tolist() == one["kept_tokens"].tolist()
@@ -379,7 +380,7 @@ def test_policies_run_turn_by_turn_in_one_job_side_by_side(tmp_path, monkeypatch
     assert "| KV revival | 0.25 |" in study.depth_markdown(depth) and "turns 2+" in study.differences_markdown(
         study.differences(analyze_rows(None, df)))  # fmt: skip
     assert set(s.loc[s["method"] == "full", "speedup_timing"]) == {""}
-    between = summarize(pd.concat([pd.read_parquet(p) for p in (tmp_path / "alone").rglob("rows.parquet")]
+    between = summarize(pd.concat([read_parquet(p) for p in (tmp_path / "alone").rglob("rows.parquet")]
                                   + [df[df["method"] == "full"]]))  # fmt: skip
     assert set(between.loc[between["method"] == "specprefill_revival", "speedup_timing"]) == {"between runs"}
     with pytest.raises(ValueError, match="one eval job runs several methods only on a multi-turn benchmark"):

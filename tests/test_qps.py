@@ -19,6 +19,7 @@ from harness.analysis.serving import (
 )
 from harness.jobs import qps
 from harness.jobs.qps import QPSConfig, next_rate, passes, prepare, request_text, truncate_at_stop
+from harness.parquet import read_parquet
 from harness.serving import processes
 from harness.store import RunStore, record
 from harness.types import Sample
@@ -477,7 +478,7 @@ def test_served_full_and_specprefill_smoke(tmp_path):
             cfg = compose(
                 config_name="config", overrides=[f"method={m}", "keep=0.3", *common[:4], f"out={tmp_path}/ref"]
             )
-            ref = pd.read_parquet(execute(prepare_run(EvalConfig.from_hydra(cfg))) / "rows.parquet")
+            ref = read_parquet(execute(prepare_run(EvalConfig.from_hydra(cfg))) / "rows.parquet")
             served = RunStore(folder).read().sort_values("sample_id")
             assert list(served["kept_tokens"]) == list(ref.sort_values("sample_id")["kept_tokens"])
             assert list(served["prediction"].str.strip()) == list(

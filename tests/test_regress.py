@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from harness.parquet import read_parquet
 from harness.regress.__main__ import main
 from harness.regress.compare import compare
 from harness.regress.suite import MARKER
@@ -287,7 +288,7 @@ def test_accept_promotes_the_candidate_with_its_reason(base, tmp_path, monkeypat
     stored = tmp_path / "baselines" / "cpu-test"
     assert "first baseline" in (stored / "ACCEPTED.md").read_text()
     assert compare(stored / "rows", base)[0] == OK
-    assert "prediction" not in pd.read_parquet(next((stored / "rows").rglob("rows.parquet"))).columns
+    assert "prediction" not in read_parquet(next((stored / "rows").rglob("rows.parquet"))).columns
     assert "replacing no earlier baseline" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="give a reason"):
         regress.accept(cand, tmp_path / "baselines", " ")

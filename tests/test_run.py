@@ -13,6 +13,7 @@ from harness.jobs import eval as run_mod
 from harness.jobs.eval import EvalConfig, execute, prepare
 from harness.models.catalog import ModelConfig
 from harness.models.loading import check_runnable
+from harness.parquet import read_parquet
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -93,9 +94,8 @@ def test_end_to_end_rows_resume_and_failures(tiny_run, monkeypatch):
     out, common = tiny_run
     execute(_job("method=full", *common))
     folder = execute(_job("method=specprefill", "keep=0.3", *common))
-    import pandas as pd
 
-    df = pd.read_parquet(folder / "rows.parquet")
+    df = read_parquet(folder / "rows.parquet")
     assert len(df) == 4 and set(df["status"]) == {"ok"}
     row = df.iloc[0]
     opts = json.loads(row["method_options"])
@@ -127,16 +127,16 @@ def test_end_to_end_rows_resume_and_failures(tiny_run, monkeypatch):
     real = run_mod.run_sample
     monkeypatch.setattr(run_mod, "run_sample", lambda *a, **k: calls.append(1) or real(*a, **k))
     execute(_job("method=specprefill", "keep=0.3", *common))
-    assert calls == [] and len(pd.read_parquet(folder / "rows.parquet")) == 4
+    assert calls == [] and len(read_parquet(folder / "rows.parquet")) == 4
 
     # A sample that raises is a failed row; the run goes on; a later run retries it.
     monkeypatch.setattr(run_mod, "run_sample", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     f2 = execute(_job("method=specprefill", "keep=0.5", *common))
-    df2 = pd.read_parquet(f2 / "rows.parquet")
+    df2 = read_parquet(f2 / "rows.parquet")
     assert len(df2) == 4 and set(df2["status"]) == {"failed"} and "RuntimeError: boom" in df2.iloc[0]["error"]
     monkeypatch.setattr(run_mod, "run_sample", real)
     execute(_job("method=specprefill", "keep=0.5", *common))
-    df3 = pd.read_parquet(f2 / "rows.parquet")
+    df3 = read_parquet(f2 / "rows.parquet")
     assert len(df3) == 4 and set(df3["status"]) == {"ok"}
 
 
@@ -274,21 +274,19 @@ def test_unsupported_methods_are_recorded_and_the_run_goes_on(tiny_run):
             raise Unsupported("needs_gpu_probe needs a CUDA GPU")
 
     _out, common = tiny_run
-    import pandas as pd
 
     job = prepare(
         EvalConfig.from_hydra(_cfg("method=full", "+method.keep_rate=0.3", "method.name=needs_gpu_probe", *common))
     )
-    df = pd.read_parquet(execute(job) / "rows.parquet")
+    df = read_parquet(execute(job) / "rows.parquet")
     assert len(df) == 4 and set(df["status"]) == {"unsupported"}
     assert df.iloc[0]["error"].startswith("needs_gpu_probe needs a CUDA GPU (hardware: ")
 
 
 def test_baseline_rows_record_scope_and_method_cost(tiny_run):
-    import pandas as pd
 
     _out, common = tiny_run
-    df = pd.read_parquet(execute(_job("method=rag_bm25", "keep=0.5", *common)) / "rows.parquet")
+    df = read_parquet(execute(_job("method=rag_bm25", "keep=0.5", *common)) / "rows.parquet")
     assert set(df["status"]) == {"ok"} and set(df["scope"]) == {"query_aware_context"}
     assert all("retriever_s" in json.loads(t) for t in df["method_timings"])
     # vt's few-shot example sits in the (uncompressed) instruction, so at 1K tokens the
@@ -362,7 +360,6 @@ def test_every_method_gets_the_same_decode_budget():
 
 
 def test_decode_budget_is_recorded_and_equal_across_position_modes(tiny_run, monkeypatch):
-    import pandas as pd
 
     from harness.benchmarks.base import Benchmark
     from harness.models.catalog import ModelConfig
@@ -374,7 +371,7 @@ def test_decode_budget_is_recorded_and_equal_across_position_modes(tiny_run, mon
     monkeypatch.setattr(ModelConfig, "__post_init__", lambda self: object.__setattr__(self, "max_context", 950))
     monkeypatch.setattr(Benchmark, "check_model", lambda self, n: None)
     rows = [
-        pd.read_parquet(execute(_job("method=truncate", "keep=0.3", f"method.position_mode={m}", *common))
+        read_parquet(execute(_job("method=truncate", "keep=0.3", f"method.position_mode={m}", *common))
                         / "rows.parquet")
         for m in ("contiguous", "original")
     ]  # fmt: skip

@@ -10,6 +10,7 @@ from typing import Any
 from hydra.errors import CompactHydraException
 
 from harness.hub import hub_offline, hub_unreachable
+from harness.parquet import read_parquet
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,8 @@ def read_local(path: Path, limit: int) -> list[dict[str, Any]]:
     file is a :class:`DataFileError` naming it (and the line, for JSON lines)."""
     how = "it cannot be rebuilt here: replace it with the official file"
     if path.suffix == ".parquet":
-        import pandas as pd
-
         try:
-            return [dict(r) for r in pd.read_parquet(path).head(limit).to_dict("records")]
+            return [dict(r) for r in read_parquet(path).head(limit).to_dict("records")]
         except Exception as e:  # pyarrow's errors on a damaged file are several types
             raise DataFileError(f"{path}: not a readable parquet file ({type(e).__name__}); {how}") from e
     rows: list[dict[str, Any]] = []

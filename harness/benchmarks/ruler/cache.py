@@ -17,6 +17,7 @@ from harness.benchmarks.ruler.tasks import GENERATOR_NOTES, SEED, TASK_TEMPLATES
 from harness.benchmarks.text import sentence_splitter_name
 from harness.integrity import problems, write_manifest
 from harness.models.catalog import cache_root
+from harness.parquet import read_parquet
 from harness.types import PromptFormat, Sample
 
 
@@ -60,7 +61,7 @@ def cached_samples(task: str, length: int, limit: int, tok: TokenizerInfo) -> li
         if bad:
             print(f"[integrity] RULER cache: {bad[0]}; regenerating {path.name}", file=sys.stderr)
         else:
-            df = pd.read_parquet(path)
+            df = read_parquet(path)
             if len(df) >= limit:
                 return [_row_to_sample(r) for r in df.head(limit).to_dict("records")]
     samples = generate(task, length, limit, tok.fmt, tok.count)
