@@ -115,3 +115,29 @@ def test_the_command_refuses_a_bad_sample_range(tmp_path, capsys):
     assert "--samples '9-3': allowed: FIRST-LAST or FIRST- (sample ids, FIRST <= LAST), e.g. 15-44" in (
         capsys.readouterr().err
     )
+
+
+def test_the_base_is_taken_in_each_setup_that_holds_it_worked_by_hand():
+    """One base text names a different line in each setup (here the chunk size differs by
+    length): each setup's lines are paired with its own; a setup without it is left out."""
+    rows = analyze_rows(
+        None,
+        pd.DataFrame(
+            _rows("sp", {"chunk_size": 32}, {"vt": [0, 50]}, length=2048)
+            + _rows("sp", {"chunk_size": None}, {"vt": [100, 50]}, length=2048)
+            + _rows("sp", {"chunk_size": 64, "pool": 1}, {"vt": [0, 0]}, length=4096)
+            + _rows("sp", {"chunk_size": None, "pool": 3}, {"vt": [100, 100]}, length=4096)
+            + _rows("pc", {}, {"vt": [0, 100]}, length=8192)  # no line of the base's
+        ),
+    ).ok("eval")
+    df = pairs(rows, "chunk_size=None", ("score",)).set_index(["length", "line"])
+    assert df.loc[(2048, "sp (chunk_size=32)"), "difference"] == pytest.approx(-50.0)  # 0-100, 50-50
+    assert df.loc[(4096, "sp (chunk_size=64, pool=1)"), "difference"] == pytest.approx(-100.0)
+    assert set(df["base"]) == {"sp (chunk_size=None)", "sp (chunk_size=None, pool=3)"}  # each setup's own
+    assert 8192 not in df.index.get_level_values("length")
+    only = pairs(rows, "chunk_size=32", ("score",))
+    assert set(only["length"]) == {2048}  # held at 2K only: the other setups left out
+    with pytest.raises(ValueError, match=r"--base 'sp': 2 lines hold it"):
+        pairs(rows, "sp", ("score",))
+    with pytest.raises(ValueError, match="--base 'lookahead': no line of the folder holds it"):
+        pairs(rows, "lookahead", ("score",))

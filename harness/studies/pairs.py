@@ -13,8 +13,8 @@ table.
     make pairs out=results/x base=full samples=15-44
 
 writes ``pairs.md`` and ``pairs.csv`` into the folder (``--name`` for another file name). A
-base given as part of a label is taken where exactly one label holds it; otherwise the error
-lists the labels. ``--samples 15-44`` (or ``15-``: from 15 on) pairs only the samples with
+base given as part of a label is taken in each setup where exactly one label holds it (setups
+where none does are left out); where two do, or none anywhere, the error lists the labels. ``--samples 15-44`` (or ``15-``: from 15 on) pairs only the samples with
 those ids, both ends included: a check on samples a choice was not made on (held out), named
 in each table's heading.
 """
@@ -70,15 +70,23 @@ def pairs(
     rows: pd.DataFrame, base: str, measures: tuple[str, ...] = MEASURES, samples: tuple[int, int | None] | None = None
 ) -> pd.DataFrame:
     """Every line of ``rows`` (ok eval rows, normalized: a ``label`` column) against ``base``
-    (a label, or part of one: :func:`pick`), per setup, over all tasks and per task, for each
-    of ``measures`` the rows have, on the samples whose ids lie in ``samples`` (both ends
-    included; None: all); :data:`COLUMNS`."""
-    base = pick(base, sorted(rows["label"].unique()))
+    (a label, or part of one: :func:`pick`, in each setup that holds it: one setup's base may
+    differ from another's in what ``base`` leaves out, e.g. its budget), per setup, over all
+    tasks and per task, for each of ``measures`` the rows have, on the samples whose ids lie in
+    ``samples`` (both ends included; None: all); :data:`COLUMNS`."""
+    setups = dict(list(rows.groupby(SETUP, sort=True)))
+    holding = {k: [lab for lab in sorted(g["label"].unique()) if base in lab] for k, g in setups.items()}
+    if not any(holding.values()):
+        pick(base, sorted(rows["label"].unique()))  # refused, listing the lines
+    bases = {k: pick(base, sorted(setups[k]["label"].unique())) for k, hits in holding.items() if hits}
     if samples is not None:
         lo, hi = samples
-        rows = rows[rows["sample_id"].between(lo, float("inf") if hi is None else hi)]
+        setups = {k: g[g["sample_id"].between(lo, float("inf") if hi is None else hi)] for k, g in setups.items()}
     out = []
-    for setup, g in rows.groupby(SETUP, sort=True):
+    for setup, g in setups.items():
+        if setup not in bases:
+            continue
+        base = bases[setup]
         b = g[g["label"] == base]
         if b.empty:
             continue
