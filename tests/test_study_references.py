@@ -96,7 +96,12 @@ def test_a_committed_study_table_is_what_its_rows_render(study, folder, table, t
          ["--samples", "15-", "--measures", "score"]),
         ("selection_grain_qwen_cpu", "chunk_size=None, keep_tokens=256", "pairs_token",
          ["--measures", "score", "needle_kept", "needle_whole"]),
-        ("selection_grain_qwen_cpu", "chunk_size=32) (512", "pairs_4k", ["--measures", "score", "needle_kept", "needle_whole"]),
+        ("selection_grain_qwen_cpu", "chunk_size=32, position_mode=original", "pairs_4k",
+         ["--measures", "score", "needle_kept", "needle_whole"]),
+        ("selection_grain_qwen_cpu", "chunk_size=None, position_mode=original", "pairs_positions",
+         ["--measures", "score", "needle_kept", "needle_whole"]),
+        ("selection_grain_qwen_cpu", "position_mode=original) (1024", "pairs_8k",
+         ["--measures", "score", "needle_kept", "needle_whole", "question_kept"]),
     ],
 )  # fmt: skip
 def test_a_committed_pairs_table_is_what_its_rows_render(folder, base, name, more, tmp_path):
