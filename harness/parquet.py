@@ -2,14 +2,13 @@
 
 ``pandas.read_parquet(path)`` opens a local path as a Python file object and hands it to
 Arrow, whose reader threads then call back into Python through it. With pyarrow 22 a process
-that did so aborts at exit in about a third of the runs on a loaded 2-core machine
-("terminate called without an active exception", SIGABRT, exit 134), after all its work is
-done: apache/arrow#34314 is this report. The same read through ``pyarrow.fs.LocalFileSystem``
-never aborted (2026-12-06, an AMD EPYC with an eval running beside it: 0 of 60, where the
-default read aborted in 7-17 of each 30; run in turn with it, 0 of 30 against 12 of 30). Every parquet
-read of the project, its tests included, goes through :func:`read_parquet`
-(``tests/test_teardown.py`` finds any that does not). Writing has no such path
-(``DataFrame.to_parquet`` to a local path did not abort in 30 trials).
+that did so aborted at exit, after all its work was done ("terminate called without an active
+exception", SIGABRT, exit 134), in 7 to 17 of each 30 runs on a 2-core machine with an eval
+running beside it (2026-12-06, an AMD EPYC); apache/arrow#34314 is this report. The same read
+through ``pyarrow.fs.LocalFileSystem`` never aborted there: 0 of 60, 30 of them run in turn
+with the default read, which aborted in 12 of its 30. Every parquet read of the project, its
+tests included, goes through :func:`read_parquet` (``tests/test_teardown.py`` finds any that
+does not). Writing has no such path (``DataFrame.to_parquet`` to a local path: 0 of 30).
 """
 
 from __future__ import annotations

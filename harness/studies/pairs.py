@@ -14,9 +14,10 @@ table.
 
 writes ``pairs.md`` and ``pairs.csv`` into the folder (``--name`` for another file name). A
 base given as part of a label is taken in each setup where exactly one label holds it (setups
-where none does are left out); where two do, or none anywhere, the error lists the labels. ``--samples 15-44`` (or ``15-``: from 15 on) pairs only the samples with
-those ids, both ends included: a check on samples a choice was not made on (held out), named
-in each table's heading.
+where none does are left out); where two do, or none anywhere, the error lists the labels.
+``--samples 15-44`` (or ``15-``: from 15 on) pairs only the samples with those ids, both ends
+included: a check on samples a choice was not made on (held out), named in each table's
+heading.
 """
 
 from __future__ import annotations
