@@ -76,10 +76,10 @@ def pairs(
     tasks and per task, for each of ``measures`` the rows have, on the samples whose ids lie in
     ``samples`` (both ends included; None: all); :data:`COLUMNS`."""
     setups = dict(list(rows.groupby(SETUP, sort=True)))
-    holding = {k: [lab for lab in sorted(g["label"].unique()) if base in lab] for k, g in setups.items()}
-    if not any(holding.values()):
-        pick(base, sorted(rows["label"].unique()))  # refused, listing the lines
-    bases = {k: pick(base, sorted(setups[k]["label"].unique())) for k, hits in holding.items() if hits}
+    labels = {k: sorted(g["label"].unique()) for k, g in setups.items()}
+    bases = {k: pick(base, labs) for k, labs in labels.items() if any(base in lab for lab in labs)}
+    if not bases:
+        pick(base, sorted(rows["label"].unique()))  # no line holds it: refused, listing the lines
     if samples is not None:
         lo, hi = samples
         setups = {k: g[g["sample_id"].between(lo, float("inf") if hi is None else hi)] for k, g in setups.items()}
@@ -150,8 +150,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", help="only the samples with these ids: FIRST-LAST or FIRST- (e.g. 15-44)")
     a = ap.parse_args(argv)
     require_values(ap, "--measures", a.measures, lambda m: m in MEASURES, str(list(MEASURES)))
-    named = re.fullmatch(r"[\w.-]+", a.name) and a.name not in (".", "..")
-    require_values(ap, "--name", [a.name], lambda _: named, "a file name: letters, digits, _ . - (no folder)")
+    file_name = re.compile(r"[\w.-]+")
+    require_values(ap, "--name", [a.name], lambda n: file_name.fullmatch(n) and n not in (".", ".."),
+                   "a file name: letters, digits, _ . - (no folder)")  # fmt: skip
     try:
         samples = sample_range(a.samples) if a.samples else None
     except ValueError as e:
