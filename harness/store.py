@@ -219,6 +219,14 @@ class EvalRecord(RunRecord):
     #: the document's own). None elsewhere and in older rows.
     truncated: bool | None = None
     plan_batch_size: int | None = None
+    #: The machine's load while the sample (or turn) ran, plan to last decoded token
+    #: (harness.timing.machine_load, as latency rows record it): the share of this process's
+    #: CPUs busy with other work, the 1-minute load average, the CPUs, their clock. None in
+    #: rows before 2026-12-06 and where /proc is not readable.
+    foreign_cpu: float | None = None
+    loadavg_1m: float | None = None
+    cpus: int | None = None
+    cpu_mhz: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

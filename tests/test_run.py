@@ -115,6 +115,9 @@ def test_end_to_end_rows_resume_and_failures(tiny_run, monkeypatch):
     assert ((df["needle_whole"] == 1.0) == (df["needle_kept"] == 1.0)).all()
     assert df["needle_depth"].between(0.0, 1.0).all()  # where the evidence sits in the context, every task
     assert df["question_kept"].between(0.0, 1.0).all()  # every task has a question after its context
+    # the machine's load over each sample's work (foreign_cpu None for a window under 0.25 s)
+    assert (df["cpus"] >= 1).all() and df["loadavg_1m"].notna().all()
+    assert df["foreign_cpu"].dropna().between(0.0, 1.0).all()
     assert set(df["weights_hash"]) == {"random-seed0"} and df["sample_hash"].str.fullmatch("[0-9a-f]{16}").all()
     assert df["sample_hash"].nunique() == 4  # four samples, four prompts
     assert "torch" in json.loads(row["versions"])

@@ -65,7 +65,7 @@ from harness.provenance import provenance
 from harness.registry import build_benchmark, build_method
 from harness.report.summary import write_all
 from harness.store import RunStore, check_layout, method_columns, token_budget
-from harness.timing import flops, iteration_order
+from harness.timing import flops, iteration_order, machine_load
 from harness.types import Sample
 from specprefill.conversation import ConversationRun, check_multiturn
 from specprefill.flops import Shape
@@ -304,7 +304,8 @@ def run_sample(job: EvalJob, backend: Backend, tokenizer: Any, sample: Sample) -
     )
     prompt = dataclasses.replace(prompt, answer_tokens=max_new)
     # A method acting inside the model (MInference) patches it for this sample only, untimed.
-    with job.method.applied(backend):
+    # The machine's load over the sample's work: a between-runs speedup is flagged where it was shared.
+    with machine_load() as load, job.method.applied(backend):
         backend.method_flops = 0
         plan = job.method.plan(prompt, backend)
         overhead = backend.method_flops
@@ -331,6 +332,7 @@ def run_sample(job: EvalJob, backend: Backend, tokenizer: Any, sample: Sample) -
         "flops_full": float(f_full),
         "flops_method": f_method,
         **generation_fields(plan.timings, gen, max_new),
+        **load,
     }
 
 
@@ -414,7 +416,8 @@ def run_conversation(
                 max_new = decode_budget(
                     sample, n, job.cfg.model, job.cfg.benchmark.max_new_tokens_cap, job.placement.max_model_len
                 )
-                res = run.turn(ids, max_new, sample.stop)
+                with machine_load() as load:
+                    res = run.turn(ids, max_new, sample.stop)
                 gen = res.generation
                 return {
                     "prompt_tokens": res.prompt_tokens,
@@ -433,6 +436,7 @@ def run_conversation(
                     "speculator_kv_bytes": res.speculator_kv_bytes,
                     "sample_hash": sample_hash(sample),
                     **generation_fields(res.timings, gen, max_new),
+                    **load,
                 }
 
             done = measured(row, one, hardware)
