@@ -363,7 +363,8 @@ def test_policies_run_turn_by_turn_in_one_job_side_by_side(tmp_path, monkeypatch
     assert rev["kept_tokens"].tolist() == one["kept_tokens"].tolist()
     s = summarize(df)
     later = s[(s["method"] == "specprefill_revival") & s["task"].str.contains("/turn")]
-    assert set(later["speedup_timing"]) == {"side by side"} and later["speedup"].notna().all()
+    # (", loaded" where the machine had other work while the job ran: test_report's to check)
+    assert {t.split(",")[0] for t in later["speedup_timing"]} == {"side by side"} and later["speedup"].notna().all()
     from harness.studies import multiturn as study
 
     diff = study.differences(analyze_rows(None, df)).set_index(["candidate", "baseline", "turn"])
@@ -382,7 +383,8 @@ def test_policies_run_turn_by_turn_in_one_job_side_by_side(tmp_path, monkeypatch
     assert set(s.loc[s["method"] == "full", "speedup_timing"]) == {""}
     between = summarize(pd.concat([read_parquet(p) for p in (tmp_path / "alone").rglob("rows.parquet")]
                                   + [df[df["method"] == "full"]]))  # fmt: skip
-    assert set(between.loc[between["method"] == "specprefill_revival", "speedup_timing"]) == {"between runs"}
+    timing = between.loc[between["method"] == "specprefill_revival", "speedup_timing"]
+    assert {t.split(",")[0] for t in timing} == {"between runs"}
     with pytest.raises(ValueError, match="one eval job runs several methods only on a multi-turn benchmark"):
         prepare(EvalConfig.from_hydra(_cfg("method=full", "also=[specprefill]", "benchmark=ruler", "limit=1",
                                           "model=tiny-random", f"out={tmp_path}")))  # fmt: skip

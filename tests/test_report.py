@@ -60,6 +60,42 @@ def test_kept_shares_are_macro_means_over_the_tasks_that_have_them(measure):
     assert pd.isna(s.loc[("ALL", "full"), measure])  # rows without the column
 
 
+def test_a_speedup_over_rows_timed_on_a_loaded_machine_is_marked():
+    """A between-runs speedup whose rows, the point's or its reference's, saw other work on the
+    machine (``foreign_cpu`` over 10 % of the cores, or a load average above the cores + 0.5) is
+    ``between runs, loaded`` and rendered ``(loaded)`` with its note; rows alone on the machine
+    and rows that record no load are not; a task's label looks at that task's rows only."""
+    tasks = ["t1", "t1", "t2", "t2"]
+
+    def with_load(rows, foreign, load=1.9):
+        return [{**r, "foreign_cpu": f, "loadavg_1m": load, "cpus": 2} for r, f in zip(rows, foreign, strict=True)]
+
+    full = with_load(_rows("full", None, "f", 80.0, 4.0, tasks), [0.01, 0.02, 0.01, 0.30])  # t2's second shared
+    alone = with_load(_rows("specprefill", 0.3, "a", 60.0, 1.0, tasks, mopts={"keep_rate": 0.3}), [0.0] * 4)
+    s = summarize(pd.DataFrame(full + alone)).set_index(["task", "method"])
+    assert s.loc[("t1", "specprefill"), "speedup_timing"] == "between runs"
+    assert s.loc[("t2", "specprefill"), "speedup_timing"] == "between runs, loaded"  # the reference's row
+    assert s.loc[("ALL", "specprefill"), "speedup_timing"] == "between runs, loaded"
+    assert s.loc[("t1", "full"), "speedup_timing"] == ""  # the reference itself
+    md = to_markdown(summarize(pd.DataFrame(full + alone)))
+    assert md.count(" (loaded)") == 2 and "(loaded): some sample of the point or of its reference" in md
+
+    # the point's own load, by the load average alone (2 cores + 0.5 < 2.6)
+    busy = with_load(_rows("specprefill", 0.3, "a", 60.0, 1.0, tasks, mopts={"keep_rate": 0.3}), [0.0] * 4, load=2.6)
+    quiet = with_load(_rows("full", None, "f", 80.0, 4.0, tasks), [0.0] * 4)
+    s = summarize(pd.DataFrame(quiet + busy)).set_index(["task", "method"])
+    assert set(s.xs("specprefill", level="method")["speedup_timing"]) == {"between runs, loaded"}
+    # rows without the columns (before 2026-12-06): not marked, and no note
+    old = summarize(
+        pd.DataFrame(
+            _rows("full", None, "f", 80.0, 4.0, tasks)
+            + _rows("specprefill", 0.3, "a", 60.0, 1.0, tasks, mopts={"keep_rate": 0.3})
+        )
+    )
+    assert set(old.loc[old["method"] == "specprefill", "speedup_timing"]) == {"between runs"}
+    assert "(loaded)" not in to_markdown(old)
+
+
 def test_speculators_are_variants_compared_with_the_one_full_prefill_run():
     """A speculator-depth sweep: SpecPrefill at one keep rate with two speculators is two
     summary rows, each with its ratio to the single full prefill run."""

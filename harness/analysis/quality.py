@@ -46,7 +46,13 @@ speedup        the reference's TTFT over the point's, paired by sample (1 / ttft
 speedup_timing ``between runs`` as above; ``side by side`` where the point's rows and its
                reference's come from one job that ran them turn by turn in a turned-over order
                (a multi-turn job with ``also``: rows with ``order``): then the reference is
-               that job's own rows and the ratio is side by side
+               that job's own rows and the ratio is side by side. Either ends ``, loaded``
+               where some row of the label, the point's or its reference's, saw other work on
+               the machine while it ran (:func:`harness.analysis.speed.load_of`: more than
+               :data:`~harness.analysis.speed.FOREIGN_CPU_MAX` of its cores busy with other
+               processes, or a load average above the cores plus the margin): such a speedup
+               times the machine's other work as much as the methods (rows before 2026-12-06
+               record no load and are not marked)
 speed_anomaly  the speedup above its ideal by more than the latency measures' tolerance
                (:func:`harness.analysis.speed.anomaly`): the words, else ``""``
 ideal_speedup  the FLOP model's full prefill over the method's work, ratio of means over
@@ -91,7 +97,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.rows import POINT, REFERENCE_OF, normalize
-from harness.analysis.speed import anomaly
+from harness.analysis.speed import anomaly, load_of
 from harness.analysis.stats import NAN, Estimate, cluster_mean_draws, estimate, mean_draws, task_seed
 
 #: Groups of task names: a measure is the mean over groups of the mean over a group's tasks.
@@ -163,6 +169,12 @@ class Point:
     def units(self, tasks: Iterable[str]) -> int:
         """The samples of ``tasks``, a conversation counted once over its turns."""
         return len({(conversation(t) or t, i) for t in tasks if t in self.tasks for i in self.tasks[t].index})
+
+    def loaded(self, tasks: Iterable[str]) -> bool:
+        """Whether some row of ``tasks`` saw other work on the machine while it ran
+        (:func:`harness.analysis.speed.load_of`; False where rows record no load)."""
+        gs = [self.tasks[t] for t in set(tasks) if t in self.tasks]
+        return bool(gs) and bool(load_of(pd.concat(gs))["loaded"])
 
     def hardware(self, tasks: Iterable[str] | None = None) -> str:
         """The one machine the rows of ``tasks`` (all) ran on, or :data:`MIXED`."""
@@ -384,7 +396,9 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
                 **{k: point[k] for k in ("speculator", "method_options", "benchmark_options", "dtype", "backend")},
             }  # fmt: skip
             row.update(measures(this, ref, parts, same_machine))
-            row["speedup_timing"] = timing if not np.isnan(row["speedup"]) and not point["is_reference_point"] else ""
+            shown = not np.isnan(row["speedup"]) and not point["is_reference_point"]
+            busy = shown and (this.loaded(names) or (ref is not None and ref.loaded(names)))
+            row["speedup_timing"] = f"{timing}, loaded" if busy else timing if shown else ""
             out.append(row)
     s = pd.DataFrame(out).reindex(columns=COLUMNS)
     return s.sort_values(["model", "benchmark", "length", "task", "method", "keep_rate"]).reset_index(drop=True)

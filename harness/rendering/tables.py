@@ -41,6 +41,11 @@ COSTS_NOTE = ("kv_fraction: the base's KV cache after the prefill over the promp
               "speculator cache); decode_s_per_token: decode time over output tokens; e2e_speedup: the reference's "
               "TTFT + decode of the benchmark's output length over the method's, same samples, same machine "
               "[95 % interval].")  # fmt: skip
+LOADED_NOTE = (
+    "(loaded): some sample of the point or of its reference ran while other work used the machine (more than 10 % "
+    "of the job's cores, or a 1-minute load average above the cores + 0.5: the rows' foreign_cpu, loadavg_1m), "
+    "so its speedup times that work as much as the methods; time it again alone, or side by side (make latency)."
+)
 UNPAIRED_NOTE = (
     "TTFT ratio `-` with a TTFT: no rows of the reference method for that task with the same dtype and "
     "backend ran on the same machine (the rows' `hardware`), so no side-by-side ratio exists."
@@ -95,8 +100,10 @@ def format_summary(summary: pd.DataFrame, columns: list[str] | None = None) -> p
             s[c] = [with_ci(v, lo, hi, WITH_CI[c]) for v, lo, hi in
                     zip(summary[c], summary[f"{c}_lo"], summary[f"{c}_hi"], strict=True)]  # fmt: skip
             if c == "speedup" and "speedup_timing" in summary:
-                paired = summary["speedup_timing"].fillna("").astype(str) == "side by side"
+                timing = summary["speedup_timing"].fillna("").astype(str)
+                paired = timing.str.startswith("side by side")
                 s.loc[paired, c] = s.loc[paired, c] + " (side by side)"
+                s.loc[loaded(summary), c] = s.loc[loaded(summary), c] + " (loaded)"
             if c == "speedup" and "speed_anomaly" in summary:
                 above = summary["speed_anomaly"].fillna("").astype(str) != ""
                 s.loc[above, c] = s.loc[above, c] + " (above ideal)"
@@ -105,6 +112,13 @@ def format_summary(summary: pd.DataFrame, columns: list[str] | None = None) -> p
         else:
             s[c] = summary[c]
     return s
+
+
+def loaded(summary: pd.DataFrame) -> pd.Series:
+    """Which rows' speedups were timed on a loaded machine (``speedup_timing`` ends ``loaded``)."""
+    if "speedup_timing" not in summary:
+        return pd.Series(False, index=summary.index)
+    return summary["speedup_timing"].fillna("").astype(str).str.endswith(", loaded")
 
 
 def unpaired(summary: pd.DataFrame) -> bool:
@@ -122,6 +136,8 @@ def to_markdown(summary: pd.DataFrame) -> str:
         lines += ["", COSTS_NOTE]
     if unpaired(summary):
         lines += ["", UNPAIRED_NOTE]
+    if loaded(summary).any():
+        lines += ["", LOADED_NOTE]
     return "\n".join(lines) + "\n"
 
 

@@ -31,10 +31,12 @@ from harness.rendering.tables import (
     BETWEEN_RUNS,
     INTERVAL_NOTE,
     LATENCY_NOTE,
+    LOADED_NOTE,
     UNPAIRED_NOTE,
     format_latency,
     format_summary,
     latency_notes,
+    loaded,
     score_by_task,
     speculator_note,
     unpaired,
@@ -91,7 +93,7 @@ TTFT speedup over the reference, each with its 95 % interval; n samples per task
 
 {% if quality %}
 <h2 id="quality">Quality</h2>
-<p class="note">{{ interval_note }}{% if unpaired_note %} {{ unpaired_note }}{% endif %}</p>
+<p class="note">{{ interval_note }}{% if unpaired_note %} {{ unpaired_note }}{% endif %}{% if loaded_note %} {{ loaded_note }}{% endif %}</p>
 <div class="scroll">{{ quality }}</div>
 {% if by_task %}<h3>Score per task</h3>
 <p class="note"><code>(n=K)</code>: fewer samples than the fullest point for that task.</p>
@@ -362,6 +364,7 @@ def render(
         by_task=by_task,
         interval_note=INTERVAL_NOTE,
         unpaired_note=UNPAIRED_NOTE if not s.empty and unpaired(s) else "",
+        loaded_note=LOADED_NOTE if not s.empty and loaded(s).any() else "",
         latency=latency,
         latency_note=LATENCY_NOTE,
         between_runs=BETWEEN_RUNS,
