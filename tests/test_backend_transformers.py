@@ -121,6 +121,66 @@ def test_sparse_prefill_equals_direct_forward_with_position_ids(tiny_llama):
         assert int(ref.argmax()) == toks[t]
 
 
+def _tiny_qwen2():
+    """A small random Qwen2 (the positions studies' architecture: biased q/k/v, GQA 4:2)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=4096, eos_token_id=None, bos_token_id=None,
+                      pad_token_id=None)  # fmt: skip
+    model = Qwen2ForCausalLM(cfg).to(torch.float32).eval()
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+@torch.no_grad()
+def _masked_whole_prompt(model, ids: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Logits of the whole sequence at positions 0..N-1, each query seeing only the earlier
+    tokens marked in ``keys`` (and itself): an additive 4-D mask, no gaps in the positions."""
+    n = len(ids)
+    pos = torch.arange(n)
+    allow = ((pos[None, :] <= pos[:, None]) & keys[None, :]) | torch.eye(n, dtype=torch.bool)
+    mask = torch.zeros(1, 1, n, n).masked_fill(~allow, torch.finfo(torch.float32).min)
+    return model(input_ids=ids.unsqueeze(0), position_ids=pos.unsqueeze(0), attention_mask=mask).logits[0]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@torch.no_grad()
+def test_original_positions_are_the_whole_prompt_with_the_dropped_tokens_masked(tiny_llama, arch):
+    """What SpecPrefill's original positions mean, checked against a computation that shares
+    none of the backend's path (no gapped position ids, no cache): the whole prompt at its own
+    positions with the dropped tokens hidden from every query. The first token's logits, the
+    greedy tokens after it and their log-probability (decoding from N) all agree, on Llama and
+    on Qwen2 (the positions studies' base). So a score lost at original positions against
+    re-numbered ones is the model's answer to the gaps, not a bug of this backend."""
+    model = tiny_llama if arch == "llama" else _tiny_qwen2()
+    be = TransformersBackend(model, CharTokenizer())
+    ids = _ids(60, 3)
+    kept = torch.tensor([0, 3, 4, 10, 11, 12, 30, 31, 45, 59])
+    plan = Plan(input_ids=ids[kept], position_ids=kept, next_position=60, kept_indices=kept)
+    seen: list[torch.Tensor] = []  # the last logits of every base forward: the prefill's, then each decode step's
+    hook = model.register_forward_hook(lambda _m, _a, out: seen.append(out.logits[0, -1].float().clone()))
+    try:
+        gen = be.generate(plan, max_new_tokens=6)
+    finally:
+        hook.remove()
+    keys = torch.zeros(60, dtype=torch.bool)
+    keys[kept] = True
+    ref = _masked_whole_prompt(model, ids, keys)
+    torch.testing.assert_close(gen.first_logits, ref[59], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(
+        ref[59], _masked_whole_prompt(model, ids, torch.ones(60, dtype=torch.bool))[59], atol=1e-3
+    )
+    new = torch.tensor(gen.token_ids)
+    seq = torch.cat([ids, new[:-1]])
+    ref = _masked_whole_prompt(model, seq, torch.cat([keys, torch.ones(len(new) - 1, dtype=torch.bool)]))
+    assert len(seen) == len(new) and ref[59:].argmax(-1).tolist() == gen.token_ids
+    torch.testing.assert_close(torch.stack(seen), ref[59:], rtol=1e-5, atol=1e-5)  # each decode step at N, N+1, ...
+    logp = torch.log_softmax(ref[59:].double(), -1).gather(1, new.unsqueeze(1)).sum().item()
+    assert be.score(plan, gen.token_ids)[0] == pytest.approx(logp, abs=1e-4)
+
+
 @torch.no_grad()
 def test_upstream_treats_gapped_positions_without_mask_as_packed_sequences(tiny_llama):
     """Why the backend always passes an attention mask: without one (and without a
