@@ -26,7 +26,13 @@ TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "qa_1")
 
 
 def _eval_rows(
-    method: str, keep: float | None, run: str, scores: dict[str, list[float]], ttft: float, speculator: str = "s:8"
+    method: str,
+    keep: float | None,
+    run: str,
+    scores: dict[str, list[float]],
+    ttft: float,
+    speculator: str = "s:8",
+    load: dict | None = None,
 ) -> list:
     opts = json.dumps({"keep_rate": keep} if keep is not None else {})
     return [
@@ -51,6 +57,7 @@ def _eval_rows(
             ttft_s=ttft * (1 + 0.1 * (i % 3)),
             hardware="cpu",
             references=["x"],
+            **(load or {}),
         )
         for t, ss in scores.items()
         for i, s in enumerate(ss)
@@ -97,14 +104,16 @@ def _latency_rows(run: str, full_s: list[float], spec_s: list[float], aa: float 
     return rows
 
 
-def _folder(root, spec_scores=None, spec_ttft=1.0, lat_spec=None, speculator="s:8", latency=True, **lat_kw):
+def _folder(
+    root, spec_scores=None, spec_ttft=1.0, lat_spec=None, speculator="s:8", latency=True, spec_load=None, **lat_kw
+):
     rng = np.random.default_rng(0)
     full = {t: [100.0 if x < 0.8 else 0.0 for x in rng.random(10)] for t in TASKS}
     spec = spec_scores or {t: [100.0 if x < 0.6 else 0.0 for x in np.random.default_rng(1).random(10)] for t in TASKS}
     lat = _latency_rows("lat", [4.0, 4.1, 3.9, 4.0], lat_spec or [1.0, 1.05, 0.95, 1.0], **lat_kw)
     for name, rows in (
         ("full", _eval_rows("full", None, "full", full, 4.0)),
-        ("spec", _eval_rows("specprefill", 0.3, "spec", spec, spec_ttft, speculator)),
+        ("spec", _eval_rows("specprefill", 0.3, "spec", spec, spec_ttft, speculator, spec_load)),
         *((("lat", lat),) if latency else ()),
     ):
         store = RunStore(root / name)
@@ -208,6 +217,16 @@ def test_speed_is_gated_on_the_latency_rows_only(base, tmp_path):
     assert code == OK and [r.point.split()[-1] for r in rows if r.kind == "speed"] == ["1x2048"]
     assert "speed from the latency rows" in text
     assert compare(base, cand, eval_speed=True)[0] == REGRESSED
+
+
+def test_an_eval_speedup_timed_on_a_loaded_machine_says_so(base, tmp_path):
+    """Eval rows record the machine's load; with --eval-speed, a between-runs speedup whose
+    candidate rows shared the machine is compared and named loaded (read with care)."""
+    cand = _folder(tmp_path / "cand", spec_load={"foreign_cpu": 0.4, "loadavg_1m": 3.5, "cpus": 2})
+    _, _, text = compare(base, cand, eval_speed=True)
+    assert "Loaded machine while timing m specprefill keep=0.3" in text and "ALL TTFT (between runs)" in text
+    _, _, quiet = compare(base, _folder(tmp_path / "quiet"), eval_speed=True)
+    assert "Loaded machine" not in quiet
 
 
 def test_one_flipped_sample_is_noise(base, tmp_path):

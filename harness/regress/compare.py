@@ -113,9 +113,9 @@ def _estimates(s: pd.DataFrame, key: list[str]) -> dict[tuple, SpeedPoint]:
         e = Estimate(float(r["speedup"]), float(r["speedup_lo"]), float(r["speedup_hi"]), int(r["n"]))
         flags = str(r["flags"]) if isinstance(r.get("flags"), str) else ""
         comparable = bool(r["comparable"]) if "comparable" in r and pd.notna(r["comparable"]) else True
-        out[tuple(r[cols])] = SpeedPoint(
-            e, flags, comparable, "order not balanced" in flags, bool(r.get("loaded", False) is True)
-        )
+        # loaded: the latency summary's flag, or an eval summary's timing (its rows' load)
+        loaded = r.get("loaded", False) is True or str(r.get("speedup_timing", "")).endswith(", loaded")
+        out[tuple(r[cols])] = SpeedPoint(e, flags, comparable, "order not balanced" in flags, bool(loaded))
     return out
 
 
