@@ -130,6 +130,36 @@ def test_between_methods_compares_the_selections_at_the_same_positions():
     assert study.between_methods(sp).empty  # one method: nothing to compare
 
 
+def test_runs_of_one_method_under_other_options_are_arms_of_their_own():
+    """SpecPrefill by chunks and token by token in one folder: each option set is its own arm,
+    named by the option that differs, paired within itself only (pooled, the sample ids would
+    pair a chunked row with a token row, or one of them would be dropped)."""
+
+    def runs(chunk, scores):
+        r = _rows(scores)
+        opts = [{**json.loads(o), "chunk_size": chunk, "lookahead": 1} for o in r["method_options"]]
+        return r.assign(method_options=[json.dumps(o) for o in opts])
+
+    chunked = runs(32, {("original", "a"): [100, 100, 100, 100], ("contiguous", "a"): [100, 100, 100, 100]})
+    token = runs(None, {("original", "a"): [0, 0, 100, 100], ("contiguous", "a"): [100, 100, 100, 100]})
+    rows = pd.concat([chunked, token], ignore_index=True)
+    d = study.differences(rows)
+    got = d[d["task"] == "ALL"].set_index("method")[["difference", "n", "wins"]]
+    assert got.to_dict("index") == {
+        "specprefill (chunk_size=32)": {"difference": 0.0, "n": 4, "wins": 0},
+        "specprefill (chunk_size=None)": {"difference": 50.0, "n": 4, "wins": 2},
+    }
+    assert set(study.by_depth(rows.assign(needle_depth=0.5))["method"]) == set(got.index)
+    between = study.between_methods(rows).set_index("position_mode")  # the two grains at the same positions
+    assert (between["method"] == "specprefill (chunk_size=None)").all()
+    assert (between["against"] == "specprefill (chunk_size=32)").all()
+    assert (
+        between.loc["original", "difference"] == pytest.approx(-50.0) and between.loc["contiguous", "difference"] == 0
+    )
+    # a method run one way has no variant: the committed tables' names are unchanged
+    assert set(study.differences(chunked)["method"]) == {"specprefill"}
+
+
 def test_rows_of_another_length_in_the_same_folder_are_not_pairs():
     at = {2048: _rows({("original", "a"): [100, 100], ("contiguous", "a"): [0, 100]}),
           4096: _rows({("original", "a"): [0, 0], ("contiguous", "a"): [100, 100]})}  # fmt: skip

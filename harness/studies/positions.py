@@ -20,7 +20,9 @@ full prefill with 95 % intervals, and the needle kept. Per method and keep: cont
 original, paired by sample (0-100 points, the tasks weighted equally, 95 % bootstrap), with the
 samples won and lost and the share of pairs that kept the same tokens; the same per task, and by
 the third of the context the asked evidence sits in; and the methods against each other at the
-same positions (the selections alone). A figure: retention against keep, one line
+same positions (the selections alone). Runs of one method under other options in one folder
+(SpecPrefill by chunks and token by token) are arms of their own, named by the options that
+differ (:func:`variants`). A figure: retention against keep, one line
 per method and position mode.
 
     python -m harness.studies.positions [--model qwen2.5-coder-1.5b] [--length 2048]
@@ -31,6 +33,7 @@ per method and position mode.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -83,13 +86,36 @@ def eval_commands(
     ]
 
 
+#: Method options that do not make a variant: the positions (what the study varies) and the
+#: budget (a column of its own).
+NOT_VARIANT = ("position_mode", "keep_rate")
+
+
+def variants(rows: pd.DataFrame, method: str = "method") -> pd.Series:
+    """Each row's variant: the method options, other than :data:`NOT_VARIANT`, that differ among
+    the rows of its setup and method (``chunk_size=None`` beside ``chunk_size=32`` where a folder
+    holds SpecPrefill token by token and by chunks), ``""`` where the method ran one way. Runs
+    of one method under other options are arms of their own: never pooled, never paired across."""
+    opts = [{k: v for k, v in options_of(o).items() if k not in NOT_VARIANT} for o in rows["method_options"]]
+    out = pd.Series("", index=rows.index, dtype=object)
+    cols = [*(c for c in SETUP if c in rows), method]
+    for _, g in rows.groupby(cols, sort=False, dropna=False):
+        mine = [opts[rows.index.get_loc(i)] for i in g.index]
+        keys = sorted({k for o in mine for k in o})
+        vary = [k for k in keys if len({json.dumps(o.get(k), sort_keys=True) for o in mine}) > 1]
+        out[g.index] = [", ".join(f"{k}={o.get(k)}" for k in vary) for o in mine]
+    return out
+
+
 def table(a: Analysis) -> pd.DataFrame:
-    """One line per arm (method, keep, position mode) and full prefill: the summary's ``ALL`` row."""
+    """One line per arm (method and its variant, keep, position mode) and full prefill: the
+    summary's ``ALL`` row."""
     s = a.summary
     s = s[s["task"] == ALL]
     df = pd.DataFrame({
         "model": s["model"].astype(str), "length": s["length"].astype(int),
         "method": s["method_name"].astype(str),
+        "variant": variants(s, "method_name"),
         "keep": s["keep_rate"].astype(float),
         "position_mode": [position_mode(o) for o in s["method_options"]],
         "n": s["n"].astype(int),
@@ -99,7 +125,8 @@ def table(a: Analysis) -> pd.DataFrame:
     order = {m: i for i, m in enumerate(["full", *METHODS])}
     df["_m"] = df["method"].map(lambda m: order.get(m, len(order)))
     df["_p"] = df["position_mode"].map(lambda p: MODES.index(p) if p in MODES else -1)
-    return df.sort_values(["model", "length", "_m", "keep", "_p"]).drop(columns=["_m", "_p"]).reset_index(drop=True)
+    by = ["model", "length", "_m", "variant", "keep", "_p"]
+    return df.sort_values(by).drop(columns=["_m", "_p"]).reset_index(drop=True)
 
 
 #: What a pair must share besides the sample: two rows of one sample id from another model,
@@ -116,14 +143,15 @@ DEPTH_LABELS = ("first third", "middle third", "last third")
 def _in_modes(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows of a method run in either position mode at a keep, each tagged with its mode."""
     d = rows.assign(position_mode=[position_mode(o) for o in rows["method_options"]])
-    return d[d["position_mode"].isin(MODES) & d["keep_rate"].notna()]
+    d = d[d["position_mode"].isin(MODES) & d["keep_rate"].notna()]
+    return d.assign(variant=variants(d))
 
 
 def _arms(rows: pd.DataFrame) -> Iterator[tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]]:
     """Per setup, method and keep with both modes: (what they share, the original rows, the
     contiguous rows). ``rows``: eval rows with status ok (:meth:`Analysis.ok`)."""
     d = _in_modes(rows)
-    cols = [*(c for c in SETUP if c in d), "method", "keep_rate"]
+    cols = [*(c for c in SETUP if c in d), "method", "variant", "keep_rate"]
     for key, g in d.groupby(cols, sort=True, dropna=False):
         where = dict(zip(cols, key, strict=True))
         orig, cont = g[g["position_mode"] == "original"], g[g["position_mode"] == "contiguous"]
@@ -138,9 +166,19 @@ def _joined(orig: pd.DataFrame, cont: pd.DataFrame, columns: list[str]) -> pd.Da
 
 
 def _label(where: dict[str, Any]) -> dict[str, Any]:
-    """A table line's setup columns, with the method and keep under the study's names."""
-    out = {k: v for k, v in where.items() if k not in ("method", "keep_rate")}
-    return {**out, "method": str(where["method"]), "keep": float(where["keep_rate"])}
+    """A table line's setup columns, with the method (its variant named) and keep under the
+    study's names."""
+    out = {k: v for k, v in where.items() if k not in ("method", "variant", "keep_rate")}
+    return {
+        **out,
+        "method": _named(str(where["method"]), str(where.get("variant", ""))),
+        "keep": float(where["keep_rate"]),
+    }
+
+
+def _named(method: str, variant: str) -> str:
+    """The method with its variant, where it has one: ``specprefill (chunk_size=None)``."""
+    return f"{method} ({variant})" if variant else method
 
 
 def differences(rows: pd.DataFrame) -> pd.DataFrame:
@@ -202,14 +240,16 @@ def between_methods(rows: pd.DataFrame) -> pd.DataFrame:
     a gap between the methods that is not the positions'."""
     d = _in_modes(rows)
     d = d[d["method"].isin(METHODS)]
+    d = d.assign(arm=[_named(m, v) for m, v in zip(d["method"], d["variant"], strict=True)])
     cols = [*(c for c in SETUP if c in d), "keep_rate", "position_mode"]
     out = []
     for key, g in d.groupby(cols, sort=True, dropna=False):
         where = dict(zip(cols, key, strict=True))
-        present = [m for m in METHODS if m in set(g["method"])]
-        base = g[g["method"] == present[0]]
+        arms = g.drop_duplicates("arm")
+        present = [a for _, a in sorted(zip(arms["method"].map(METHODS.index), arms["arm"], strict=True))]
+        base = g[g["arm"] == present[0]]
         for method in present[1:]:
-            other = g[g["method"] == method]
+            other = g[g["arm"] == method]
             tasks = sorted(set(base["task"]) & set(other["task"]))
             diff, _, _ = paired_difference(Point(other), Point(base), "score", [tasks])
             out.append({**{c: where[c] for c in cols[:-2]}, "keep": float(where["keep_rate"]),
@@ -218,11 +258,11 @@ def between_methods(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _arm_name(method: str, mode: str | None) -> str:
+def _arm_name(method: str, mode: str | None, variant: str = "") -> str:
     if method == "full":
         return "full prefill"
     own = " (its own)" if own_mode(method) == mode else ""
-    return f"{method}, {mode}{own}"
+    return f"{_named(method, variant)}, {mode}{own}"
 
 
 def _varying(*frames: pd.DataFrame) -> list[str]:
@@ -242,7 +282,7 @@ def _section(setup: list[str], head: str, frame: pd.DataFrame, cells: Callable[[
 def _arm_cells(r: Any) -> str:
     full = r.method == "full"
     return (
-        f"| {_arm_name(str(r.method), r.position_mode)} | {'1' if full else f'{r.keep:g}'} | {r.n} | "
+        f"| {_arm_name(str(r.method), r.position_mode, str(r.variant))} | {'1' if full else f'{r.keep:g}'} | {r.n} | "
         f"{ci(r.score, r.score_lo, r.score_hi)} | {'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | "
         f"{num(r.needle_kept, '.2f')} | {num(r.kept_fraction, '.2f')} |"
     )  # fmt: skip
@@ -322,14 +362,16 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), sharey=True, squeeze=False)
     for ax, (model, length) in zip(axes[0], panels, strict=True):
         here = arms[(arms["model"] == model) & (arms["length"] == length)]
-        for i, ((method, mode), g) in enumerate(here.groupby(["method", "position_mode"], sort=False)):
+        for i, ((method, variant, mode), g) in enumerate(
+            here.groupby(["method", "variant", "position_mode"], sort=False)
+        ):
             g = g.sort_values("keep")
             r, lo, hi = (g[c].to_numpy(dtype=float) for c in ("retention", "retention_lo", "retention_hi"))
             ax.errorbar(g["keep"].to_numpy(dtype=float) + 0.004 * (i - 1.5), r, yerr=np.vstack([r - lo, hi - r]),
                         fmt="-o" if mode == "original" else "--s", capsize=3,
                         color=f"C{METHODS.index(method) if method in METHODS else len(METHODS)}",
                         alpha=1.0 if own_mode(str(method)) == mode else 0.7,
-                        label=_arm_name(str(method), str(mode)))  # fmt: skip
+                        label=_arm_name(str(method), str(mode), str(variant)))  # fmt: skip
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_xlabel("keep rate (share of the prompt prefilled)")
         ax.set_title(f"{model}, {length} tokens" if model else "no arms")
