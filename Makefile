@@ -211,9 +211,9 @@ lookahead: setup
 # first): SpecPrefill and SpecPC, each in both position modes at keep 0.1 and 0.3, beside full
 # prefill, on Qwen2.5-Coder-1.5B with its 0.5B draft, RULER 2K on four tasks x 15, paired by sample
 # (results/positions/).
-$(call takes,positions,limit length keep methods model dry_run,dry_run)
+$(call takes,positions,limit length keep methods tasks model dry_run,dry_run)
 positions: setup
-	$(PY) -m harness.studies.positions $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(methods),--methods $(subst $(comma),$(space),$(methods))) $(if $(model),--model $(model)) $(call yes_no,dry_run,--dry-run)
+	$(PY) -m harness.studies.positions $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(methods),--methods $(subst $(comma),$(space),$(methods))) $(if $(tasks),--tasks $(subst $(comma),$(space),$(tasks))) $(if $(model),--model $(model)) $(call yes_no,dry_run,--dry-run)
 
 # Our RULER 4K against lm-eval's RULER tasks, full prefill, side by side (results/reference/).
 $(call takes,lm-eval-crosscheck,limit)
