@@ -97,14 +97,15 @@ def variants(rows: pd.DataFrame, method: str = "method") -> pd.Series:
     holds SpecPrefill token by token and by chunks), ``""`` where the method ran one way. Runs
     of one method under other options are arms of their own: never pooled, never paired across."""
     opts = [{k: v for k, v in options_of(o).items() if k not in NOT_VARIANT} for o in rows["method_options"]]
-    out = pd.Series("", index=rows.index, dtype=object)
+    out = [""] * len(rows)
     cols = [*(c for c in SETUP if c in rows), method]
-    for _, g in rows.groupby(cols, sort=False, dropna=False):
-        mine = [opts[rows.index.get_loc(i)] for i in g.index]
+    for _, g in rows.reset_index(drop=True).groupby(cols, sort=False, dropna=False):
+        mine = [opts[i] for i in g.index]
         keys = sorted({k for o in mine for k in o})
         vary = [k for k in keys if len({json.dumps(o.get(k), sort_keys=True) for o in mine}) > 1]
-        out[g.index] = [", ".join(f"{k}={o.get(k)}" for k in vary) for o in mine]
-    return out
+        for i, o in zip(g.index, mine, strict=True):
+            out[i] = ", ".join(f"{k}={o.get(k)}" for k in vary)
+    return pd.Series(out, index=rows.index, dtype=object)
 
 
 def table(a: Analysis) -> pd.DataFrame:
