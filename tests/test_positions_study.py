@@ -114,6 +114,30 @@ def test_by_depth_pools_the_pairs_of_each_third_of_the_context():
     assert "| specprefill | 0.1 | middle third | 1 |" in text
 
 
+def test_by_whole_splits_the_pairs_by_whether_the_evidence_survived():
+    """Hand-worked: a0 and a1 kept their needle whole (contiguous +100 on a1), a2 kept half of it
+    (-100), b0 whole (0), b1 has no evidence (left out); full prefill's mean is taken on the same
+    samples, of this setup only (the 4K full rows are not pooled in)."""
+    rows = _rows({("original", "a"): [100, 0, 100], ("contiguous", "a"): [100, 100, 0],
+                  ("original", "b"): [0, 0], ("contiguous", "b"): [0, 100]})  # fmt: skip
+    whole = {("a", 0): 1.0, ("a", 1): 1.0, ("a", 2): 0.5, ("b", 0): 1.0, ("b", 1): None}
+    rows["needle_whole"] = [whole[(t, i)] for t, i in zip(rows["task"], rows["sample_id"], strict=True)]
+    full = pd.DataFrame({"method": "full", "task": ["a", "a", "a", "b", "b"], "sample_id": [0, 1, 2, 0, 1],
+                         "score": [100.0, 100.0, 0.0, 0.0, 100.0], "length": 2048, "method_options": "{}",
+                         "keep_rate": None})  # fmt: skip
+    other = full.assign(length=4096, score=50.0)  # another setup's full prefill
+    d = study.by_whole(pd.concat([rows.assign(length=2048), other, full], ignore_index=True)).set_index("evidence")
+    assert list(d.index) == list(study.WHOLE_LABELS)
+    assert d["n"].tolist() == [3, 1]
+    assert d["difference"].tolist() == pytest.approx([100 / 3, -100.0])
+    assert (d.loc["kept whole", "original"], d.loc["kept whole", "contiguous"]) == pytest.approx((100 / 3, 200 / 3))
+    assert d.loc["kept whole", "full"] == pytest.approx(200 / 3) and d.loc["not kept whole", "full"] == 0.0
+    assert d.loc["kept whole", "lo"] <= d.loc["kept whole", "difference"] <= d.loc["kept whole", "hi"]
+    text = study.markdown(pd.DataFrame(columns=["method"]), study.differences(rows), None, None, d.reset_index())
+    assert "| specprefill | 0.1 | kept whole | 3 | 33.3 | 66.7 |" in text and "| 66.7 |" in text
+    assert study.by_whole(rows.drop(columns="needle_whole"))["n"].sum() == 0  # rows before needle_whole
+
+
 def test_between_methods_compares_the_selections_at_the_same_positions():
     sp = _rows({("original", "a"): [100, 100, 0], ("contiguous", "a"): [100, 0, 0],
                 ("original", "b"): [100, 100], ("contiguous", "b"): [100, 100]})  # fmt: skip

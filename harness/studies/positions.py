@@ -18,8 +18,8 @@ sibling: a separate draft of the paper's kind; ``make fetch-models`` first). RUL
 per method over ``--keeps`` x both position modes. Per arm: the score and its retention against
 full prefill with 95 % intervals, and the needle kept. Per method and keep: contiguous minus
 original, paired by sample (0-100 points, the tasks weighted equally, 95 % bootstrap), with the
-samples won and lost and the share of pairs that kept the same tokens; the same per task, and by
-the third of the context the asked evidence sits in; and the methods against each other at the
+samples won and lost and the share of pairs that kept the same tokens; the same per task, by
+whether the selection kept the asked evidence whole, and by the third of the context it sits in; and the methods against each other at the
 same positions (the selections alone). Runs of one method under other options in one folder
 (SpecPrefill by chunks and token by token) are arms of their own, named by the options that
 differ (:func:`variants`). A figure: retention against keep, one line
@@ -234,6 +234,44 @@ def by_depth(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+#: What full prefill shares with an arm it is set beside (not the speculator: it has none).
+FULL_SETUP = ("model", "backend", "dtype", "benchmark", "length")
+#: The groups of :func:`by_whole`: a pair's evidence kept whole (every piece to its last token) or not.
+WHOLE_LABELS = ("kept whole", "not kept whole")
+
+
+def by_whole(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (setup, method, keep), the pairs whose asked evidence the selection kept whole
+    (``needle_whole`` 1: every needle, every statement of a chain, to its last token; the same
+    in both modes, which keep the same tokens) and the others: contiguous minus original over
+    each group, pooled over the tasks (each sample weighing the same), 95 % bootstrap over those
+    pairs, with full prefill's mean on the same samples where the folder has it. Where the
+    evidence survives, a gap between the modes is the positions' answer to a prompt that holds
+    it; where it does not, both modes answer without it."""
+    if "needle_whole" not in rows:  # rows before 2026-12-06: no group to tell
+        rows = rows.assign(needle_whole=np.nan)
+    full_rows = rows[rows["method"] == "full"]
+    out = []
+    for where, orig, cont in _arms(rows):
+        mine = full_rows
+        for c in FULL_SETUP:  # full prefill of this arm's setup only (a folder may hold two lengths)
+            if c in mine and c in where:
+                mine = mine[mine[c].astype(str) == str(where[c])]
+        full = mine.drop_duplicates(KEY).set_index(KEY)["score"]
+        both = _joined(orig, cont, ["score", "needle_whole"]).dropna(subset=["needle_whole_o"])
+        whole = both["needle_whole_o"] >= 1.0 - 1e-9
+        for label, g in zip(WHOLE_LABELS, (both[whole], both[~whole]), strict=True):
+            d = (g["score_c"] - g["score_o"]).to_numpy(dtype=float)
+            e = unit_mean(d, range(len(d)), f"whole:{label}") if len(d) else NAN
+            f = full.reindex(g.index).dropna()
+            out.append({**_label(where), "evidence": label, "n": len(d),
+                        "original": float(g["score_o"].mean()) if len(d) else float("nan"),
+                        "contiguous": float(g["score_c"].mean()) if len(d) else float("nan"),
+                        "full": float(f.mean()) if len(f) else float("nan"), "full_n": len(f),
+                        "difference": e.value, "lo": e.lo, "hi": e.hi})  # fmt: skip
+    return pd.DataFrame(out)
+
+
 def between_methods(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (setup, keep, position mode): each method minus the first of :data:`METHODS` run
     (SpecPrefill by default), paired by sample (:func:`paired_difference`, tasks weighted
@@ -302,6 +340,14 @@ def _between_cells(r: Any) -> str:
             f"{difference(r.difference, r.lo, r.hi)} |")  # fmt: skip
 
 
+def _whole_cells(r: Any) -> str:
+    full = "-" if pd.isna(r.full) else f"{r.full:.1f}" + ("" if r.full_n == r.n else f" (n={r.full_n})")
+    return (
+        f"| {r.method} | {r.keep:g} | {r.evidence} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
+        f"{difference(r.difference, r.lo, r.hi)} | {full} |"
+    )  # fmt: skip
+
+
 def _depth_cells(r: Any) -> str:
     return (
         f"| {r.method} | {r.keep:g} | {r.depth} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
@@ -310,7 +356,11 @@ def _depth_cells(r: Any) -> str:
 
 
 def markdown(
-    df: pd.DataFrame, diff: pd.DataFrame, depth: pd.DataFrame | None = None, between: pd.DataFrame | None = None
+    df: pd.DataFrame,
+    diff: pd.DataFrame,
+    depth: pd.DataFrame | None = None,
+    between: pd.DataFrame | None = None,
+    whole: pd.DataFrame | None = None,
 ) -> str:
     setup = _varying(df, diff)
     lines = _section(
@@ -337,6 +387,14 @@ def markdown(
             "The selections compared with the positions held the same: the method's score minus the other's on the "
             "same samples, both prefilling at the positions named (0-100 points, tasks weighted equally, 95 % "
             "bootstrap).",
+        )  # fmt: skip
+    if whole is not None and not whole.empty and whole["n"].sum():
+        lines += _section(
+            setup, "| method | keep | asked evidence | n | original | contiguous | contiguous - original [95 %] | "
+            "full prefill, same samples |", whole, _whole_cells,
+            "By whether the selection kept the asked evidence whole (needle_whole 1: every needle, every statement "
+            "of a chain, to its last token; the same tokens in both modes), every task's pairs pooled, each sample "
+            "weighing the same, 95 % bootstrap over the pairs in the group; full prefill's mean on those samples.",
         )  # fmt: skip
     if depth is not None and not depth.empty:
         lines += _section(
@@ -412,11 +470,13 @@ def main(argv: list[str] | None = None) -> None:
     found = analyze(a.out)
     rows = found.ok("eval")
     df, diff, depth, between = table(found), differences(rows), by_depth(rows), between_methods(rows)
+    whole = by_whole(rows)
     df.to_csv(a.out / "positions.csv", index=False)
     diff.to_csv(a.out / "positions_differences.csv", index=False)
     depth.to_csv(a.out / "positions_by_depth.csv", index=False)
     between.to_csv(a.out / "positions_between_methods.csv", index=False)
-    text = markdown(df, diff, depth, between)
+    whole.to_csv(a.out / "positions_by_whole.csv", index=False)
+    text = markdown(df, diff, depth, between, whole)
     (a.out / "positions.md").write_text(text + "\n")
     figure(df, a.out / "positions.png")
     print(text)
