@@ -71,6 +71,7 @@ def test_the_commit_is_read_once_as_the_process_starts(monkeypatch):
         ("draft_family", "draft_family_256_qwen_cpu", "draft_family.md"),
         ("lookahead", "lookahead_qwen_cpu", "lookahead.md"),
         ("lookahead", "lookahead_multikey_qwen_cpu", "lookahead.md"),
+        ("positions", "positions_smollm2_cpu", "positions.md"),
     ],
 )
 def test_a_committed_study_table_is_what_its_rows_render(study, folder, table, tmp_path):
@@ -115,3 +116,35 @@ def test_a_committed_pairs_table_is_what_its_rows_render(folder, base, name, mor
     shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.md", "*.csv", "*.png"))
     main([str(out), "--base", base, "--name", name, *more])
     assert (out / f"{name}.md").read_text() == (src / f"{name}.md").read_text()
+
+
+@pytest.mark.parametrize(("folder", "n"), [("positions_smollm2_cpu", 180)])
+def test_forcing_the_first_tokens_in_changed_nothing_they_were_kept_already(folder, n):
+    """The READMEs' claim that the attention sink is not what original positions lose: every line
+    run with ``force_keep_first=4`` kept the same tokens (``kept_hash``) and gave the same
+    predictions as the same line without it, sample for sample: the selection held the prompt's
+    first four tokens already."""
+    import json
+
+    from harness.store import RunStore
+
+    root = Path(__file__).resolve().parents[1] / "results" / "reference" / folder
+    runs = [RunStore(c.parent).read() for c in root.glob("*/ruler-*/*/config.yaml")]
+    key = ["length", "task", "sample_id"]
+
+    def line(rows, first):
+        opts = json.loads(rows["method_options"].iloc[0])
+        return (int(rows["length"].iloc[0]), json.dumps({**opts, "force_keep_first": first}, sort_keys=True))
+
+    without = {line(r, 0): r for r in runs if json.loads(r["method_options"].iloc[0]).get("force_keep_first") == 0}
+    paired = 0
+    for r in runs:
+        if json.loads(r["method_options"].iloc[0]).get("force_keep_first") != 4:
+            continue
+        other = without[line(r, 0)].set_index(key)
+        mine = r.set_index(key)
+        assert len(mine) and mine.index.isin(other.index).all()
+        assert (mine["kept_hash"] == other.loc[mine.index, "kept_hash"]).all()
+        assert (mine["prediction"] == other.loc[mine.index, "prediction"]).all()
+        paired += len(mine)
+    assert paired == n
