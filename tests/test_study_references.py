@@ -118,7 +118,7 @@ def test_a_committed_pairs_table_is_what_its_rows_render(folder, base, name, mor
     assert (out / f"{name}.md").read_text() == (src / f"{name}.md").read_text()
 
 
-@pytest.mark.parametrize(("folder", "n"), [("positions_smollm2_cpu", 180)])
+@pytest.mark.parametrize(("folder", "n"), [("positions_smollm2_cpu", 180), ("sink_check_qwen_cpu", 30)])
 def test_forcing_the_first_tokens_in_changed_nothing_they_were_kept_already(folder, n):
     """The READMEs' claim that the attention sink is not what original positions lose: every line
     run with ``force_keep_first=4`` kept the same tokens (``kept_hash``) and gave the same
