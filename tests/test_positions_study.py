@@ -184,6 +184,26 @@ def test_runs_of_one_method_under_other_options_are_arms_of_their_own():
     assert set(study.differences(chunked)["method"]) == {"specprefill"}
 
 
+def test_a_budget_in_tokens_is_printed_as_one_and_budgets_are_never_pooled():
+    """keep_tokens=N runs record keep_rate 1.0: the tables print "N tokens", not "1", and two
+    budgets in one folder are two lines (a keep rate of 1.0 each, pooled, would pair across)."""
+
+    def budget(n, scores):
+        r = _rows(scores).assign(keep_rate=1.0)
+        opts = [{**json.loads(o), "keep_rate": 1.0, "keep_tokens": n} for o in r["method_options"]]
+        return r.assign(method_options=[json.dumps(o) for o in opts])
+
+    rows = pd.concat([budget(256, {("original", "a"): [0, 0], ("contiguous", "a"): [100, 100]}),
+                      budget(512, {("original", "a"): [100, 100], ("contiguous", "a"): [100, 100]})])  # fmt: skip
+    d = study.differences(rows)
+    got = d[d["task"] == "ALL"].set_index("method")
+    assert sorted(got["budget"]) == ["256 tokens", "512 tokens"]
+    assert got.set_index("budget").loc["256 tokens", "difference"] == pytest.approx(100.0)
+    assert "| specprefill (keep_tokens=256) | 256 tokens | ALL | 2 |" in study.markdown(
+        pd.DataFrame(columns=["method"]), d
+    )
+
+
 def test_rows_of_another_length_in_the_same_folder_are_not_pairs():
     at = {2048: _rows({("original", "a"): [100, 100], ("contiguous", "a"): [0, 100]}),
           4096: _rows({("original", "a"): [0, 0], ("contiguous", "a"): [100, 100]})}  # fmt: skip

@@ -118,6 +118,7 @@ def table(a: Analysis) -> pd.DataFrame:
         "method": s["method_name"].astype(str),
         "variant": variants(s, "method_name"),
         "keep": s["keep_rate"].astype(float),
+        "budget": [_budget(float(k), _tokens(o)) for k, o in zip(s["keep_rate"], s["method_options"], strict=True)],
         "position_mode": [position_mode(o) for o in s["method_options"]],
         "n": s["n"].astype(int),
         **{c: s[c] for c in ("score", "score_lo", "score_hi", "retention", "retention_lo", "retention_hi",
@@ -145,14 +146,14 @@ def _in_modes(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows of a method run in either position mode at a keep, each tagged with its mode."""
     d = rows.assign(position_mode=[position_mode(o) for o in rows["method_options"]])
     d = d[d["position_mode"].isin(MODES) & d["keep_rate"].notna()]
-    return d.assign(variant=variants(d))
+    return d.assign(variant=variants(d), keep_tokens=[_tokens(o) for o in d["method_options"]])
 
 
 def _arms(rows: pd.DataFrame) -> Iterator[tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]]:
     """Per setup, method and keep with both modes: (what they share, the original rows, the
     contiguous rows). ``rows``: eval rows with status ok (:meth:`Analysis.ok`)."""
     d = _in_modes(rows)
-    cols = [*(c for c in SETUP if c in d), "method", "variant", "keep_rate"]
+    cols = [*(c for c in SETUP if c in d), "method", "variant", "keep_rate", "keep_tokens"]
     for key, g in d.groupby(cols, sort=True, dropna=False):
         where = dict(zip(cols, key, strict=True))
         orig, cont = g[g["position_mode"] == "original"], g[g["position_mode"] == "contiguous"]
@@ -169,12 +170,21 @@ def _joined(orig: pd.DataFrame, cont: pd.DataFrame, columns: list[str]) -> pd.Da
 def _label(where: dict[str, Any]) -> dict[str, Any]:
     """A table line's setup columns, with the method (its variant named) and keep under the
     study's names."""
-    out = {k: v for k, v in where.items() if k not in ("method", "variant", "keep_rate")}
-    return {
-        **out,
-        "method": _named(str(where["method"]), str(where.get("variant", ""))),
-        "keep": float(where["keep_rate"]),
-    }
+    out = {k: v for k, v in where.items() if k not in ("method", "variant", "keep_rate", "keep_tokens")}
+    keep, tokens = float(where["keep_rate"]), float(where.get("keep_tokens", float("nan")))
+    method = _named(str(where["method"]), str(where.get("variant", "")))
+    return {**out, "method": method, "keep": keep, "budget": _budget(keep, tokens)}
+
+
+def _tokens(options: Any) -> float:
+    """A row's budget in tokens (``keep_tokens``; NaN where it has a keep rate instead)."""
+    n = options_of(options).get("keep_tokens")
+    return float("nan") if n is None else float(n)
+
+
+def _budget(keep: float, tokens: float) -> str:
+    """The budget as the tables print it: ``512 tokens``, else the keep rate (``0.1``)."""
+    return f"{int(tokens)} tokens" if tokens == tokens else f"{keep:g}"
 
 
 def _named(method: str, variant: str) -> str:
@@ -280,7 +290,7 @@ def between_methods(rows: pd.DataFrame) -> pd.DataFrame:
     d = _in_modes(rows)
     d = d[d["method"].isin(METHODS)]
     d = d.assign(arm=[_named(m, v) for m, v in zip(d["method"], d["variant"], strict=True)])
-    cols = [*(c for c in SETUP if c in d), "keep_rate", "position_mode"]
+    cols = [*(c for c in SETUP if c in d), "keep_rate", "keep_tokens", "position_mode"]
     out = []
     for key, g in d.groupby(cols, sort=True, dropna=False):
         where = dict(zip(cols, key, strict=True))
@@ -291,7 +301,9 @@ def between_methods(rows: pd.DataFrame) -> pd.DataFrame:
             other = g[g["arm"] == method]
             tasks = sorted(set(base["task"]) & set(other["task"]))
             diff, _, _ = paired_difference(Point(other), Point(base), "score", [tasks])
-            out.append({**{c: where[c] for c in cols[:-2]}, "keep": float(where["keep_rate"]),
+            keep = float(where["keep_rate"])
+            out.append({**{c: where[c] for c in cols[:-3]}, "keep": keep,
+                        "budget": _budget(keep, float(where["keep_tokens"])),
                         "position_mode": where["position_mode"], "method": method, "against": present[0],
                         "n": diff.n, "difference": diff.value, "lo": diff.lo, "hi": diff.hi})  # fmt: skip
     return pd.DataFrame(out)
@@ -321,7 +333,7 @@ def _section(setup: list[str], head: str, frame: pd.DataFrame, cells: Callable[[
 def _arm_cells(r: Any) -> str:
     full = r.method == "full"
     return (
-        f"| {_arm_name(str(r.method), r.position_mode, str(r.variant))} | {'1' if full else f'{r.keep:g}'} | {r.n} | "
+        f"| {_arm_name(str(r.method), r.position_mode, str(r.variant))} | {'1' if full else r.budget} | {r.n} | "
         f"{ci(r.score, r.score_lo, r.score_hi)} | {'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | "
         f"{num(r.needle_kept, '.2f')} | {num(r.kept_fraction, '.2f')} |"
     )  # fmt: skip
@@ -329,28 +341,28 @@ def _arm_cells(r: Any) -> str:
 
 def _difference_cells(r: Any) -> str:
     return (
-        f"| {r.method} | {r.keep:g} | {r.task} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
+        f"| {r.method} | {r.budget} | {r.task} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
         f"{difference(r.difference, r.lo, r.hi)} | {r.wins} / {r.losses} | "
         f"{'not recorded' if pd.isna(r.same_selection) else f'{r.same_selection:.0%}'} |"
     )  # fmt: skip
 
 
 def _between_cells(r: Any) -> str:
-    return (f"| {r.method} | {r.against} | {r.keep:g} | {r.position_mode} | {r.n} | "
+    return (f"| {r.method} | {r.against} | {r.budget} | {r.position_mode} | {r.n} | "
             f"{difference(r.difference, r.lo, r.hi)} |")  # fmt: skip
 
 
 def _whole_cells(r: Any) -> str:
     full = "-" if pd.isna(r.full) else f"{r.full:.1f}" + ("" if r.full_n == r.n else f" (n={r.full_n})")
     return (
-        f"| {r.method} | {r.keep:g} | {r.evidence} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
+        f"| {r.method} | {r.budget} | {r.evidence} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
         f"{difference(r.difference, r.lo, r.hi)} | {full} |"
     )  # fmt: skip
 
 
 def _depth_cells(r: Any) -> str:
     return (
-        f"| {r.method} | {r.keep:g} | {r.depth} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
+        f"| {r.method} | {r.budget} | {r.depth} | {r.n} | {num(r.original, '.1f')} | {num(r.contiguous, '.1f')} | "
         f"{difference(r.difference, r.lo, r.hi)} |"
     )  # fmt: skip
 
