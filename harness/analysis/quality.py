@@ -327,6 +327,15 @@ COLUMNS = [
 ]  # fmt: skip
 
 
+#: How ``speedup_timing`` ends where the rows shared the machine (see the module's table).
+LOADED = ", loaded"
+
+
+def timed_loaded(timing: Any) -> bool:
+    """Whether a summary's ``speedup_timing`` says its rows shared the machine."""
+    return isinstance(timing, str) and timing.endswith(LOADED)
+
+
 def references(ok: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
     """The reference's ok rows by :data:`REFERENCE_OF` key."""
     ref = ok[ok["is_reference"]]
@@ -398,7 +407,7 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
             row.update(measures(this, ref, parts, same_machine))
             shown = not np.isnan(row["speedup"]) and not point["is_reference_point"]
             busy = shown and (this.loaded(names) or (ref is not None and ref.loaded(names)))
-            row["speedup_timing"] = f"{timing}, loaded" if busy else timing if shown else ""
+            row["speedup_timing"] = f"{timing}{LOADED}" if busy else timing if shown else ""
             out.append(row)
     s = pd.DataFrame(out).reindex(columns=COLUMNS)
     return s.sort_values(["model", "benchmark", "length", "task", "method", "keep_rate"]).reset_index(drop=True)

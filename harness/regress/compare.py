@@ -16,6 +16,7 @@ from harness.analysis.quality import (
     paired_difference,
     paired_ratio,
     references,
+    timed_loaded,
 )
 from harness.analysis.rows import AA_METHOD, GATE_COLUMNS, LATENCY_POINT, POINT, REFERENCE_OF
 from harness.analysis.stats import Estimate
@@ -114,7 +115,7 @@ def _estimates(s: pd.DataFrame, key: list[str]) -> dict[tuple, SpeedPoint]:
         flags = str(r["flags"]) if isinstance(r.get("flags"), str) else ""
         comparable = bool(r["comparable"]) if "comparable" in r and pd.notna(r["comparable"]) else True
         # loaded: the latency summary's flag, or an eval summary's timing (its rows' load)
-        loaded = r.get("loaded", False) is True or str(r.get("speedup_timing", "")).endswith(", loaded")
+        loaded = r.get("loaded", False) is True or timed_loaded(r.get("speedup_timing"))
         out[tuple(r[cols])] = SpeedPoint(e, flags, comparable, "order not balanced" in flags, bool(loaded))
     return out
 

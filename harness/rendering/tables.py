@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.analysis.quality import COLUMNS as QUALITY_COLUMNS
+from harness.analysis.quality import timed_loaded
 
 #: What an eval run's TTFT ratio and speedup are, wherever one is printed.
 BETWEEN_RUNS = (
@@ -100,10 +101,10 @@ def format_summary(summary: pd.DataFrame, columns: list[str] | None = None) -> p
             s[c] = [with_ci(v, lo, hi, WITH_CI[c]) for v, lo, hi in
                     zip(summary[c], summary[f"{c}_lo"], summary[f"{c}_hi"], strict=True)]  # fmt: skip
             if c == "speedup" and "speedup_timing" in summary:
-                timing = summary["speedup_timing"].fillna("").astype(str)
-                paired = timing.str.startswith("side by side")
+                paired = summary["speedup_timing"].fillna("").astype(str).str.startswith("side by side")
                 s.loc[paired, c] = s.loc[paired, c] + " (side by side)"
-                s.loc[loaded(summary), c] = s.loc[loaded(summary), c] + " (loaded)"
+                busy = loaded(summary)
+                s.loc[busy, c] = s.loc[busy, c] + " (loaded)"
             if c == "speedup" and "speed_anomaly" in summary:
                 above = summary["speed_anomaly"].fillna("").astype(str) != ""
                 s.loc[above, c] = s.loc[above, c] + " (above ideal)"
@@ -118,7 +119,7 @@ def loaded(summary: pd.DataFrame) -> pd.Series:
     """Which rows' speedups were timed on a loaded machine (``speedup_timing`` ends ``loaded``)."""
     if "speedup_timing" not in summary:
         return pd.Series(False, index=summary.index)
-    return summary["speedup_timing"].fillna("").astype(str).str.endswith(", loaded")
+    return summary["speedup_timing"].map(timed_loaded).astype(bool)
 
 
 def unpaired(summary: pd.DataFrame) -> bool:

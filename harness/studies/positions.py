@@ -234,14 +234,19 @@ def by_depth(rows: pd.DataFrame) -> pd.DataFrame:
         both = _joined(orig, cont, ["score", "needle_depth"]).dropna(subset=["needle_depth_o"])
         bins = pd.cut(both["needle_depth_o"], DEPTH_EDGES, labels=DEPTH_LABELS, include_lowest=True)
         for label in DEPTH_LABELS:
-            g = both[bins == label]
-            d = (g["score_c"] - g["score_o"]).to_numpy(dtype=float)
-            e = unit_mean(d, range(len(d)), f"depth:{label}") if len(d) else NAN
-            out.append({**_label(where), "depth": label, "n": len(d),
-                        "original": float(g["score_o"].mean()) if len(d) else float("nan"),
-                        "contiguous": float(g["score_c"].mean()) if len(d) else float("nan"),
-                        "difference": e.value, "lo": e.lo, "hi": e.hi})  # fmt: skip
+            out.append({**_label(where), "depth": label, **_pooled(both[bins == label], f"depth:{label}")})
     return pd.DataFrame(out)
+
+
+def _pooled(g: pd.DataFrame, seed: str) -> dict[str, Any]:
+    """Contiguous minus original over the joined pairs ``g`` (:func:`_joined`), each sample
+    weighing the same: n, both means, the difference and its 95 % bootstrap (seeded by ``seed``)."""
+    d = (g["score_c"] - g["score_o"]).to_numpy(dtype=float)
+    e = unit_mean(d, range(len(d)), seed) if len(d) else NAN
+    return {"n": len(d),
+            "original": float(g["score_o"].mean()) if len(d) else float("nan"),
+            "contiguous": float(g["score_c"].mean()) if len(d) else float("nan"),
+            "difference": e.value, "lo": e.lo, "hi": e.hi}  # fmt: skip
 
 
 #: What full prefill shares with an arm it is set beside (not the speculator: it has none).
@@ -271,14 +276,9 @@ def by_whole(rows: pd.DataFrame) -> pd.DataFrame:
         both = _joined(orig, cont, ["score", "needle_whole"]).dropna(subset=["needle_whole_o"])
         whole = both["needle_whole_o"] >= 1.0 - 1e-9
         for label, g in zip(WHOLE_LABELS, (both[whole], both[~whole]), strict=True):
-            d = (g["score_c"] - g["score_o"]).to_numpy(dtype=float)
-            e = unit_mean(d, range(len(d)), f"whole:{label}") if len(d) else NAN
             f = full.reindex(g.index).dropna()
-            out.append({**_label(where), "evidence": label, "n": len(d),
-                        "original": float(g["score_o"].mean()) if len(d) else float("nan"),
-                        "contiguous": float(g["score_c"].mean()) if len(d) else float("nan"),
-                        "full": float(f.mean()) if len(f) else float("nan"), "full_n": len(f),
-                        "difference": e.value, "lo": e.lo, "hi": e.hi})  # fmt: skip
+            out.append({**_label(where), "evidence": label, **_pooled(g, f"whole:{label}"),
+                        "full": float(f.mean()) if len(f) else float("nan"), "full_n": len(f)})  # fmt: skip
     return pd.DataFrame(out)
 
 
