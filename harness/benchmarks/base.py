@@ -53,7 +53,7 @@ class Benchmark(ABC):
     metrics_version: ClassVar[str]
     #: The deliberate differences from the benchmark's official code, in a few words (stored
     #: in every row as ``benchmark_notes``; "" where there is none).
-    notes: ClassVar[str] = ""
+    notes: str = ""  # a class's own; a run may add its deviations (RULER's vt_hops)
     all_tasks: ClassVar[tuple[str, ...]]
     #: The keys ``options`` may hold, each with what it takes (anything else is refused,
     #: so it cannot silently change the run's hash; a bad value is refused in one line).

@@ -20,14 +20,21 @@ first three also key the sample cache, :data:`GENERATOR_NOTES`):
   touch the task text only, not the model's system prompt.
 * niah keys: ``adjective-noun`` drawn uniformly from the product of wonderwords' lists
   (the official draws from the sorted set of the same strings: same distribution).
+
+One more on request only: ``benchmark.options.vt_hops=N`` gives variable tracking chains
+of N hops (``num_hops``; RULER's is 4, the answer then names N + 1 variables), for studies
+of chain length. Unset, no row or run id changes; set, it is in the rows'
+``benchmark_options`` and ``benchmark_notes`` and keys the sample cache.
 """
 
 from __future__ import annotations
 
-from harness.benchmarks.base import Benchmark, TokenizerInfo, register_benchmark
+from typing import Any, ClassVar
+
+from harness.benchmarks.base import Benchmark, BenchmarkConfig, TokenizerInfo, register_benchmark
 from harness.benchmarks.ruler.cache import cache_key, cached_samples
 from harness.benchmarks.ruler.data import cwe_words, data_dir, essay_sentences, essay_words, qa_data, wordlists
-from harness.benchmarks.ruler.generators import GENERATORS, TaskGen, make_generator
+from harness.benchmarks.ruler.generators import GENERATORS, TaskGen, make_generator, task_args
 from harness.benchmarks.ruler.length import _largest_fitting, generate
 from harness.benchmarks.ruler.metrics import VERSION as METRICS_VERSION
 from harness.benchmarks.ruler.metrics import score_one
@@ -44,6 +51,7 @@ from harness.benchmarks.ruler.tasks import (
     Rng,
 )
 from harness.types import Sample
+from specprefill.options import Allowed
 
 __all__ = [
     "DEVIATIONS",
@@ -69,6 +77,7 @@ __all__ = [
     "generate",
     "make_generator",
     "qa_data",
+    "task_args",
     "wordlists",
 ]
 
@@ -82,6 +91,35 @@ class Ruler(Benchmark):
     metrics_version = METRICS_VERSION
     notes = DEVIATIONS
     all_tasks = tuple(TASKS)
+    allowed_options: ClassVar[dict[str, Allowed]] = {
+        "vt_hops": Allowed(
+            int, ge=0, le=20, null=True, note=f"vt's chain length; null: official ({TASKS['vt'][1]['num_hops']})"
+        ),
+    }
+
+    def __init__(self, cfg: BenchmarkConfig) -> None:
+        super().__init__(cfg)  # the options against their declarations
+        hops = cfg.options.get("vt_hops")
+        self.vt_hops: int | None = None if hops is None else int(hops)
+        if self.vt_hops is not None:
+            if "vt" not in self.tasks:
+                raise ValueError(
+                    f"ruler: vt_hops={self.vt_hops} sets variable tracking's chain length, but tasks= "
+                    f"{list(self.tasks)} has no vt; allowed: vt_hops with vt among the tasks, or vt_hops=null"
+                )
+            # A deliberate deviation from synthetic.yaml: every row's benchmark_notes says so.
+            self.notes = f"{DEVIATIONS}; vt num_hops={self.vt_hops} (official: {TASKS['vt'][1]['num_hops']})"
+
+    def task_args(self, task: str) -> dict[str, Any]:
+        """The settings this run replaces in ``task``'s official ones (none unless set)."""
+        return {"num_hops": self.vt_hops} if task == "vt" and self.vt_hops is not None else {}
+
+    def options(self) -> dict[str, Any]:
+        """An unset ``vt_hops`` is left out, so a run at RULER's own settings keeps its identity."""
+        opts = super().options()
+        if opts.get("vt_hops") is None:
+            opts.pop("vt_hops", None)
+        return opts
 
     @classmethod
     def family(cls, task: str) -> str:
@@ -103,7 +141,7 @@ class Ruler(Benchmark):
 
         out: list[Sample] = []
         for task in tqdm(self.tasks, desc=f"RULER-{self.cfg.length} samples", unit="task", leave=False):
-            out.extend(cached_samples(task, self.cfg.length, self.cfg.limit, tok))
+            out.extend(cached_samples(task, self.cfg.length, self.cfg.limit, tok, self.task_args(task) or None))
         return out
 
     def score(self, sample: Sample, prediction: str) -> float:

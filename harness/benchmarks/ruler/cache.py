@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.benchmarks.base import TokenizerInfo
+from harness.benchmarks.ruler.generators import task_args
 from harness.benchmarks.ruler.length import generate
 from harness.benchmarks.ruler.tasks import GENERATOR_NOTES, SEED, TASK_TEMPLATES, TASKS, VERSION
 from harness.benchmarks.text import sentence_splitter_name
@@ -21,13 +22,14 @@ from harness.parquet import read_parquet
 from harness.types import PromptFormat, Sample
 
 
-def cache_key(task: str, length: int, fmt: PromptFormat, tokenizer_id: str) -> str:
-    """Everything that shapes a generated set, hashed."""
+def cache_key(task: str, length: int, fmt: PromptFormat, tokenizer_id: str, args: dict[str, Any] | None = None) -> str:
+    """Everything that shapes a generated set, hashed (``args``: settings replaced, as
+    :func:`generate` takes them)."""
     payload = json.dumps(
         {
             "version": VERSION,
             "task": task,
-            "args": TASKS[task][1],
+            "args": task_args(task, args),
             "templates": TASK_TEMPLATES[TASKS[task][0]],
             "length": length,
             "seed": SEED,
@@ -48,14 +50,16 @@ def _cache_dir() -> Path:
     return cache_root() / "ruler"
 
 
-def cached_samples(task: str, length: int, limit: int, tok: TokenizerInfo) -> list[Sample]:
+def cached_samples(
+    task: str, length: int, limit: int, tok: TokenizerInfo, args: dict[str, Any] | None = None
+) -> list[Sample]:
     """Samples from the parquet cache, generating (and saving) them when missing or too few.
 
     The sample stream is sequential, so a file holding M samples is a prefix of any
     longer set: a larger ``limit`` regenerates, a smaller one reads the prefix."""
     import pandas as pd
 
-    path = _cache_dir() / f"{task}-{length}-{cache_key(task, length, tok.fmt, tok.id)}.parquet"
+    path = _cache_dir() / f"{task}-{length}-{cache_key(task, length, tok.fmt, tok.id, args)}.parquet"
     if path.exists():
         bad = problems(path)  # a truncated or edited file is regenerated, not read
         if bad:
@@ -64,7 +68,7 @@ def cached_samples(task: str, length: int, limit: int, tok: TokenizerInfo) -> li
             df = read_parquet(path)
             if len(df) >= limit:
                 return [_row_to_sample(r) for r in df.head(limit).to_dict("records")]
-    samples = generate(task, length, limit, tok.fmt, tok.count)
+    samples = generate(task, length, limit, tok.fmt, tok.count, args)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     pd.DataFrame([_sample_to_row(s) for s in samples]).to_parquet(tmp, index=False)

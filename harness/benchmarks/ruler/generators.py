@@ -351,6 +351,18 @@ GENERATORS: dict[str, type[TaskGen]] = {
 }
 
 
-def make_generator(task: str, length: int) -> TaskGen:
-    kind, args = TASKS[task]
-    return GENERATORS[kind](dict(args), length)
+def make_generator(task: str, length: int, args: dict[str, Any] | None = None) -> TaskGen:
+    """The generator of ``task`` at ``length``; ``args`` replace some of its official settings
+    (:func:`task_args`)."""
+    kind, _ = TASKS[task]
+    return GENERATORS[kind](task_args(task, args), length)
+
+
+def task_args(task: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``task``'s settings (``synthetic.yaml``), with ``args`` replacing the ones it names; a
+    setting the task does not have is refused."""
+    official = TASKS[task][1]
+    unknown = sorted(set(args or {}) - set(official))
+    if unknown:
+        raise ValueError(f"RULER task {task!r} has no setting(s) {unknown}; allowed: {sorted(official)}")
+    return {**official, **(args or {})}

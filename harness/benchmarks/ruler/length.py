@@ -4,6 +4,7 @@ target length (bisection, where the official scripts grow it step by step)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from harness.benchmarks.ruler.generators import QA, TaskGen, VariableTracking, make_generator
 from harness.benchmarks.ruler.tasks import SEED, TASKS, Parts, Rng
@@ -41,15 +42,17 @@ def generate(
     num_samples: int,
     fmt: PromptFormat,
     count_tokens: Callable[[str], int],
+    args: dict[str, Any] | None = None,
 ) -> list[Sample]:
     """Generate the first ``num_samples`` samples of ``task`` at ``length`` tokens.
 
     ``length`` is RULER's ``max_seq_length``: prompt tokens + tokens to generate.
     ``count_tokens`` counts tokens of a fully formatted prompt in the target tokenizer.
+    ``args`` replace some of the task's official settings (``{"num_hops": 8}`` for vt).
     """
     if task not in TASKS:
         raise ValueError(f"unknown RULER task {task!r}; allowed: {list(TASKS)}")
-    gen = make_generator(task, length)
+    gen = make_generator(task, length, args)
     reserve = gen.tokens_to_generate if gen.reserve_generation else 0
 
     def render(p: Parts) -> tuple[str, int]:
