@@ -218,6 +218,28 @@ def test_rows_of_another_length_in_the_same_folder_are_not_pairs():
     assert study.differences(lone).empty
 
 
+def test_rows_of_another_benchmark_option_are_not_pairs_and_full_prefill_is_their_own():
+    """vt at two chain lengths (benchmark.options.vt_hops) in one folder: sample 0 of one is not
+    sample 0 of the other, so each is its own arm, named by its option, beside its own full
+    prefill; RULER's own settings print as "-"."""
+    own = json.dumps({"name": "ruler", "version": "ruler-1", "length": 4096})
+    hops8 = json.dumps({"name": "ruler", "version": "ruler-1", "length": 4096, "vt_hops": 8})
+    at = {own: _rows({("original", "vt"): [100, 100], ("contiguous", "vt"): [0, 100]}),
+          hops8: _rows({("original", "vt"): [0, 0], ("contiguous", "vt"): [100, 100]})}  # fmt: skip
+    rows = pd.concat([f.assign(benchmark_options=o, needle_whole=1.0) for o, f in at.items()], ignore_index=True)
+    full = pd.DataFrame({"method": "full", "task": "vt", "sample_id": [0, 1, 0, 1], "score": [100.0, 100.0, 0.0, 50.0],
+                         "benchmark_options": [own, own, hops8, hops8], "method_options": "{}", "keep_rate": None,
+                         "needle_whole": None})  # fmt: skip
+    d = study.differences(rows)
+    got = d[d["task"] == "ALL"].set_index("benchmark_options")["difference"]
+    assert got.to_dict() == pytest.approx({"-": -50.0, "vt_hops=8": 100.0})
+    assert "| vt_hops=8 | specprefill | 0.1 | ALL | 2 |" in study.markdown(pd.DataFrame(columns=["method"]), d)
+    whole = study.by_whole(pd.concat([rows, full], ignore_index=True))
+    whole = whole[whole["evidence"] == "kept whole"].set_index("benchmark_options")["full"]
+    assert whole.to_dict() == pytest.approx({"-": 100.0, "vt_hops=8": 25.0})
+    assert study.bench_label(own) == "-" and study.bench_label(hops8) == "vt_hops=8"
+
+
 def test_a_tiny_run_keeps_the_same_tokens_in_both_modes(tmp_path, tiny_ruler_eval):
     tiny_ruler_eval(["method=full"])
     for mode in study.MODES:

@@ -268,3 +268,45 @@ def test_cache_roundtrip(tmp_path, monkeypatch, tok_info):
     other = TokenizerInfo(id="another", count=tok_info.count, fmt=PromptFormat("base"))
     ruler.cached_samples("niah_single_1", 2048, 1, other)
     assert len(list((tmp_path / "ruler").glob("*.parquet"))) == 2  # keyed by tokenizer and format
+
+
+def _chain(s):
+    return [s.prompt[a:b] for a, b in s.spans]
+
+
+def test_vt_hops_option(tmp_path, monkeypatch, tok_info, generated):
+    """``vt_hops`` sets vt's chain length; unset, RULER's own samples and identity."""
+    monkeypatch.setenv("SPECPREFILL_CACHE", str(tmp_path))
+    official = generated["vt"]
+    plain = ruler.Ruler(BenchmarkConfig(name="ruler", length=4096, tasks=("vt",), limit=2))
+    unset = ruler.Ruler(BenchmarkConfig(name="ruler", length=4096, tasks=("vt",), limit=2, options={"vt_hops": None}))
+    assert plain.samples(tok_info) == unset.samples(tok_info) == official
+    # Unset, the option is not in the run's identity, nor in the rows' notes.
+    assert unset.options() == plain.options() == {"name": "ruler", "version": ruler.VERSION, "length": 4096}
+    assert unset.notes == ruler.DEVIATIONS
+    four = ruler.Ruler(BenchmarkConfig(name="ruler", length=4096, tasks=("vt",), limit=2, options={"vt_hops": 4}))
+    assert four.samples(tok_info) == official  # RULER's own 4, asked for by name
+    for hops in (0, 8):
+        b = ruler.Ruler(BenchmarkConfig(name="ruler", length=4096, tasks=("vt",), limit=2, options={"vt_hops": hops}))
+        assert b.options()["vt_hops"] == hops
+        assert b.notes.endswith(f"; vt num_hops={hops} (official: 4)")
+        for s in b.samples(tok_info):
+            assert len(s.references) == hops + 1 and len(set(s.references)) == hops + 1
+            chain = _chain(s)
+            assert chain[0].startswith(f"VAR {s.references[0]} = ")
+            assert chain[1:] == [f"VAR {s.references[j + 1]} = VAR {s.references[j]}" for j in range(hops)]
+            assert f"{hops + 1} variables are assgined the value" in s.answer_prefix
+    # Each chain length has its own cache file: 4 (unset or by name: the same settings, one
+    # file), 0 and 8.
+    assert len(list((tmp_path / "ruler").glob("vt-4096-*.parquet"))) == 3
+
+
+def test_vt_hops_refused():
+    with pytest.raises(ValueError, match=r"vt_hops=8 sets variable tracking's chain length, but tasks= \['qa_1'\]"):
+        ruler.Ruler(BenchmarkConfig(name="ruler", tasks=("qa_1",), options={"vt_hops": 8}))
+    with pytest.raises(ValueError, match=r"vt_hops=21; allowed: null or an int in \[0, 20\]"):
+        ruler.Ruler(BenchmarkConfig(name="ruler", tasks=("vt",), options={"vt_hops": 21}))
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['hops'\]"):
+        ruler.Ruler(BenchmarkConfig(name="ruler", tasks=("vt",), options={"hops": 8}))
+    with pytest.raises(ValueError, match=r"RULER task 'qa_1' has no setting\(s\) \['num_hops'\]"):
+        ruler.make_generator("qa_1", 4096, {"num_hops": 2})

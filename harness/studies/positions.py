@@ -115,6 +115,7 @@ def table(a: Analysis) -> pd.DataFrame:
     s = s[s["task"] == ALL]
     df = pd.DataFrame({
         "model": s["model"].astype(str), "length": s["length"].astype(int),
+        "benchmark_options": [bench_label(o) for o in s["benchmark_options"]],
         "method": s["method_name"].astype(str),
         "variant": variants(s, "method_name"),
         "keep": s["keep_rate"].astype(float),
@@ -127,13 +128,23 @@ def table(a: Analysis) -> pd.DataFrame:
     order = {m: i for i, m in enumerate(["full", *METHODS])}
     df["_m"] = df["method"].map(lambda m: order.get(m, len(order)))
     df["_p"] = df["position_mode"].map(lambda p: MODES.index(p) if p in MODES else -1)
-    by = ["model", "length", "_m", "variant", "keep", "_p"]
+    by = ["model", "length", "benchmark_options", "_m", "variant", "keep", "_p"]
     return df.sort_values(by).drop(columns=["_m", "_p"]).reset_index(drop=True)
 
 
 #: What a pair must share besides the sample: two rows of one sample id from another model,
-#: speculator, length or dtype (one --out holding two runs of the study) are not a pair.
-SETUP = ["model", "speculator", "backend", "dtype", "benchmark", "length"]
+#: speculator, length, dtype or benchmark option (one --out holding two runs of the study, or
+#: vt at two chain lengths: ``benchmark.options.vt_hops``) are not a pair.
+SETUP = ["model", "speculator", "backend", "dtype", "benchmark", "benchmark_options", "length"]
+#: The benchmark's identity keys, not options a user set (left out of :func:`bench_label`).
+_IDENTITY = ("name", "version", "length")
+
+
+def bench_label(options: Any) -> str:
+    """A row's benchmark options as the tables print them: ``vt_hops=8``; ``-`` where it ran
+    at the benchmark's own settings."""
+    opts = {k: v for k, v in options_of(options).items() if k not in _IDENTITY}
+    return ", ".join(f"{k}={v}" for k, v in sorted(opts.items())) or "-"
 
 
 KEY = ["task", "sample_id"]
@@ -171,6 +182,8 @@ def _label(where: dict[str, Any]) -> dict[str, Any]:
     """A table line's setup columns, with the method (its variant named) and keep under the
     study's names."""
     out = {k: v for k, v in where.items() if k not in ("method", "variant", "keep_rate", "keep_tokens")}
+    if "benchmark_options" in out:
+        out["benchmark_options"] = bench_label(out["benchmark_options"])
     keep, tokens = float(where["keep_rate"]), float(where.get("keep_tokens", float("nan")))
     method = _named(str(where["method"]), str(where.get("variant", "")))
     return {**out, "method": method, "keep": keep, "budget": _budget(keep, tokens)}
@@ -250,7 +263,7 @@ def _pooled(g: pd.DataFrame, seed: str) -> dict[str, Any]:
 
 
 #: What full prefill shares with an arm it is set beside (not the speculator: it has none).
-FULL_SETUP = ("model", "backend", "dtype", "benchmark", "length")
+FULL_SETUP = ("model", "backend", "dtype", "benchmark", "benchmark_options", "length")
 #: The groups of :func:`by_whole`: a pair's evidence kept whole (every piece to its last token) or not.
 WHOLE_LABELS = ("kept whole", "not kept whole")
 
@@ -302,7 +315,8 @@ def between_methods(rows: pd.DataFrame) -> pd.DataFrame:
             tasks = sorted(set(base["task"]) & set(other["task"]))
             diff, _, _ = paired_difference(Point(other), Point(base), "score", [tasks])
             keep = float(where["keep_rate"])
-            out.append({**{c: where[c] for c in cols[:-3]}, "keep": keep,
+            setup = {c: bench_label(where[c]) if c == "benchmark_options" else where[c] for c in cols[:-3]}
+            out.append({**setup, "keep": keep,
                         "budget": _budget(keep, float(where["keep_tokens"])),
                         "position_mode": where["position_mode"], "method": method, "against": present[0],
                         "n": diff.n, "difference": diff.value, "lo": diff.lo, "hi": diff.hi})  # fmt: skip
@@ -317,9 +331,10 @@ def _arm_name(method: str, mode: str | None, variant: str = "") -> str:
 
 
 def _varying(*frames: pd.DataFrame) -> list[str]:
-    """The setup columns (model, length) with more than one value across ``frames``: the tables
-    print them only then (one run of the study has one of each)."""
-    return [c for c in ("model", "length") if len({v for f in frames if c in f for v in f[c]}) > 1]
+    """The setup columns (model, length, benchmark options) with more than one value across
+    ``frames``: the tables print them only then (one run of the study has one of each)."""
+    cols = ("model", "length", "benchmark_options")
+    return [c for c in cols if len({v for f in frames if c in f for v in f[c]}) > 1]
 
 
 def _section(setup: list[str], head: str, frame: pd.DataFrame, cells: Callable[[Any], str], note: str) -> list[str]:
@@ -429,10 +444,11 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     arms = df[df["method"] != "full"]
-    panels = sorted({(str(m), int(n)) for m, n in zip(arms["model"], arms["length"], strict=True)}) or [("", 0)]
+    setups = zip(arms["model"], arms["length"], arms["benchmark_options"], strict=True)
+    panels = sorted({(str(m), int(n), str(b)) for m, n, b in setups}) or [("", 0, "-")]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), sharey=True, squeeze=False)
-    for ax, (model, length) in zip(axes[0], panels, strict=True):
-        here = arms[(arms["model"] == model) & (arms["length"] == length)]
+    for ax, (model, length, bench) in zip(axes[0], panels, strict=True):
+        here = arms[(arms["model"] == model) & (arms["length"] == length) & (arms["benchmark_options"] == bench)]
         for i, ((method, variant, mode), g) in enumerate(
             here.groupby(["method", "variant", "position_mode"], sort=False)
         ):
@@ -445,7 +461,7 @@ def figure(df: pd.DataFrame, path: Path) -> None:
                         label=_arm_name(str(method), str(mode), str(variant)))  # fmt: skip
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_xlabel("keep rate (share of the prompt prefilled)")
-        ax.set_title(f"{model}, {length} tokens" if model else "no arms")
+        ax.set_title((f"{model}, {length} tokens" + ("" if bench == "-" else f", {bench}")) if model else "no arms")
         if len(here):
             ax.legend(fontsize=7, loc="lower right")
     axes[0][0].set_ylabel("retention (score / full prefill's, 95 % interval)")
