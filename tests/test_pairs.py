@@ -141,3 +141,37 @@ def test_the_base_is_taken_in_each_setup_that_holds_it_worked_by_hand():
         pairs(rows, "sp", ("score",))
     with pytest.raises(ValueError, match="--base 'lookahead': no line of the folder holds it"):
         pairs(rows, "lookahead", ("score",))
+
+
+def test_rows_at_another_benchmark_setting_are_another_setup():
+    """vt at 8 hops (benchmark.options.vt_hops) beside RULER's own in one folder: its sample 0 is
+    another prompt, so its lines are paired only with each other, under their own heading."""
+    own = _rows("sp", {"chunk_size": 32}, {"vt": [0, 0]}) + _rows("sp", {"chunk_size": None}, {"vt": [100, 100]})
+    hops = json.dumps({"name": "ruler", "vt_hops": 8})
+    eight = [
+        {**r, "benchmark_options": hops}
+        for r in _rows("sp", {"chunk_size": 32}, {"vt": [100, 100]})
+        + _rows("sp", {"chunk_size": None}, {"vt": [0, 100]})
+    ]
+    rows = analyze_rows(None, pd.DataFrame(own + eight)).ok("eval")
+    df = pairs(rows, "chunk_size=32", measures=("score",))
+    got = df[df["task"] == "vt"].set_index("benchmark_options")["difference"]
+    assert got.to_dict() == pytest.approx({"-": 100.0, "vt_hops=8": -50.0})
+    text = markdown(df)
+    assert "### model m, benchmark ruler, length 2048 (vt_hops=8): each line against" in text
+    assert "### model m, benchmark ruler, length 2048: each line against" in text
+
+
+def test_studies_that_pool_by_sample_refuse_two_benchmark_settings_in_one_folder():
+    from harness.studies import draft_family, lookahead, one_benchmark_setting, options_of
+
+    own = pd.DataFrame(_rows("sp", {"keep_tokens": 256}, {"vt": [0, 100]}))
+    eight = own.assign(benchmark_options=json.dumps({"name": "ruler", "vt_hops": 8}))
+    rows = pd.concat([own, eight], ignore_index=True)
+    one_benchmark_setting(own, "x")  # one setting: nothing to refuse
+    one_benchmark_setting(pd.concat([own, own.assign(length=4096, benchmark_options="{}")]), "x")  # other length
+    for study, check in (("draft-family", draft_family.one_variant), ("lookahead", lookahead.one_setting)):
+        with pytest.raises(ValueError, match=rf"^{study}: rows of m at length 2048 ran at 2 settings of the benchmark "
+                                             r"\(\['-', 'vt_hops=8'\]\); allowed: one per folder"):  # fmt: skip
+            check(rows)
+    assert options_of(float("nan")) == {} and options_of(None) == {} and options_of('{"a": 1}') == {"a": 1}

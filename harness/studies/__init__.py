@@ -10,7 +10,10 @@ from typing import Any
 
 
 def options_of(options: Any) -> dict[str, Any]:
-    """A row's method options as a dict: the store's JSON text, or a mapping already parsed."""
+    """A row's method options as a dict: the store's JSON text, or a mapping already parsed;
+    none (None, or NaN in a frame whose rows lack the column) is an empty dict."""
+    if isinstance(options, float) and options != options:
+        return {}
     return json.loads(options) if isinstance(options, str) else dict(options or {})
 
 
@@ -99,6 +102,34 @@ def first_conflict(d: Any, keys: list[str], column: str) -> tuple[dict[str, Any]
     if not (n > 1).any():
         return None
     return dict(zip(keys, n[n > 1].index[0], strict=True)), int(n.max())
+
+
+#: A benchmark's identity keys in ``benchmark_options``, not options a user set.
+_BENCH_IDENTITY = ("name", "version", "length")
+
+
+def bench_label(options: Any) -> str:
+    """A row's benchmark options as a study's tables print them: ``vt_hops=8``; ``-`` where it
+    ran at the benchmark's own settings."""
+    opts = {k: v for k, v in options_of(options).items() if k not in _BENCH_IDENTITY}
+    return ", ".join(f"{k}={v}" for k, v in sorted(opts.items())) or "-"
+
+
+def one_benchmark_setting(rows: Any, study: str) -> None:
+    """Refuse, in one line, a study folder whose rows of one model, benchmark and length ran at
+    two settings of the benchmark (vt at two chain lengths): sample 0 of one is not sample 0 of
+    the other, and a study that pairs or pools by sample would mix them."""
+    keys = [c for c in ("model", "benchmark", "length") if c in rows]
+    if rows.empty or "benchmark_options" not in rows:
+        return
+    conflict = first_conflict(rows, keys, "benchmark_options")
+    if conflict:
+        where, most = conflict
+        found = sorted({bench_label(o) for o in rows["benchmark_options"]})
+        raise ValueError(
+            f"{study}: rows of {where.get('model')} at length {where.get('length')} ran at {most} settings of the "
+            f"benchmark ({found}); allowed: one per folder (run the other into another --out)"
+        )
 
 
 def run_job(cmd: list[str]) -> None:

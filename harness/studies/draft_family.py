@@ -59,6 +59,7 @@ from harness.studies import (
     difference_tables,
     first_conflict,
     head_cells,
+    one_benchmark_setting,
     options_of,
     paired_scores,
     require_runs,
@@ -173,6 +174,7 @@ def one_variant(rows: pd.DataFrame) -> None:
     as SpecKV-PC's ``then_keep_rate``): a line and its pairs would mix them silently."""
     if rows.empty:
         return
+    one_benchmark_setting(rows, "draft-family")
     d = rows.assign(line=[line_of(m, o) for m, o in zip(rows["method"], rows["method_options"], strict=True)],
                     budget=[budget_of(o) for o in rows["method_options"]],
                     variant=[_variant(o) for o in rows["method_options"]])  # fmt: skip

@@ -61,6 +61,7 @@ from harness.studies import (
     difference_tables,
     first_conflict,
     head_cells,
+    one_benchmark_setting,
     options_of,
     paired_scores,
     require_runs,
@@ -143,6 +144,7 @@ def one_setting(rows: pd.DataFrame) -> None:
     """Refuse, in one line, rows of one method and setup that differ in more than the budget
     and the look-ahead (pooling, chunk size, positions: an ablation run into the study's
     ``--out``): the pairs would compare more than the look-ahead."""
+    one_benchmark_setting(rows, "lookahead")
     d = _lines(rows)
     d = d[~d["lookahead"].isna()]
     if d.empty:

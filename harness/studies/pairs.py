@@ -30,14 +30,15 @@ import pandas as pd
 
 from harness.analysis.folder import analyze
 from harness.rendering.tables import difference, md_table, natural_key
-from harness.studies import ALL, paired_scores, require_runs, require_values
+from harness.studies import ALL, bench_label, paired_scores, require_runs, require_values
 
 #: What each pair compares, where the rows have it: the score (0-100), the share of the
 #: evidence's tokens kept, the share of its pieces kept whole, the share of the prompt after its
 #: context (the question) kept, the share of the prompt kept.
 MEASURES = ("score", "needle_kept", "needle_whole", "question_kept", "kept_fraction")
-#: Rows of one setup share their samples' prompts: only they are paired.
-SETUP = ["model", "benchmark", "length"]
+#: Rows of one setup share their samples' prompts: only they are paired (the benchmark's
+#: options too: vt at another chain length has other prompts under the same sample ids).
+SETUP = ["model", "benchmark", "benchmark_options", "length"]
 COLUMNS = [*SETUP, "line", "base", "task", "measure", "n", "line_mean", "base_mean", "difference", "lo", "hi",
            "wins", "losses"]  # fmt: skip
 
@@ -75,6 +76,8 @@ def pairs(
     differ from another's in what ``base`` leaves out, e.g. its budget), per setup, over all
     tasks and per task, for each of ``measures`` the rows have, on the samples whose ids lie in
     ``samples`` (both ends included; None: all); :data:`COLUMNS`."""
+    opts = rows["benchmark_options"] if "benchmark_options" in rows else [None] * len(rows)
+    rows = rows.assign(benchmark_options=[bench_label(o) for o in opts])
     setups = dict(list(rows.groupby(SETUP, sort=True)))
     labels = {k: sorted(g["label"].unique()) for k, g in setups.items()}
     bases = {k: pick(base, labs) for k, labs in labels.items() if any(base in lab for lab in labs)}
@@ -132,7 +135,10 @@ def markdown(df: pd.DataFrame, samples: str | None = None) -> str:
                 row[head.index("score - base")] += f"; {won} won, {lost} lost"
             cells.append(row)
         base = g["base"].iloc[0]
-        title = ", ".join(f"{k} {v}" for k, v in zip(SETUP, setup, strict=True))
+        title = ", ".join(f"{k} {v}" for k, v in zip(SETUP, setup, strict=True) if k != "benchmark_options")
+        title += (
+            "" if setup[SETUP.index("benchmark_options")] == "-" else f" ({setup[SETUP.index('benchmark_options')]})"
+        )
         title += f", samples {samples} only" if samples else ""
         parts.append(f"### {title}: each line against `{base}`\n\n" + md_table(pd.DataFrame(cells, columns=head)))
     note = ("Differences: the line minus the base on the samples both ran (`n`), 95 % paired bootstrap interval, "

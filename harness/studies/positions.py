@@ -46,7 +46,7 @@ from harness.analysis.folder import Analysis, analyze
 from harness.analysis.quality import Point, paired_difference, unit_mean
 from harness.analysis.stats import NAN
 from harness.rendering.tables import ci, difference, num
-from harness.studies import options_of, require_runs, require_values, run_job
+from harness.studies import bench_label, options_of, require_runs, require_values, run_job
 
 TASKS = ["niah_single_2", "niah_multikey_1", "vt", "qa_1"]
 #: The methods whose kept tokens can take either position mode (an option of theirs), in the
@@ -136,15 +136,6 @@ def table(a: Analysis) -> pd.DataFrame:
 #: speculator, length, dtype or benchmark option (one --out holding two runs of the study, or
 #: vt at two chain lengths: ``benchmark.options.vt_hops``) are not a pair.
 SETUP = ["model", "speculator", "backend", "dtype", "benchmark", "benchmark_options", "length"]
-#: The benchmark's identity keys, not options a user set (left out of :func:`bench_label`).
-_IDENTITY = ("name", "version", "length")
-
-
-def bench_label(options: Any) -> str:
-    """A row's benchmark options as the tables print them: ``vt_hops=8``; ``-`` where it ran
-    at the benchmark's own settings."""
-    opts = {k: v for k, v in options_of(options).items() if k not in _IDENTITY}
-    return ", ".join(f"{k}={v}" for k, v in sorted(opts.items())) or "-"
 
 
 KEY = ["task", "sample_id"]
