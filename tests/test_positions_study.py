@@ -218,7 +218,7 @@ def test_rows_of_another_length_in_the_same_folder_are_not_pairs():
     assert study.differences(lone).empty
 
 
-def test_rows_of_another_benchmark_option_are_not_pairs_and_full_prefill_is_their_own():
+def test_rows_of_another_benchmark_option_are_not_pairs_and_full_prefill_is_their_own(tmp_path):
     """vt at two chain lengths (benchmark.options.vt_hops) in one folder: sample 0 of one is not
     sample 0 of the other, so each is its own arm, named by its option, beside its own full
     prefill; RULER's own settings print as "-"."""
@@ -238,6 +238,9 @@ def test_rows_of_another_benchmark_option_are_not_pairs_and_full_prefill_is_thei
     whole = whole[whole["evidence"] == "kept whole"].set_index("benchmark_options")["full"]
     assert whole.to_dict() == pytest.approx({"-": 100.0, "vt_hops=8": 25.0})
     assert study.bench_label(own) == "-" and study.bench_label(hops8) == "vt_hops=8"
+    study.difference_figure(d, tmp_path / "d.png")  # one line per option: drawn
+    study.difference_figure(d.iloc[0:0], tmp_path / "none.png")  # no pair: nothing drawn
+    assert (tmp_path / "d.png").stat().st_size > 0 and not (tmp_path / "none.png").exists()
 
 
 def test_a_tiny_run_keeps_the_same_tokens_in_both_modes(tmp_path, tiny_ruler_eval):
