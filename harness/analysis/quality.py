@@ -150,6 +150,7 @@ class Point:
             str(t): g.drop_duplicates("sample_id").set_index("sample_id").sort_index() for t, g in rows.groupby("task")
         }
         self._draws: dict[tuple, np.ndarray] = {}
+        self._loaded: dict[frozenset[str], bool] = {}
 
     def values(self, task: str, column: str, ids: pd.Index | None = None) -> np.ndarray:
         g = self.tasks.get(task)
@@ -173,8 +174,10 @@ class Point:
     def loaded(self, tasks: Iterable[str]) -> bool:
         """Whether some row of ``tasks`` saw other work on the machine while it ran
         (:func:`harness.analysis.speed.load_of`; False where rows record no load)."""
-        gs = [self.tasks[t] for t in set(tasks) if t in self.tasks]
-        return bool(gs) and bool(load_of(pd.concat(gs))["loaded"])
+        key = frozenset(t for t in tasks if t in self.tasks)
+        if key not in self._loaded:  # a reference is asked once per point set beside it
+            self._loaded[key] = bool(key) and bool(load_of(pd.concat([self.tasks[t] for t in key]))["loaded"])
+        return self._loaded[key]
 
     def hardware(self, tasks: Iterable[str] | None = None) -> str:
         """The one machine the rows of ``tasks`` (all) ran on, or :data:`MIXED`."""
