@@ -234,9 +234,12 @@ def test_rows_of_another_benchmark_option_are_not_pairs_and_full_prefill_is_thei
     got = d[d["task"] == "ALL"].set_index("benchmark_options")["difference"]
     assert got.to_dict() == pytest.approx({"-": -50.0, "vt_hops=8": 100.0})
     assert "| vt_hops=8 | specprefill | 0.1 | ALL | 2 |" in study.markdown(pd.DataFrame(columns=["method"]), d)
-    whole = study.by_whole(pd.concat([rows, full], ignore_index=True))
-    whole = whole[whole["evidence"] == "kept whole"].set_index("benchmark_options")["full"]
+    groups = study.by_whole(pd.concat([rows, full], ignore_index=True))
+    whole = groups[groups["evidence"] == "kept whole"].set_index("benchmark_options")["full"]
     assert whole.to_dict() == pytest.approx({"-": 100.0, "vt_hops=8": 25.0})
+    # every pair kept its chain whole: the empty "not kept whole" groups are not printed
+    text = study.markdown(pd.DataFrame(columns=["method"]), d, None, None, groups)
+    assert "| vt_hops=8 | specprefill | 0.1 | kept whole | 2 |" in text and "not kept whole" not in text
     assert study.bench_label(own) == "-" and study.bench_label(hops8) == "vt_hops=8"
     study.difference_figure(d, tmp_path / "d.png")  # one line per option: drawn
     study.difference_figure(d.iloc[0:0], tmp_path / "none.png")  # no pair: nothing drawn

@@ -144,8 +144,18 @@ DEPTH_EDGES = (0.0, 1 / 3, 2 / 3, 1.0)
 DEPTH_LABELS = ("first third", "middle third", "last third")
 
 
+def _labelled(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with their benchmark options as the tables print them (:func:`bench_label`; one
+    label per option set, so grouping by it groups by the options)."""
+    if "benchmark_options" not in rows:
+        return rows
+    return rows.assign(benchmark_options=[bench_label(o) for o in rows["benchmark_options"]])
+
+
 def _in_modes(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows of a method run in either position mode at a keep, each tagged with its mode."""
+    """The rows of a method run in either position mode at a keep, each tagged with its mode
+    (benchmark options labelled: :func:`_labelled`)."""
+    rows = _labelled(rows)
     d = rows.assign(position_mode=[position_mode(o) for o in rows["method_options"]])
     d = d[d["position_mode"].isin(MODES) & d["keep_rate"].notna()]
     return d.assign(variant=variants(d), keep_tokens=[_tokens(o) for o in d["method_options"]])
@@ -173,8 +183,6 @@ def _label(where: dict[str, Any]) -> dict[str, Any]:
     """A table line's setup columns, with the method (its variant named) and keep under the
     study's names."""
     out = {k: v for k, v in where.items() if k not in ("method", "variant", "keep_rate", "keep_tokens")}
-    if "benchmark_options" in out:
-        out["benchmark_options"] = bench_label(out["benchmark_options"])
     keep, tokens = float(where["keep_rate"]), float(where.get("keep_tokens", float("nan")))
     method = _named(str(where["method"]), str(where.get("variant", "")))
     return {**out, "method": method, "keep": keep, "budget": _budget(keep, tokens)}
@@ -269,7 +277,7 @@ def by_whole(rows: pd.DataFrame) -> pd.DataFrame:
     it; where it does not, both modes answer without it."""
     if "needle_whole" not in rows:  # rows before 2026-12-06: no group to tell
         rows = rows.assign(needle_whole=np.nan)
-    full_rows = rows[rows["method"] == "full"]
+    full_rows = _labelled(rows[rows["method"] == "full"])
     out = []
     for where, orig, cont in _arms(rows):
         mine = full_rows
@@ -306,8 +314,7 @@ def between_methods(rows: pd.DataFrame) -> pd.DataFrame:
             tasks = sorted(set(base["task"]) & set(other["task"]))
             diff, _, _ = paired_difference(Point(other), Point(base), "score", [tasks])
             keep = float(where["keep_rate"])
-            setup = {c: bench_label(where[c]) if c == "benchmark_options" else where[c] for c in cols[:-3]}
-            out.append({**setup, "keep": keep,
+            out.append({**{c: where[c] for c in cols[:-3]}, "keep": keep,
                         "budget": _budget(keep, float(where["keep_tokens"])),
                         "position_mode": where["position_mode"], "method": method, "against": present[0],
                         "n": diff.n, "difference": diff.value, "lo": diff.lo, "hi": diff.hi})  # fmt: skip
@@ -409,7 +416,7 @@ def markdown(
     if whole is not None and not whole.empty and whole["n"].sum():
         lines += _section(
             setup, "| method | keep | asked evidence | n | original | contiguous | contiguous - original [95 %] | "
-            "full prefill, same samples |", whole, _whole_cells,
+            "full prefill, same samples |", whole[whole["n"] > 0], _whole_cells,
             "By whether the selection kept the asked evidence whole (needle_whole 1: every needle, every statement "
             "of a chain, to its last token; the same tokens in both modes), every task's pairs pooled, each sample "
             "weighing the same, 95 % bootstrap over the pairs in the group; full prefill's mean on those samples.",
