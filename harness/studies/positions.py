@@ -469,6 +469,11 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def _setup_text(column: str, value: Any) -> str:
+    """A setup value as a figure's label says it ("-", no benchmark option set, in words)."""
+    return "the benchmark's own settings" if column == "benchmark_options" and value == "-" else str(value)
+
+
 def difference_figure(diff: pd.DataFrame, path: Path) -> None:
     """Contiguous minus original over all tasks, one line per arm (its setup where the folder
     holds several: model, length, benchmark option), 95 % intervals, zero marked: where the
@@ -484,7 +489,7 @@ def difference_figure(diff: pd.DataFrame, path: Path) -> None:
     setup = _varying(d)
     budgets = [b if str(b).endswith("tokens") else f"keep {b}" for b in d["budget"]]
     labels = [
-        ", ".join([*(str(getattr(r, c)) for c in setup), str(r.method), b])
+        ", ".join([*(_setup_text(c, getattr(r, c)) for c in setup), str(r.method), b])
         for r, b in zip(d.itertuples(), budgets, strict=True)
     ]
     y = np.arange(len(d))[::-1]
