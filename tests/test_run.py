@@ -34,7 +34,9 @@ def _job(*overrides: str):
         (["keep=0"], r"keep=0.0; allowed: a fraction in \(0, 1\]"),
         (["+foo=1"], r"config: unknown key\(s\) \['foo'\]"),
         (["+kep=0.3"], r"unknown key\(s\) \['kep'\].*did you mean 'keep' for 'kep'\?"),
-        (["+benchmark.options.foo=1"], r"ruler: unknown option\(s\) \['foo'\]; allowed: \[\]"),
+        (["+benchmark.options.foo=1"], r"ruler: unknown option\(s\) \['foo'\]; allowed: \['vt_hops'\]"),
+        (["benchmark.options.vt_hops=-1"], r"ruler: vt_hops=-1; allowed: null or an int in \[0, 20\]"),
+        (["benchmark.options.vt_hops=8", "tasks=[qa_1]"], r"ruler: vt_hops=8 sets variable tracking's chain length"),
         (
             ["benchmark=longbench", "+benchmark.options.trunc=none"],
             r"longbench: unknown option\(s\) \['trunc'\]; allowed: \['truncation', 'data_dir', 'hub_id', 'revision'\]",
