@@ -15,6 +15,7 @@ import torch
 
 from harness.analysis.folder import analyze
 from harness.diagnostics import kept_hash
+from harness.studies import bench_label
 from harness.studies import positions as study
 from specprefill.plan import Prompt, kept_plan
 
@@ -240,7 +241,7 @@ def test_rows_of_another_benchmark_option_are_not_pairs_and_full_prefill_is_thei
     # every pair kept its chain whole: the empty "not kept whole" groups are not printed
     text = study.markdown(pd.DataFrame(columns=["method"]), d, None, None, groups)
     assert "| vt_hops=8 | specprefill | 0.1 | kept whole | 2 |" in text and "not kept whole" not in text
-    assert study.bench_label(own) == "-" and study.bench_label(hops8) == "vt_hops=8"
+    assert bench_label(own) == "-" and bench_label(hops8) == "vt_hops=8"
     study.difference_figure(d, tmp_path / "d.png")  # one line per option: drawn
     study.difference_figure(d.iloc[0:0], tmp_path / "none.png")  # no pair: nothing drawn
     assert (tmp_path / "d.png").stat().st_size > 0 and not (tmp_path / "none.png").exists()

@@ -115,6 +115,14 @@ def bench_label(options: Any) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(opts.items())) or "-"
 
 
+def labelled(rows: Any) -> Any:
+    """``rows`` (a frame) with their benchmark options as a study's tables print them
+    (:func:`bench_label`; ``-`` where the rows record none): one label per option set, so
+    grouping by it groups by the options."""
+    opts = rows["benchmark_options"] if "benchmark_options" in rows else [None] * len(rows)
+    return rows.assign(benchmark_options=[bench_label(o) for o in opts])
+
+
 def one_benchmark_setting(rows: Any, study: str) -> None:
     """Refuse, in one line, a study folder whose rows of one model, benchmark and length ran at
     two settings of the benchmark (vt at two chain lengths): sample 0 of one is not sample 0 of

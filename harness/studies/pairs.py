@@ -30,7 +30,7 @@ import pandas as pd
 
 from harness.analysis.folder import analyze
 from harness.rendering.tables import difference, md_table, natural_key
-from harness.studies import ALL, bench_label, paired_scores, require_runs, require_values
+from harness.studies import ALL, labelled, paired_scores, require_runs, require_values
 
 #: What each pair compares, where the rows have it: the score (0-100), the share of the
 #: evidence's tokens kept, the share of its pieces kept whole, the share of the prompt after its
@@ -76,8 +76,7 @@ def pairs(
     differ from another's in what ``base`` leaves out, e.g. its budget), per setup, over all
     tasks and per task, for each of ``measures`` the rows have, on the samples whose ids lie in
     ``samples`` (both ends included; None: all); :data:`COLUMNS`."""
-    opts = rows["benchmark_options"] if "benchmark_options" in rows else [None] * len(rows)
-    rows = rows.assign(benchmark_options=[bench_label(o) for o in opts])
+    rows = labelled(rows)
     setups = dict(list(rows.groupby(SETUP, sort=True)))
     labels = {k: sorted(g["label"].unique()) for k, g in setups.items()}
     bases = {k: pick(base, labs) for k, labs in labels.items() if any(base in lab for lab in labs)}
@@ -136,9 +135,8 @@ def markdown(df: pd.DataFrame, samples: str | None = None) -> str:
             cells.append(row)
         base = g["base"].iloc[0]
         title = ", ".join(f"{k} {v}" for k, v in zip(SETUP, setup, strict=True) if k != "benchmark_options")
-        title += (
-            "" if setup[SETUP.index("benchmark_options")] == "-" else f" ({setup[SETUP.index('benchmark_options')]})"
-        )
+        option = setup[SETUP.index("benchmark_options")]
+        title += "" if option == "-" else f" ({option})"
         title += f", samples {samples} only" if samples else ""
         parts.append(f"### {title}: each line against `{base}`\n\n" + md_table(pd.DataFrame(cells, columns=head)))
     note = ("Differences: the line minus the base on the samples both ran (`n`), 95 % paired bootstrap interval, "

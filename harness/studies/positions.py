@@ -46,7 +46,7 @@ from harness.analysis.folder import Analysis, analyze
 from harness.analysis.quality import Point, paired_difference, unit_mean
 from harness.analysis.stats import NAN
 from harness.rendering.tables import ci, difference, num
-from harness.studies import bench_label, options_of, require_runs, require_values, run_job
+from harness.studies import labelled, options_of, require_runs, require_values, run_job
 
 TASKS = ["niah_single_2", "niah_multikey_1", "vt", "qa_1"]
 #: The methods whose kept tokens can take either position mode (an option of theirs), in the
@@ -115,7 +115,7 @@ def table(a: Analysis) -> pd.DataFrame:
     s = s[s["task"] == ALL]
     df = pd.DataFrame({
         "model": s["model"].astype(str), "length": s["length"].astype(int),
-        "benchmark_options": [bench_label(o) for o in s["benchmark_options"]],
+        "benchmark_options": labelled(s)["benchmark_options"],
         "method": s["method_name"].astype(str),
         "variant": variants(s, "method_name"),
         "keep": s["keep_rate"].astype(float),
@@ -144,18 +144,10 @@ DEPTH_EDGES = (0.0, 1 / 3, 2 / 3, 1.0)
 DEPTH_LABELS = ("first third", "middle third", "last third")
 
 
-def _labelled(rows: pd.DataFrame) -> pd.DataFrame:
-    """``rows`` with their benchmark options as the tables print them (:func:`bench_label`; one
-    label per option set, so grouping by it groups by the options)."""
-    if "benchmark_options" not in rows:
-        return rows
-    return rows.assign(benchmark_options=[bench_label(o) for o in rows["benchmark_options"]])
-
-
 def _in_modes(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows of a method run in either position mode at a keep, each tagged with its mode
-    (benchmark options labelled: :func:`_labelled`)."""
-    rows = _labelled(rows)
+    (benchmark options labelled: :func:`harness.studies.labelled`)."""
+    rows = labelled(rows)
     d = rows.assign(position_mode=[position_mode(o) for o in rows["method_options"]])
     d = d[d["position_mode"].isin(MODES) & d["keep_rate"].notna()]
     return d.assign(variant=variants(d), keep_tokens=[_tokens(o) for o in d["method_options"]])
@@ -277,7 +269,7 @@ def by_whole(rows: pd.DataFrame) -> pd.DataFrame:
     it; where it does not, both modes answer without it."""
     if "needle_whole" not in rows:  # rows before 2026-12-06: no group to tell
         rows = rows.assign(needle_whole=np.nan)
-    full_rows = _labelled(rows[rows["method"] == "full"])
+    full_rows = labelled(rows[rows["method"] == "full"])
     out = []
     for where, orig, cont in _arms(rows):
         mine = full_rows

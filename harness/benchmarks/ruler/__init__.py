@@ -141,7 +141,7 @@ class Ruler(Benchmark):
 
         out: list[Sample] = []
         for task in tqdm(self.tasks, desc=f"RULER-{self.cfg.length} samples", unit="task", leave=False):
-            out.extend(cached_samples(task, self.cfg.length, self.cfg.limit, tok, self.task_args(task) or None))
+            out.extend(cached_samples(task, self.cfg.length, self.cfg.limit, tok, self.task_args(task)))
         return out
 
     def score(self, sample: Sample, prediction: str) -> float:
