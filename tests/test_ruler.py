@@ -270,6 +270,23 @@ def test_cache_roundtrip(tmp_path, monkeypatch, tok_info):
     assert len(list((tmp_path / "ruler").glob("*.parquet"))) == 2  # keyed by tokenizer and format
 
 
+def test_cache_key_follows_the_generator(tmp_path, monkeypatch, tok_info):
+    """An edit to any file a sample's fields come from (the task generators, the length search,
+    the task table, the data readers) keys new cached sets: a stale set is never read back."""
+    package = Path(ruler.cache.__file__).parent
+    for f in package.glob("*.py"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    key = ruler.cache_key("vt", 4096, tok_info.fmt, tok_info.id)
+    monkeypatch.setattr(ruler.cache, "__file__", str(tmp_path / "cache.py"))
+    assert ruler.cache_key("vt", 4096, tok_info.fmt, tok_info.id) == key  # the same sources, the same key
+    seen = {key}
+    for name in ("generators.py", "length.py", "tasks.py", "data.py", "cache.py"):
+        with (tmp_path / name).open("a") as f:
+            f.write("\n# an edit\n")
+        seen.add(ruler.cache_key("vt", 4096, tok_info.fmt, tok_info.id))
+    assert len(seen) == 6, "each edited file must change the key"
+
+
 def _chain(s):
     return [s.prompt[a:b] for a, b in s.spans]
 
@@ -289,8 +306,11 @@ def test_vt_hops_option(tmp_path, monkeypatch, tok_info, generated):
     for hops in (0, 8):
         b = ruler.Ruler(BenchmarkConfig(name="ruler", length=4096, tasks=("vt",), limit=2, options={"vt_hops": hops}))
         assert b.options()["vt_hops"] == hops
-        assert b.notes.endswith(f"; vt num_hops={hops} (official: 4)")
+        budget = {0: "", 8: ", 54 tokens to generate (official: 30)"}[hops]
+        assert b.notes.endswith(f"; vt num_hops={hops} (official: 4){budget}")
+        assert b.max_new_tokens() == {0: 30, 8: 54}[hops]
         for s in b.samples(tok_info):
+            assert s.max_new_tokens == {0: 30, 8: 54}[hops]
             assert len(s.references) == hops + 1 and len(set(s.references)) == hops + 1
             chain = _chain(s)
             assert chain[0].startswith(f"VAR {s.references[0]} = ")
@@ -299,6 +319,32 @@ def test_vt_hops_option(tmp_path, monkeypatch, tok_info, generated):
     # Each chain length has its own cache file: 4 (unset or by name: the same settings, one
     # file), 0 and 8.
     assert len(list((tmp_path / "ruler").glob("vt-4096-*.parquet"))) == 3
+
+
+def test_answer_tokens():
+    """RULER's tokens to generate, but 6 a variable for a chain past RULER's 4 hops (30 for 5
+    variables): RULER's 30 cut a 9-variable answer at its last letter (chain_length_qwen_cpu)."""
+    assert ruler.answer_tokens("vt") == ruler.answer_tokens("vt", {"num_hops": 4}) == 30
+    assert [ruler.answer_tokens("vt", {"num_hops": h}) for h in (0, 2, 5, 8, 20)] == [30, 30, 36, 54, 126]
+    assert ruler.answer_tokens("niah_single_1") == 128 and ruler.answer_tokens("qa_2") == 32
+    assert ruler.answer_tokens("cwe") == 120 and ruler.answer_tokens("fwe") == 50
+    with pytest.raises(ValueError, match=r"RULER task 'qa_1' has no setting\(s\) \['num_hops'\]"):
+        ruler.answer_tokens("qa_1", {"num_hops": 2})
+
+
+def test_vt_answer_budget_only(monkeypatch, tok_info):
+    """At 8 hops the answer outgrows RULER's 30 tokens (SmolLM2 writes nine variables in 30-31),
+    and gets 54; the budget changes the answer's room only, not the prompt (the haystack's room
+    stays length - 30, RULER's)."""
+    longer = ruler.generate("vt", 4096, 2, tok_info.fmt, tok_info.count, {"num_hops": 8})
+    for s in longer:
+        answer = tok_info.count(" " + " ".join(s.references))
+        assert 30 <= answer <= s.max_new_tokens == 54
+    monkeypatch.setattr(ruler.length, "answer_tokens", lambda task, args=None: 30)
+    official_budget = ruler.generate("vt", 4096, 2, tok_info.fmt, tok_info.count, {"num_hops": 8})
+    assert [s.max_new_tokens for s in official_budget] == [30, 30]
+    assert [s.prompt for s in official_budget] == [s.prompt for s in longer]
+    assert [s.references for s in official_budget] == [s.references for s in longer]
 
 
 def test_vt_hops_refused():

@@ -24,7 +24,9 @@ first three also key the sample cache, :data:`GENERATOR_NOTES`):
 One more on request only: ``benchmark.options.vt_hops=N`` gives variable tracking chains
 of N hops (``num_hops``; RULER's is 4, the answer then names N + 1 variables), for studies
 of chain length. Unset, no row or run id changes; set, it is in the rows'
-``benchmark_options`` and ``benchmark_notes`` and keys the sample cache.
+``benchmark_options`` and ``benchmark_notes`` and keys the sample cache. Past 4 hops the
+answer's budget grows with it, 6 tokens a variable as RULER's 30 for 5 (54 at 8 hops; the
+notes say so), so a longer answer is not cut (:func:`~harness.benchmarks.ruler.generators.answer_tokens`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any, ClassVar
 from harness.benchmarks.base import Benchmark, BenchmarkConfig, TokenizerInfo, register_benchmark
 from harness.benchmarks.ruler.cache import cache_key, cached_samples
 from harness.benchmarks.ruler.data import cwe_words, data_dir, essay_sentences, essay_words, qa_data, wordlists
-from harness.benchmarks.ruler.generators import GENERATORS, TaskGen, make_generator, task_args
+from harness.benchmarks.ruler.generators import GENERATORS, TaskGen, answer_tokens, make_generator, task_args
 from harness.benchmarks.ruler.length import _largest_fitting, generate
 from harness.benchmarks.ruler.metrics import VERSION as METRICS_VERSION
 from harness.benchmarks.ruler.metrics import score_one
@@ -68,6 +70,7 @@ __all__ = [
     "Ruler",
     "TaskGen",
     "_largest_fitting",
+    "answer_tokens",
     "cache_key",
     "cached_samples",
     "cwe_words",
@@ -109,6 +112,9 @@ class Ruler(Benchmark):
                 )
             # A deliberate deviation from synthetic.yaml: every row's benchmark_notes says so.
             self.notes = f"{DEVIATIONS}; vt num_hops={self.vt_hops} (official: {TASKS['vt'][1]['num_hops']})"
+            budget, official = answer_tokens("vt", self.task_args("vt")), answer_tokens("vt")
+            if budget != official:  # the answer names more variables than RULER's budget holds
+                self.notes += f", {budget} tokens to generate (official: {official})"
 
     def task_args(self, task: str) -> dict[str, Any]:
         """The settings this run replaces in ``task``'s official ones (none unless set)."""
@@ -134,7 +140,7 @@ class Ruler(Benchmark):
 
     def max_new_tokens(self) -> int:
         """RULER's tokens to generate (its length counts them, but fwe's prompt may fill it)."""
-        return max(int(TASK_TEMPLATES[TASKS[t][0]]["tokens_to_generate"]) for t in self.tasks)
+        return max(answer_tokens(t, self.task_args(t)) for t in self.tasks)
 
     def samples(self, tok: TokenizerInfo) -> list[Sample]:
         from tqdm.auto import tqdm

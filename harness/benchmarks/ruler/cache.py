@@ -21,6 +21,10 @@ from harness.models.catalog import cache_root
 from harness.parquet import read_parquet
 from harness.types import PromptFormat, Sample
 
+#: The files whose every edit regenerates cached sets (a sample's fields, its answer budget included,
+#: come from them).
+SOURCES = ("cache.py", "generators.py", "length.py", "tasks.py", "data.py")
+
 
 def cache_key(task: str, length: int, fmt: PromptFormat, tokenizer_id: str, args: dict[str, Any] | None = None) -> str:
     """Everything that shapes a generated set, hashed (``args``: settings replaced, as
@@ -37,8 +41,9 @@ def cache_key(task: str, length: int, fmt: PromptFormat, tokenizer_id: str, args
             "tokenizer": tokenizer_id,
             "splitter": sentence_splitter_name() if TASKS[task][1].get("type_haystack") == "essay" else None,
             "notes": GENERATOR_NOTES,
-            # Any edit to this generator invalidates cached sets (results carry VERSION).
-            "source": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+            # Any edit to the generator (this file, the task generators, the length search, the
+            # task table, the data readers) invalidates cached sets (results carry VERSION).
+            "source": hashlib.sha256(b"".join((Path(__file__).parent / f).read_bytes() for f in SOURCES)).hexdigest(),
         },
         sort_keys=True,
     )

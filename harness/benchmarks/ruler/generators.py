@@ -3,6 +3,7 @@ following the official scripts: a sample's parts for a given haystack size."""
 
 from __future__ import annotations
 
+import math
 import random
 import string
 import uuid
@@ -356,6 +357,23 @@ def make_generator(task: str, length: int, args: dict[str, Any] | None = None) -
     (:func:`task_args`)."""
     kind, _ = TASKS[task]
     return GENERATORS[kind](task_args(task, args), length)
+
+
+def answer_tokens(task: str, args: dict[str, Any] | None = None) -> int:
+    """Tokens to generate for ``task``'s answer: RULER's ``tokens_to_generate``, except for a
+    variable-tracking chain longer than RULER's (``vt_hops``). RULER's 30 tokens name the 5
+    variables of its 4-hop chain, 6 a variable; an answer of 9 variables (8 hops) needs about
+    30 tokens of this kind (``FFBQF XWBGR ...``), so RULER's budget cuts it at its last letter.
+    A longer chain gets 6 tokens a variable (54 at 8 hops); 4 hops or fewer keep 30. Only the
+    answer's budget: the haystack's room stays RULER's (``length`` minus 30), so the prompts
+    are those of RULER's construction."""
+    kind, official = TASKS[task]
+    settings = task_args(task, args)  # refuses a setting the task does not have
+    budget = int(TASK_TEMPLATES[kind]["tokens_to_generate"])
+    if kind != "variable_tracking":
+        return budget
+    per_variable = budget / (int(official["num_hops"]) + 1)
+    return max(budget, math.ceil(per_variable * (int(settings["num_hops"]) + 1)))
 
 
 def task_args(task: str, args: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harness.benchmarks.ruler.generators import QA, TaskGen, VariableTracking, make_generator
+from harness.benchmarks.ruler.generators import QA, TaskGen, VariableTracking, answer_tokens, make_generator
 from harness.benchmarks.ruler.tasks import SEED, TASKS, Parts, Rng
 from harness.types import PromptFormat, Sample
 
@@ -106,7 +106,7 @@ def generate(
                 answer_prefix=p.answer_prefix,
                 prompt=prompt,
                 references=p.references,
-                max_new_tokens=gen.tokens_to_generate,
+                max_new_tokens=answer_tokens(task, args),
                 metric=gen.metric,
                 spans=tuple((ctx_start + a, ctx_start + b) for a, b in p.context_spans),
                 distractor_spans=tuple((ctx_start + a, ctx_start + b) for a, b in p.distractor_spans),
