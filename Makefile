@@ -210,10 +210,12 @@ lookahead: setup
 # The same kept tokens at their original positions or re-numbered 0..K-1 (needs make fetch-models
 # first): SpecPrefill and SpecPC, each in both position modes at keep 0.1 and 0.3, beside full
 # prefill, on Qwen2.5-Coder-1.5B with its 0.5B draft, RULER 2K on four tasks x 15, paired by sample
-# (results/positions/).
-$(call takes,positions,limit length keep methods tasks model dry_run,dry_run)
+# (results/positions/, or out=). keep_tokens=512 is one budget in tokens instead of keep; set= adds
+# overrides to every job (set=benchmark.options.vt_hops=8), method_set= to the methods' jobs only
+# (method_set=method.chunk_size=null: token by token).
+$(call takes,positions,limit length keep keep_tokens methods tasks model set method_set out dry_run,dry_run)
 positions: setup
-	$(PY) -m harness.studies.positions $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(methods),--methods $(subst $(comma),$(space),$(methods))) $(if $(tasks),--tasks $(subst $(comma),$(space),$(tasks))) $(if $(model),--model $(model)) $(call yes_no,dry_run,--dry-run)
+	$(PY) -m harness.studies.positions $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(methods),--methods $(subst $(comma),$(space),$(methods))) $(if $(tasks),--tasks $(subst $(comma),$(space),$(tasks))) $(if $(model),--model $(model)) $(if $(keep_tokens),--keep-tokens $(keep_tokens)) $(if $(set),--set $(set)) $(if $(method_set),--method-set $(method_set)) $(if $(out),--out $(out)) $(call yes_no,dry_run,--dry-run)
 
 # Our RULER 4K against lm-eval's RULER tasks, full prefill, side by side (results/reference/).
 $(call takes,lm-eval-crosscheck,limit)

@@ -31,6 +31,34 @@ def test_jobs_run_full_prefill_once_then_each_method_in_both_modes(tmp_path):
     assert len({tuple(c for c in cmd if c.startswith(("tasks=", "limit=", "length=", "model="))) for cmd in cmds}) == 1
 
 
+def test_jobs_take_a_budget_in_tokens_and_overrides(tmp_path):
+    """The chain-length study's setting: one budget in tokens, token by token, vt at 8 hops, with
+    full prefill on the same prompts (the benchmark's option) and without the method's option."""
+    cmds = study.eval_commands(tmp_path, "qwen2.5-coder-1.5b", 4096, ["vt"], 30, ["specprefill"], [0.1, 0.3], 512,
+                               ["benchmark.options.vt_hops=8"], ["method.chunk_size=null"])  # fmt: skip
+    full, spec = cmds
+    assert "benchmark.options.vt_hops=8" in full and "benchmark.options.vt_hops=8" in spec
+    assert "method.chunk_size=null" in spec and not any(c.startswith("method.") for c in full)
+    assert "keep_tokens=512" in spec and not any(c.startswith("keep=") for c in spec)
+    assert not any(c.startswith(("keep=", "keep_tokens=")) for c in full)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--set", "method.chunk_size=null"], "--set method.chunk_size=null: allowed: KEY=VALUE overrides outside"),
+        (["--set", "vt_hops"], "--set vt_hops: allowed: KEY=VALUE"),
+        (["--method-set", "chunk"], "--method-set chunk: allowed: KEY=VALUE"),
+        (["--keep-tokens", "0"], "--keep-tokens 0: allowed: 1 or more tokens"),
+    ],
+)
+def test_bad_overrides_are_refused_before_any_job(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(study, "run_job", lambda cmd: pytest.fail(f"a job ran: {cmd}"))
+    with pytest.raises(SystemExit):
+        study.main([*argv, "--out", str(tmp_path)])
+    assert message in capsys.readouterr().err
+
+
 def test_each_method_s_own_mode_is_its_preset_s():
     assert study.own_mode("specprefill") == "original"  # the paper's reference behaviour
     assert study.own_mode("specpc") == "contiguous"  # the draft-based papers' code

@@ -74,15 +74,28 @@ def position_mode(options: Any) -> str | None:
 
 
 def eval_commands(
-    out: Path, model: str, length: int, tasks: list[str], limit: int, methods: list[str], keeps: list[float]
+    out: Path,
+    model: str,
+    length: int,
+    tasks: list[str],
+    limit: int,
+    methods: list[str],
+    keeps: list[float],
+    keep_tokens: int | None = None,
+    overrides: list[str] | None = None,
+    method_overrides: list[str] | None = None,
 ) -> list[list[str]]:
     """Full prefill first (every arm's retention pairs with it), then one sweep per method over
-    the keeps and both position modes: the same samples everywhere."""
+    the keeps (or one budget of ``keep_tokens``) and both position modes: the same samples
+    everywhere. ``overrides`` go to every job (``benchmark.options.vt_hops=8``: full prefill
+    reads the same prompts), ``method_overrides`` to the methods' jobs only
+    (``method.chunk_size=null``, an option full prefill does not have)."""
     common = [sys.executable, "-m", "harness.jobs.eval", f"model={model}", "benchmark=ruler", f"length={length}",
-              f"tasks=[{','.join(tasks)}]", f"limit={limit}", f"out={out}"]  # fmt: skip
-    keep = ",".join(f"{k:g}" for k in keeps)
+              f"tasks=[{','.join(tasks)}]", f"limit={limit}", f"out={out}", *(overrides or [])]  # fmt: skip
+    budget = f"keep_tokens={keep_tokens}" if keep_tokens is not None else f"keep={','.join(f'{k:g}' for k in keeps)}"
     return [[*common, "method=full"]] + [
-        [*common, f"method={m}", f"keep={keep}", f"method.position_mode={','.join(MODES)}"] for m in methods
+        [*common, f"method={m}", budget, f"method.position_mode={','.join(MODES)}", *(method_overrides or [])]
+        for m in methods
     ]
 
 
@@ -505,6 +518,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, default=15, help="samples per task")
     ap.add_argument("--keeps", type=float, nargs="+", default=[0.1, 0.3])
     ap.add_argument("--methods", nargs="+", default=METHODS[:2], help=f"of {METHODS}")
+    ap.add_argument("--keep-tokens", type=int, help="one budget in tokens of each prompt, instead of --keeps")
+    ap.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides for every job, full prefill's too (benchmark.options.vt_hops=8)",
+    )
+    ap.add_argument("--method-set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="overrides for the methods' jobs only (method.chunk_size=null)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("results/positions"))
     ap.add_argument("--no-run", action="store_true", help="only read the rows already under --out")
     ap.add_argument("--dry-run", action="store_true", help="print the jobs' plans, load nothing")
@@ -512,14 +535,26 @@ def main(argv: list[str] | None = None) -> None:
     require_values(ap, "--keeps", a.keeps, lambda k: 0 < k < 1, "a fraction in (0, 1): keep 1 has no positions to move")
     require_values(ap, "--limit", [a.limit], lambda n: n >= 1, "1 or more samples a task")
     require_values(ap, "--methods", a.methods, lambda m: m in METHODS, f"one of {METHODS}")
+    if a.keep_tokens is not None:
+        require_values(ap, "--keep-tokens", [a.keep_tokens], lambda n: n >= 1, "1 or more tokens")
+    require_values(
+        ap,
+        "--set",
+        a.set,
+        lambda o: "=" in o and not o.startswith("method."),
+        "KEY=VALUE overrides outside method.* (those go to --method-set: full prefill has none)",
+    )
+    require_values(ap, "--method-set", a.method_set, lambda o: "=" in o, "KEY=VALUE overrides")  # fmt: skip
     if a.no_run:
         require_runs(ap, a.out)
+    cmds = eval_commands(a.out, a.model, a.length, a.tasks, a.limit, a.methods, a.keeps, a.keep_tokens, a.set,
+                         a.method_set)  # fmt: skip
     if a.dry_run:
-        for cmd in eval_commands(a.out, a.model, a.length, a.tasks, a.limit, a.methods, a.keeps):
+        for cmd in cmds:
             run_job([*cmd, "dry_run=true"])
         return
     if not a.no_run:
-        for cmd in eval_commands(a.out, a.model, a.length, a.tasks, a.limit, a.methods, a.keeps):
+        for cmd in cmds:
             run_job(cmd)
     found = analyze(a.out)
     rows = found.ok("eval")
