@@ -141,6 +141,10 @@ def test_by_depth_pools_the_pairs_of_each_third_of_the_context():
     assert d.loc["first third", "lo"] <= d.loc["first third", "difference"] <= d.loc["first third", "hi"]
     text = study.markdown(pd.DataFrame(columns=["method"]), study.differences(rows), study.by_depth(rows))
     assert "| specprefill | 0.1 | middle third | 1 |" in text
+    # no evidence in the last third: the bin is not printed (it read "+nan")
+    rows.loc[rows["needle_depth"] == 0.9, "needle_depth"] = 0.5
+    text = study.markdown(pd.DataFrame(columns=["method"]), study.differences(rows), study.by_depth(rows))
+    assert "| specprefill | 0.1 | middle third | 2 |" in text and "last third" not in text and "nan" not in text
 
 
 def test_by_whole_splits_the_pairs_by_whether_the_evidence_survived():

@@ -426,10 +426,10 @@ def markdown(
             "of a chain, to its last token; the same tokens in both modes), every task's pairs pooled, each sample "
             "weighing the same, 95 % bootstrap over the pairs in the group; full prefill's mean on those samples.",
         )  # fmt: skip
-    if depth is not None and not depth.empty:
+    if depth is not None and not depth.empty and depth["n"].sum():
         lines += _section(
             setup, "| method | keep | evidence in the context's | n | original | contiguous | "
-            "contiguous - original [95 %] |", depth, _depth_cells,
+            "contiguous - original [95 %] |", depth[depth["n"] > 0], _depth_cells,
             "By where the asked evidence sits in the context (needle_depth: 0 its start, 1 its end; the question "
             "follows the context), every task's pairs pooled, each sample weighing the same, 95 % bootstrap over the "
             "pairs in the bin.",
