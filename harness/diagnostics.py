@@ -1,7 +1,7 @@
 """Diagnostics of what a method kept: the fraction of a sample's evidence tokens (a RULER
-needle, a variable-tracking chain, a QA gold document) that survived into the prefill, and
-the share of its evidence pieces (each needle, each statement of the chain, each gold
-document) that survived whole, and the share of the prompt after the context (the question,
+needle, a variable-tracking chain, qa_1's paragraph, qa_2's supporting sentences) that survived into the prefill, and
+the share of its evidence pieces (each needle, each statement of the chain, qa_1's paragraph,
+each of qa_2's supporting sentences) that survived whole, and the share of the prompt after the context (the question,
 the chat template's closing, the answer prefix) that survived."""
 
 from __future__ import annotations

@@ -199,7 +199,8 @@ class EvalRecord(RunRecord):
     #: rows, whose ``needle_kept`` on niah_multikey_1 counted them with the asked one.
     distractor_kept: float | None = None
     #: The share of the evidence's pieces (each needle, each statement of a variable-tracking
-    #: chain, each gold document: Sample.spans) kept whole, every token of the piece
+    #: chain, qa_1's paragraph, each of qa_2's supporting sentences, in rows before 2026-12-07 each of
+    #: its example's ten paragraphs: Sample.spans) kept whole, every token of the piece
     #: (:func:`harness.diagnostics.pieces_whole`); None where ``needle_kept`` is, and in rows
     #: before 2026-12-06.
     needle_whole: float | None = None

@@ -14,7 +14,7 @@ class Sample:
     ``prompt`` is the full text the model sees (chat template applied), as
     :meth:`PromptFormat.wrap` assembles it from the parts.
     ``spans``: character spans in ``prompt`` of the evidence a diagnostic tracks
-    (RULER's asked needles, variable-tracking chain statements, QA gold documents).
+    (RULER's asked needles, variable-tracking chain statements, qa_1's paragraph, qa_2's supporting sentences).
     ``length``: RULER's target length, or the dataset's own length field (LongBench).
     """
 

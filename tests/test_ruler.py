@@ -179,9 +179,30 @@ def test_vt_chain_and_icl(generated):
 def test_qa_gold_document_is_in_the_context(generated):
     for task in ("qa_1", "qa_2"):
         for s in generated[task]:
-            assert s.spans and all(s.prompt[a:b].startswith("Document ") for a, b in s.spans)
+            assert s.spans
             assert s.question.startswith("\n\nAnswer the question based on the given documents.")
+    # qa_1 (SQuAD): the evidence is the question's own paragraph, whole
+    assert all(s.prompt[a:b].startswith("Document ") for s in generated["qa_1"] for a, b in s.spans)
     assert generated["qa_1"][0].references[0] == "France"
+
+
+def test_qa_2_evidence_is_the_supporting_sentences(generated):
+    """qa_2's evidence spans are the HotpotQA example's supporting sentences (its
+    ``supporting_facts``), read here from RULER's own file, not the ten paragraphs RULER places as
+    the question's documents: what the diagnostics say a method kept of the two hops."""
+    data = json.loads((ruler.data_dir() / "hotpotqa.json").read_text())
+    by_question = {d["question"]: d for d in data}
+    for s in generated["qa_2"]:
+        example = by_question[s.question.split("Question: ", 1)[1].strip()]
+        paragraphs = dict((t, p) for t, p in example["context"])
+        expected = sorted(paragraphs[t][k].strip() for t, k in example["supporting_facts"])
+        assert sorted(s.prompt[a:b] for a, b in s.spans) == expected
+        assert len(expected) >= 2 and s.references == (example["answer"],)
+        titles = {t for t, _ in example["supporting_facts"]}
+        # each sentence sits in its own paragraph's document in the prompt
+        for a, _ in s.spans:
+            head = s.prompt.rfind("Document ", 0, a)
+            assert any(s.prompt[head:a].split("\n", 1)[1].startswith(t + "\n") for t in titles)
 
 
 def test_cwe_and_fwe(generated):

@@ -25,7 +25,8 @@ needle_kept    macro mean over the tasks that have evidence tokens (others have 
 distractor_kept  likewise for look-alike evidence the question does not ask (niah_multikey_1's
                other keys' needles; a conversation turn's other turns' needles)
 needle_whole   macro mean, as ``needle_kept``, of the share of the evidence's pieces kept whole
-               (each needle, each statement of a variable-tracking chain, each gold document,
+               (each needle, each statement of a variable-tracking chain, qa_1's paragraph,
+               each of qa_2's supporting sentences,
                every token of it): what ``needle_kept`` cannot tell, a chain kept in pieces
                from one kept statement by statement
 question_kept  macro mean, as ``needle_kept``, of the share of the prompt after the context (the

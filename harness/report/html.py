@@ -151,7 +151,7 @@ CAPTIONS = {
     "(speed) is better.",
     "score_vs_keep.png": "Score per task (thin) and over all tasks (bold) against the keep rate, the reference "
     "at 1.0; bars are 95 % intervals; a hollow point averages fewer samples than the fullest one of its task.",
-    "needle_vs_keep.png": "The fraction of the evidence tokens (RULER needles, QA gold documents) each method "
+    "needle_vs_keep.png": "The fraction of the evidence tokens (RULER needles, qa_1's paragraph, qa_2's supporting sentences) each method "
     "prefilled; the dotted diagonal is what keeping tokens at random would give.",
     "score_vs_length.png": "Score over all tasks against the context length, per method and keep rate, "
     "with 95 % intervals.",

@@ -21,6 +21,11 @@ first three also key the sample cache, :data:`GENERATOR_NOTES`):
 * niah keys: ``adjective-noun`` drawn uniformly from the product of wonderwords' lists
   (the official draws from the sorted set of the same strings: same distribution).
 
+The diagnostics' evidence (``Sample.spans``; prompts and scores do not use it): each asked
+needle, each statement of a vt chain, qa_1's SQuAD paragraph, and qa_2's supporting sentences
+(HotpotQA's ``supporting_facts``; RULER places all ten of the example's paragraphs as the
+question's documents, of which the supporting sentences are what its two hops read).
+
 One more on request only: ``benchmark.options.vt_hops=N`` gives variable tracking chains
 of N hops (``num_hops``; RULER's is 4, the answer then names N + 1 variables), for studies
 of chain length. Unset, no row or run id changes; set, it is in the rows'

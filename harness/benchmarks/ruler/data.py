@@ -55,6 +55,27 @@ def cwe_words() -> list[str]:
     return words
 
 
+def supporting_sentences(example: dict[str, Any], index: dict[str, int]) -> dict[int, list[tuple[int, int]]]:
+    """A HotpotQA example's supporting sentences (its ``supporting_facts``: title and sentence
+    number) as character spans inside their documents' texts (``title + "\\n" + sentences``),
+    keyed by document index: the evidence the question's two hops read. RULER places all ten of
+    the example's paragraphs (``context``) as the question's documents; the diagnostics measure
+    what a method kept of these sentences only (a fact naming a sentence the paragraph does not
+    have, once in RULER's file, is left out). Surrounding whitespace is not part of a span."""
+    paragraphs = {t: p for t, p in example["context"]}
+    out: dict[int, list[tuple[int, int]]] = {}
+    for title, k in example["supporting_facts"]:
+        sentences = paragraphs.get(title)
+        if sentences is None or not 0 <= k < len(sentences):
+            continue
+        start = len(title) + 1 + sum(len(x) for x in sentences[:k])
+        text = sentences[k]
+        a, b = start + len(text) - len(text.lstrip()), start + len(text.rstrip())
+        if b > a:
+            out.setdefault(index[f"{title}\n{''.join(sentences)}"], []).append((a, b))
+    return {d: sorted(spans) for d, spans in out.items()}
+
+
 @functools.lru_cache(maxsize=2)
 def qa_data(dataset: str) -> tuple[list[dict[str, Any]], list[str]]:
     if dataset == "squad":
@@ -86,6 +107,7 @@ def qa_data(dataset: str) -> tuple[list[dict[str, Any]], list[str]]:
                 "query": d["question"],
                 "outputs": [d["answer"]],
                 "context": [index[f"{t}\n{''.join(p)}"] for t, p in d["context"]],
+                "evidence": supporting_sentences(d, index),
             }
             for d in data
         ]

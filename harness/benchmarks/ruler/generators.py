@@ -335,8 +335,18 @@ class QA(TaskGen):
             ids = list(range(len(self.docs)))
         random.Random(SEED).shuffle(ids)
         gold_set = set(gold)
-        pieces = [(f"Document {i + 1}:\n{self.docs[d]}", d in gold_set) for i, d in enumerate(ids)]
-        context, spans = _join_with_spans(pieces, "\n\n")
+        labels = [f"Document {i + 1}:\n" for i in range(len(ids))]
+        context, places = _join_with_spans(
+            [(lab + self.docs[d], True) for lab, d in zip(labels, ids, strict=True)], "\n\n"
+        )
+        # The evidence the diagnostics follow: HotpotQA's supporting sentences where the data
+        # names them (qa_2), else the question's own documents (qa_1's paragraph).
+        evidence: dict[int, list[tuple[int, int]]] = qa.get("evidence") or {}
+        if evidence:
+            spans = [(s + len(lab) + a, s + len(lab) + b) for lab, d, (s, _) in zip(labels, ids, places, strict=True)
+                     for a, b in evidence.get(d, [])]  # fmt: skip
+        else:
+            spans = [place for d, place in zip(ids, places, strict=True) if d in gold_set]
         head, tail = _split_template(self.template)
         return Parts(
             head, context, tail.format(query=qa["query"]), self.answer_prefix, tuple(qa["outputs"]), tuple(spans)
