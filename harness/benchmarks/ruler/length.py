@@ -54,6 +54,7 @@ def generate(
         raise ValueError(f"unknown RULER task {task!r}; allowed: {list(TASKS)}")
     gen = make_generator(task, length, args)
     reserve = gen.tokens_to_generate if gen.reserve_generation else 0
+    answer = answer_tokens(task, args)  # the answer's budget; the haystack's room keeps RULER's reserve
 
     def render(p: Parts) -> tuple[str, int]:
         prompt = fmt.wrap(p.instruction, p.context, p.question, p.answer_prefix)
@@ -106,7 +107,7 @@ def generate(
                 answer_prefix=p.answer_prefix,
                 prompt=prompt,
                 references=p.references,
-                max_new_tokens=answer_tokens(task, args),
+                max_new_tokens=answer,
                 metric=gen.metric,
                 spans=tuple((ctx_start + a, ctx_start + b) for a, b in p.context_spans),
                 distractor_spans=tuple((ctx_start + a, ctx_start + b) for a, b in p.distractor_spans),
