@@ -35,7 +35,7 @@ from harness.models.placement import WINDOW_MARGIN, layer_count
 from harness.registry import build_method, method_names, method_option_names
 from harness.store import token_budget
 from specprefill.options import FLAG, KEEP_TOKENS, SEED, Allowed, check_options, option
-from specprefill.plan import Method, method_class
+from specprefill.plan import LATER_OPTIONS, Method, method_class
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -632,7 +632,12 @@ def method_spec(method: dict[str, Any], lookahead: int = 1) -> tuple[str, dict[s
         # a composed method's part: its options from its conf/method preset where the config gives none
         if opts.get(f"{part}_options") is None and (CONF / "method" / f"{opts.get(part)}.yaml").exists():
             _, preset = method_conf(str(opts[part]), 1.0, lookahead)
-            opts[f"{part}_options"] = {k: v for k, v in preset.items() if k not in ("keep_rate", "keep_tokens")}
+            # an option added later and at its default stays out, as in Method.options (the part's identity)
+            opts[f"{part}_options"] = {
+                k: v
+                for k, v in preset.items()
+                if k not in ("keep_rate", "keep_tokens") and not (k in LATER_OPTIONS and v == LATER_OPTIONS[k])
+            }
     if token_budget(opts) is not None and "keep_rate" in opts:
         opts["keep_rate"] = 1.0
     return name, opts

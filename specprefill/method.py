@@ -39,8 +39,10 @@ class FullPrefill(Method):
 class SpecPrefill(Method):
     """Speculative Prefill (Liu, Chen & Zhang, ICML 2025). Defaults are the reference code's (L=8, no pooling, token mode).
 
-    ``position_mode='contiguous'`` (re-number kept tokens 0..K-1) and ``force_keep_*``
-    are named deviations from the reference, off by default.
+    ``position_mode='contiguous'`` (re-number kept tokens 0..K-1), ``max_gap`` (the original
+    positions with every gap shortened to at most that many positions:
+    :func:`specprefill.plan.capped_positions`) and ``force_keep_*`` are named deviations from
+    the reference, off by default.
     """
 
     needs_speculator: ClassVar[bool] = True
@@ -54,6 +56,23 @@ class SpecPrefill(Method):
     position_mode: str = option("original", Allowed(str, choices=POSITION_MODES))
     force_keep_first: int = option(0, Allowed(int, ge=0))
     force_keep_last: int = option(0, Allowed(int, ge=0))
+    max_gap: int | None = option(
+        None,
+        Allowed(
+            int,
+            ge=1,
+            null=True,
+            note="null: the original positions as they are; N: each gap between kept tokens shortened to at most N "
+            "positions (a deviation; 1 = re-numbered 0..K-1)",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_gap is not None and self.position_mode != "original":
+            raise ValueError(
+                f"method {self.name!r}: max_gap={self.max_gap} with position_mode={self.position_mode!r}: it caps "
+                f"the gaps of the original positions; allowed: max_gap=null, or position_mode=original"
+            )
 
     def check_model(
         self, model: str, layers: int | None, max_context: int, longest_prompt: int, draft_layers: int | None = None
@@ -103,7 +122,7 @@ class SpecPrefill(Method):
             timings = {"speculator_s": speculator_s, "selection_s": time.perf_counter() - t1}
             if maps is not None:
                 timings["token_map_s"] = token_map_s
-            plans.append(kept_plan(prompt, kept, self.position_mode, timings))
+            plans.append(kept_plan(prompt, kept, self.position_mode, timings, self.max_gap))
         return plans
 
 

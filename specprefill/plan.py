@@ -140,7 +140,7 @@ class Generation:
 
 #: Method options added after results were first stored, with their defaults
 #: (:meth:`Method.options` leaves them out at these values).
-LATER_OPTIONS: dict[str, Any] = {"keep_tokens": None}
+LATER_OPTIONS: dict[str, Any] = {"keep_tokens": None, "max_gap": None}
 
 
 class Unsupported(RuntimeError):
@@ -394,11 +394,43 @@ def text_plan(prompt: Prompt, backend: Backend, context: str, timings: Mapping[s
     )
 
 
-def kept_plan(prompt: Prompt, kept: torch.Tensor, position_mode: str, timings: Mapping[str, float]) -> Plan:
+def capped_positions(kept: torch.Tensor, n: int, max_gap: int) -> tuple[torch.Tensor, int]:
+    """The original positions of ``kept`` (sorted indices into a prompt of ``n`` tokens) with
+    every step between neighbours longer than ``max_gap`` shortened to ``max_gap``: the step
+    into the first kept token (from position -1), between kept tokens, and from the last kept
+    token to the first generated one (from index ``n``). Returns (positions, next position).
+    Order and every step of at most ``max_gap`` stay as they were; ``max_gap=1`` is the
+    re-numbered 0..K-1 (decoding from K), a ``max_gap`` of ``n`` or more the original
+    positions (decoding from N)."""
+    if isinstance(max_gap, bool) or not isinstance(max_gap, int) or max_gap < 1:
+        raise ValueError(f"max_gap={max_gap!r}; allowed: int >= 1 (null: the original positions as they are)")
+    kept = kept.to(torch.int64)
+    if kept.numel() == 0:
+        return kept.clone(), min(n + 1, max_gap) - 1
+    steps = torch.diff(kept, prepend=kept.new_tensor([-1])).clamp(max=max_gap)
+    positions = steps.cumsum(0) - 1
+    return positions, int(positions[-1]) + min(n - int(kept[-1]), max_gap)
+
+
+def kept_plan(
+    prompt: Prompt,
+    kept: torch.Tensor,
+    position_mode: str,
+    timings: Mapping[str, float],
+    max_gap: int | None = None,
+) -> Plan:
     """A plan that keeps prompt tokens ``kept`` (sorted), at their original positions
-    (decoding from N) or re-numbered 0..K-1 (decoding from K)."""
+    (decoding from N), with gaps capped at ``max_gap`` (:func:`capped_positions`; original
+    positions only), or re-numbered 0..K-1 (decoding from K)."""
     check_position_mode(position_mode)
-    if position_mode == "original":
+    if max_gap is not None and position_mode != "original":
+        raise ValueError(
+            f"max_gap={max_gap} with position_mode={position_mode!r}: it caps the gaps of the original positions; "
+            f"allowed: max_gap=null, or position_mode='original'"
+        )
+    if max_gap is not None:
+        positions, next_pos = capped_positions(kept, prompt.n, max_gap)
+    elif position_mode == "original":
         positions, next_pos = kept, prompt.n
     else:
         positions, next_pos = torch.arange(kept.shape[0], dtype=torch.int64), int(kept.shape[0])
