@@ -14,7 +14,7 @@ import torch
 from specprefill import FullPrefill, Prompt, SpecPrefill
 from specprefill.backends.transformers import TESTED_TRANSFORMERS, TransformersBackend, early_exit_view
 from specprefill.core import token_importance
-from specprefill.plan import Plan
+from specprefill.plan import Plan, capped_positions
 from tests.conftest import CharTokenizer
 
 
@@ -215,6 +215,8 @@ def test_method_options_are_validated():
         (dict(pool_kernel=4), r"pool_kernel=4; allowed: .*odd"),
         (dict(position_mode="shifted"), "position_mode='shifted'"),
         (dict(force_keep_last=-1), "force_keep_last=-1"),
+        (dict(max_gap=0), r"max_gap=0; allowed: null or an int >= 1"),
+        (dict(max_gap=8, position_mode="contiguous"), r"max_gap=8 with position_mode='contiguous'.*allowed: max_gap=null"),
     ):
         with pytest.raises(ValueError, match=match):
             SpecPrefill(**bad)
@@ -230,6 +232,49 @@ def test_contiguous_position_mode(tiny_llama):
     assert orig.kept_indices is not None and plan.kept_indices is not None
     assert orig.kept_indices.tolist() == plan.kept_indices.tolist()
     assert orig.position_ids.tolist() == orig.kept_indices.tolist() and orig.next_position == 40
+
+
+def test_capped_positions_shorten_only_the_gaps_longer_than_max_gap():
+    kept = torch.tensor([0, 1, 2, 10, 11, 50, 99])  # a prompt of 100 tokens
+    expected = {  # written out by hand: every step to the next kept token (and to index 100) capped at max_gap
+        1: ([0, 1, 2, 3, 4, 5, 6], 7),
+        2: ([0, 1, 2, 4, 5, 7, 9], 10),
+        4: ([0, 1, 2, 6, 7, 11, 15], 16),
+        8: ([0, 1, 2, 10, 11, 19, 27], 28),
+        39: ([0, 1, 2, 10, 11, 50, 89], 90),
+        100: ([0, 1, 2, 10, 11, 50, 99], 100),
+    }
+    for gap, (positions, nxt) in expected.items():
+        got, got_next = capped_positions(kept, 100, gap)
+        assert (got.tolist(), got_next) == (positions, nxt), gap
+    # the step into the first kept token is capped too, and the one after the last
+    assert capped_positions(torch.tensor([5, 6, 30]), 40, 4)[0].tolist() == [3, 4, 8]
+    assert capped_positions(torch.tensor([5, 6, 30]), 40, 4)[1] == 12
+    assert capped_positions(torch.tensor([], dtype=torch.int64), 40, 4)[1] == 3
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match=r"max_gap=.*allowed: int >= 1"):
+            capped_positions(kept, 100, bad)  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+def test_max_gap_keeps_the_selection_and_caps_its_positions(tiny_llama):
+    be = TransformersBackend(tiny_llama, CharTokenizer(), tiny_llama)
+    prompt = Prompt(_ids(40, 6))
+    orig = SpecPrefill(keep_rate=0.25, lookahead=1).plan(prompt, be)
+    assert orig.kept_indices is not None
+    kept = orig.kept_indices.tolist()
+    for gap in (1, 3, 40):
+        plan = SpecPrefill(keep_rate=0.25, lookahead=1, max_gap=gap).plan(prompt, be)
+        assert plan.kept_indices is not None and plan.kept_indices.tolist() == kept  # the same tokens
+        steps = [b - a for a, b in zip([-1, *kept], [*kept, 40], strict=True)]
+        positions = [sum(min(s, gap) for s in steps[: i + 1]) - 1 for i in range(len(kept))]
+        assert plan.position_ids.tolist() == positions and plan.next_position == positions[-1] + min(steps[-1], gap)
+    one = SpecPrefill(keep_rate=0.25, lookahead=1, max_gap=1).plan(prompt, be)
+    assert one.position_ids.tolist() == list(range(10)) and one.next_position == 10  # re-numbered 0..K-1
+    wide = SpecPrefill(keep_rate=0.25, lookahead=1, max_gap=40).plan(prompt, be)
+    assert wide.position_ids.tolist() == kept and wide.next_position == 40  # the original positions
+    assert SpecPrefill(max_gap=None).options() == SpecPrefill().options() and "max_gap" not in SpecPrefill().options()
+    assert SpecPrefill(max_gap=4).options()["max_gap"] == 4
 
 
 def test_chunked_speculator_prefill_captures_what_one_forward_captures(tiny_llama):

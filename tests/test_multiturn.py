@@ -166,6 +166,9 @@ def test_refusals_name_what_is_allowed():
     with pytest.raises(ValueError, match=r"position_mode='contiguous'.*allowed: position_mode=original"):
         check_multiturn(build_method("specprefill_frozen", {"position_mode": "contiguous"}), "transformers")
     check_multiturn(build_method("specprefill", {"position_mode": "contiguous"}), "transformers")  # reselect: fine
+    with pytest.raises(ValueError, match=r"max_gap=8: a conversation keeps tokens .*allowed: max_gap=null"):
+        check_multiturn(build_method("specprefill_revival", {"max_gap": 8}), "transformers")
+    check_multiturn(build_method("specprefill", {"max_gap": 8}), "transformers")  # reselect: fine
 
 
 def _sample(fmt):
