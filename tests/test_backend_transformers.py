@@ -216,7 +216,10 @@ def test_method_options_are_validated():
         (dict(position_mode="shifted"), "position_mode='shifted'"),
         (dict(force_keep_last=-1), "force_keep_last=-1"),
         (dict(max_gap=0), r"max_gap=0; allowed: null or an int >= 1"),
-        (dict(max_gap=8, position_mode="contiguous"), r"max_gap=8 with position_mode='contiguous'.*allowed: max_gap=null"),
+        (
+            dict(max_gap=8, position_mode="contiguous"),
+            r"max_gap=8 with position_mode='contiguous'.*allowed: max_gap=null",
+        ),
     ):
         with pytest.raises(ValueError, match=match):
             SpecPrefill(**bad)
