@@ -150,8 +150,10 @@ class Unsupported(RuntimeError):
 
 #: What part of the prompt a method reduces, recorded with every row.
 SCOPES = ("prompt", "context", "query_aware_context")
-#: Where kept tokens sit: at their original positions (decoding from N), or re-numbered 0..K-1.
-POSITION_MODES = ("original", "contiguous")
+#: Where kept tokens sit: at their original positions (decoding from N), re-numbered 0..K-1
+#: (decoding from K), or spread evenly over the original span 0..N-1 in their order (decoding
+#: from N: :func:`spread_positions`).
+POSITION_MODES = ("original", "contiguous", "spread")
 
 
 def check_keep(keep_rate: object) -> None:
@@ -412,6 +414,18 @@ def capped_positions(kept: torch.Tensor, n: int, max_gap: int) -> tuple[torch.Te
     return positions, int(positions[-1]) + min(n - int(kept[-1]), max_gap)
 
 
+def spread_positions(k: int, n: int) -> torch.Tensor:
+    """Positions for ``k`` kept tokens of a prompt of ``n`` spread evenly over the prompt's
+    span, in their order: ``floor(i * n / k)`` for i = 0..k-1 (strictly increasing, as
+    ``n >= k``; the first at 0, the first generated token at ``n``). The span and the number
+    of empty positions are the original positions' (N and N - K), but every gap is N/K - 1 or
+    N/K wide: no long empty stretch, and each kept token sits where its rank, not its place
+    in the prompt, puts it."""
+    if k > n:
+        raise ValueError(f"k={k} kept tokens of a prompt of n={n}; allowed: k <= n")
+    return torch.div(torch.arange(k, dtype=torch.int64) * n, max(k, 1), rounding_mode="floor")
+
+
 def kept_plan(
     prompt: Prompt,
     kept: torch.Tensor,
@@ -421,7 +435,8 @@ def kept_plan(
 ) -> Plan:
     """A plan that keeps prompt tokens ``kept`` (sorted), at their original positions
     (decoding from N), with gaps capped at ``max_gap`` (:func:`capped_positions`; original
-    positions only), or re-numbered 0..K-1 (decoding from K)."""
+    positions only), spread evenly over 0..N-1 (:func:`spread_positions`; decoding from N), or
+    re-numbered 0..K-1 (decoding from K)."""
     check_position_mode(position_mode)
     if max_gap is not None and position_mode != "original":
         raise ValueError(
@@ -432,6 +447,8 @@ def kept_plan(
         positions, next_pos = capped_positions(kept, prompt.n, max_gap)
     elif position_mode == "original":
         positions, next_pos = kept, prompt.n
+    elif position_mode == "spread":
+        positions, next_pos = spread_positions(int(kept.shape[0]), prompt.n), prompt.n
     else:
         positions, next_pos = torch.arange(kept.shape[0], dtype=torch.int64), int(kept.shape[0])
     return Plan(

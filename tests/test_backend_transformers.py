@@ -14,7 +14,7 @@ import torch
 from specprefill import FullPrefill, Prompt, SpecPrefill
 from specprefill.backends.transformers import TESTED_TRANSFORMERS, TransformersBackend, early_exit_view
 from specprefill.core import token_importance
-from specprefill.plan import Plan, capped_positions
+from specprefill.plan import Plan, capped_positions, spread_positions
 from tests.conftest import CharTokenizer
 
 
@@ -278,6 +278,27 @@ def test_max_gap_keeps_the_selection_and_caps_its_positions(tiny_llama):
     assert wide.position_ids.tolist() == kept and wide.next_position == 40  # the original positions
     assert SpecPrefill(max_gap=None).options() == SpecPrefill().options() and "max_gap" not in SpecPrefill().options()
     assert SpecPrefill(max_gap=4).options()["max_gap"] == 4
+
+
+def test_spread_positions_keep_the_span_and_even_out_the_gaps():
+    # floor(i * 100 / 7), written out: 100 / 7 = 14.29
+    assert spread_positions(7, 100).tolist() == [0, 14, 28, 42, 57, 71, 85]
+    assert spread_positions(3, 3).tolist() == [0, 1, 2] and spread_positions(1, 10).tolist() == [0]
+    with pytest.raises(ValueError, match=r"k=5 kept tokens of a prompt of n=4; allowed: k <= n"):
+        spread_positions(5, 4)
+
+
+@torch.no_grad()
+def test_spread_position_mode_keeps_the_selection(tiny_llama):
+    be = TransformersBackend(tiny_llama, CharTokenizer(), tiny_llama)
+    prompt = Prompt(_ids(40, 6))
+    orig = SpecPrefill(keep_rate=0.25, lookahead=1).plan(prompt, be)
+    plan = SpecPrefill(keep_rate=0.25, lookahead=1, position_mode="spread").plan(prompt, be)
+    assert orig.kept_indices is not None and plan.kept_indices is not None
+    assert plan.kept_indices.tolist() == orig.kept_indices.tolist()  # the same tokens
+    assert plan.position_ids.tolist() == [0, 4, 8, 12, 16, 20, 24, 28, 32, 36] and plan.next_position == 40
+    with pytest.raises(ValueError, match=r"max_gap=4 with position_mode='spread'"):
+        SpecPrefill(position_mode="spread", max_gap=4)
 
 
 def test_chunked_speculator_prefill_captures_what_one_forward_captures(tiny_llama):
