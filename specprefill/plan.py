@@ -151,9 +151,10 @@ class Unsupported(RuntimeError):
 #: What part of the prompt a method reduces, recorded with every row.
 SCOPES = ("prompt", "context", "query_aware_context")
 #: Where kept tokens sit: at their original positions (decoding from N), re-numbered 0..K-1
-#: (decoding from K), or spread evenly over the original span 0..N-1 in their order (decoding
-#: from N: :func:`spread_positions`).
-POSITION_MODES = ("original", "contiguous", "spread")
+#: (decoding from K), spread evenly over the original span 0..N-1 in their order (decoding
+#: from N: :func:`spread_positions`), or with runs of neighbours kept adjacent and the empty
+#: positions shared evenly among the gaps between runs (decoding from N: :func:`even_gap_positions`).
+POSITION_MODES = ("original", "contiguous", "spread", "even_gaps")
 
 
 def check_keep(keep_rate: object) -> None:
@@ -426,6 +427,28 @@ def spread_positions(k: int, n: int) -> torch.Tensor:
     return torch.div(torch.arange(k, dtype=torch.int64) * n, max(k, 1), rounding_mode="floor")
 
 
+def even_gap_positions(kept: torch.Tensor, n: int) -> torch.Tensor:
+    """Positions for ``kept`` (sorted indices into a prompt of ``n`` tokens) that keep each
+    run of neighbouring kept tokens adjacent, as the original positions do, and share the
+    original positions' N - K empty positions evenly among its gaps: before the first kept
+    token, between runs and after the last (``floor(E / g)`` each, one more for the first
+    ``E mod g``), so the first generated token is at ``n`` again. The span, the order, the
+    runs and the number of empty positions are the original positions'; what differs is that
+    no gap is longer than the others."""
+    kept = kept.to(torch.int64)
+    if kept.numel() == 0:
+        return kept.clone()
+    steps = torch.cat([torch.diff(kept, prepend=kept.new_tensor([-1])), kept.new_tensor([n - int(kept[-1])])])
+    gaps = steps > 1
+    g, empty = int(gaps.sum()), n - int(kept.numel())
+    if g:
+        share = torch.full((g,), empty // g, dtype=torch.int64)
+        share[: empty % g] += 1
+        steps = torch.ones_like(steps)
+        steps[gaps] += share
+    return (steps.cumsum(0) - 1)[:-1]
+
+
 def kept_plan(
     prompt: Prompt,
     kept: torch.Tensor,
@@ -435,8 +458,9 @@ def kept_plan(
 ) -> Plan:
     """A plan that keeps prompt tokens ``kept`` (sorted), at their original positions
     (decoding from N), with gaps capped at ``max_gap`` (:func:`capped_positions`; original
-    positions only), spread evenly over 0..N-1 (:func:`spread_positions`; decoding from N), or
-    re-numbered 0..K-1 (decoding from K)."""
+    positions only), spread evenly over 0..N-1 (:func:`spread_positions`; decoding from N), its
+    runs adjacent with the gaps between them made even (:func:`even_gap_positions`; decoding from
+    N), or re-numbered 0..K-1 (decoding from K)."""
     check_position_mode(position_mode)
     if max_gap is not None and position_mode != "original":
         raise ValueError(
@@ -449,6 +473,8 @@ def kept_plan(
         positions, next_pos = kept, prompt.n
     elif position_mode == "spread":
         positions, next_pos = spread_positions(int(kept.shape[0]), prompt.n), prompt.n
+    elif position_mode == "even_gaps":
+        positions, next_pos = even_gap_positions(kept, prompt.n), prompt.n
     else:
         positions, next_pos = torch.arange(kept.shape[0], dtype=torch.int64), int(kept.shape[0])
     return Plan(

@@ -14,7 +14,7 @@ import torch
 from specprefill import FullPrefill, Prompt, SpecPrefill
 from specprefill.backends.transformers import TESTED_TRANSFORMERS, TransformersBackend, early_exit_view
 from specprefill.core import token_importance
-from specprefill.plan import Plan, capped_positions, spread_positions
+from specprefill.plan import Plan, capped_positions, even_gap_positions, spread_positions
 from tests.conftest import CharTokenizer
 
 
@@ -288,6 +288,15 @@ def test_spread_positions_keep_the_span_and_even_out_the_gaps():
         spread_positions(5, 4)
 
 
+def test_even_gap_positions_keep_the_runs_and_share_the_empty_positions_evenly():
+    # runs [0, 1, 2], [10, 11], [50], [99] of a prompt of 100: 93 empty positions over the gaps
+    # before 10, 50 and 99 (none before 0 or after 99), 31 each
+    assert even_gap_positions(torch.tensor([0, 1, 2, 10, 11, 50, 99]), 100).tolist() == [0, 1, 2, 34, 35, 67, 99]
+    # gaps before 5 (5 empty), before 30 (23) and after 30 (9): 37 = 13 + 12 + 12, the first gets the extra one
+    assert even_gap_positions(torch.tensor([5, 6, 30]), 40).tolist() == [13, 14, 27]
+    assert even_gap_positions(torch.tensor([0, 1, 2]), 3).tolist() == [0, 1, 2]  # no gap: the original positions
+
+
 @torch.no_grad()
 def test_spread_position_mode_keeps_the_selection(tiny_llama):
     be = TransformersBackend(tiny_llama, CharTokenizer(), tiny_llama)
@@ -297,6 +306,9 @@ def test_spread_position_mode_keeps_the_selection(tiny_llama):
     assert orig.kept_indices is not None and plan.kept_indices is not None
     assert plan.kept_indices.tolist() == orig.kept_indices.tolist()  # the same tokens
     assert plan.position_ids.tolist() == [0, 4, 8, 12, 16, 20, 24, 28, 32, 36] and plan.next_position == 40
+    even = SpecPrefill(keep_rate=0.25, lookahead=1, position_mode="even_gaps").plan(prompt, be)
+    assert even.kept_indices is not None and even.kept_indices.tolist() == orig.kept_indices.tolist()
+    assert even.position_ids.tolist() == even_gap_positions(orig.kept_indices, 40).tolist() and even.next_position == 40
     with pytest.raises(ValueError, match=r"max_gap=4 with position_mode='spread'"):
         SpecPrefill(position_mode="spread", max_gap=4)
 
