@@ -299,3 +299,39 @@ def test_a_tiny_run_keeps_the_same_tokens_in_both_modes(tmp_path, tiny_ruler_eva
     assert (tmp_path / "positions.md").exists() and (tmp_path / "positions.png").exists()
     assert set(pd.read_csv(tmp_path / "positions_by_depth.csv")["depth"]) <= set(study.DEPTH_LABELS)
     assert pd.read_csv(tmp_path / "positions_differences.csv")["same_selection"].eq(1.0).all()
+
+
+def test_gap_profile_counts_runs_gaps_and_capped_empty_positions_by_hand():
+    from harness.studies.gaps import profile
+
+    # runs [0-2], [10-11], [50], [99] of 100: gaps of 7, 38 and 48 empty positions
+    p = profile(torch.tensor([0, 1, 2, 10, 11, 50, 99]), 100, caps=(4, 16, 64))
+    assert (p["runs"], p["gaps"], p["longest_gap"], p["empty"]) == (4, 3, 48, 93)
+    assert (p["empty_4"], p["empty_16"], p["empty_64"], p["even_gap"]) == (9, 37, 93, 31.0)  # 3+3+3, 7+15+15
+    # a gap before the first kept token and after the last: 5, 23 and 9 empty positions
+    p = profile(torch.tensor([5, 6, 30]), 40, caps=(4, 16))
+    assert (p["runs"], p["gaps"], p["longest_gap"], p["empty_4"], p["empty_16"]) == (2, 3, 23, 9, 29)
+
+
+def test_gap_profile_of_a_run_checks_its_selections_against_the_rows(tiny_ruler_eval, tmp_path, monkeypatch):
+    from harness.studies import gaps
+
+    run = ["method=specprefill", "keep=0.3", "method.chunk_size=null"]
+    tiny_ruler_eval(run)
+    over = [
+        "model=tiny-random",
+        "benchmark=ruler",
+        "tasks=[niah_single_1]",
+        "length=1024",
+        "limit=3",
+        "max_new=2",
+        *run,
+    ]
+    assert gaps.main([str(tmp_path), *over]) == 0
+    df = pd.read_csv(tmp_path / "gaps.csv")
+    assert len(df) == 3 and df["same_as_row"].eq(True).all() and (df["empty"] == df["n"] - df["k"]).all()
+    assert "3 of 3 selections are the rows'" in (tmp_path / "gaps.md").read_text()
+    # a selection that is not the rows' (its hash changed): refused, naming the samples
+    monkeypatch.setattr("harness.diagnostics.kept_hash", lambda kept: "0" * 16)
+    with pytest.raises(SystemExit, match=r"samples \[0, 1, 2\]: the selection is not the one the rows"):
+        gaps.main([str(tmp_path), *over])

@@ -1,0 +1,151 @@
+"""The gaps a selection leaves in the original positions, sample by sample.
+
+A method that keeps K of a prompt's N tokens at their original positions (SpecPrefill's
+choice) leaves N - K positions empty, in gaps between runs of neighbouring kept tokens.
+``method.max_gap`` caps each gap and ``method.position_mode=even_gaps`` evens them out
+(:mod:`specprefill.plan`); this plans the method's selections for one eval config (the
+speculator only: the base model generates nothing) and writes, per sample, how many runs the
+kept tokens form, the longest gap, the positions left empty at the original positions and under
+each cap, and the gap ``even_gaps`` gives each. Where the folder holds the rows of that run,
+each selection's ``kept_hash`` is checked against its row, so the profile describes the
+tokens those rows prefilled.
+
+    python -m harness.studies.gaps <folder> model=qwen2.5-coder-1.5b benchmark=ruler length=4096 \\
+        keep_tokens=512 'tasks=[vt]' limit=30 method=specprefill method.chunk_size=null
+
+writes ``<folder>/gaps.csv`` (one row per sample) and ``<folder>/gaps.md`` (min / median / max).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from harness.rendering.tables import md_table
+
+#: The caps whose empty positions are counted (``method.max_gap``).
+CAPS = (4, 16, 64, 128, 256)
+
+
+def profile(kept: torch.Tensor, n: int, caps: tuple[int, ...] = CAPS) -> dict[str, Any]:
+    """The gap structure of ``kept`` (sorted indices into a prompt of ``n`` tokens): ``runs``
+    (maximal runs of neighbouring kept tokens), ``gaps`` (stretches of empty positions: before
+    the first run, between runs, after the last), ``longest_gap`` (empty positions in the
+    longest), ``empty`` (N - K, the original positions'), ``empty_<G>`` (empty positions left
+    when each gap is capped at G positions: :func:`specprefill.plan.capped_positions`) and
+    ``even_gap`` (the empty positions per gap under ``even_gaps``, the mean)."""
+    from specprefill.plan import capped_positions
+
+    kept = kept.to(torch.int64)
+    steps = torch.cat([torch.diff(kept, prepend=kept.new_tensor([-1])), kept.new_tensor([n - int(kept[-1])])])
+    empty = steps - 1
+    gaps = int((empty > 0).sum())
+    out: dict[str, Any] = {
+        "n": n,
+        "k": int(kept.numel()),
+        "runs": int((empty[1:-1] > 0).sum()) + 1,
+        "gaps": gaps,
+        "longest_gap": int(empty.max()),
+        "empty": n - int(kept.numel()),
+    }
+    for cap in caps:
+        out[f"empty_{cap}"] = capped_positions(kept, n, cap)[1] - int(kept.numel())
+    out["even_gap"] = round(out["empty"] / gaps, 1) if gaps else 0.0
+    return out
+
+
+def selections(overrides: list[str]) -> tuple[Path, list[dict[str, Any]]]:
+    """Plan the method's selection for every sample of the eval config ``overrides`` (as the
+    command line composes it); return the run folder it names and one profile per sample, with
+    its task, sample id and ``kept_hash``."""
+    from hydra import compose, initialize_config_dir
+
+    from harness.config import CONF
+    from harness.diagnostics import kept_hash
+    from harness.jobs.eval import EvalConfig, prepare
+    from harness.prompts import sample_prompt
+    from harness.store import RunStore
+
+    scratch = tempfile.mkdtemp()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*overrides, f"out={scratch}"])
+    job = prepare(EvalConfig.from_hydra(cfg))
+    rows = []
+    with job.session(RunStore(job.folder)) as s:
+        for sample in tqdm(s.samples, desc="selections", unit="sample"):
+            prompt, _ = sample_prompt(sample, s.tok)
+            plan = job.method.plan(prompt, s.backend)
+            if plan.kept_indices is None:
+                raise ValueError(f"method {job.method.name!r} keeps no prompt tokens (a rewrite); allowed: a selection")
+            rows.append(
+                {
+                    "task": sample.task,
+                    "sample_id": sample.sample_id,
+                    "kept_hash": kept_hash(plan.kept_indices),
+                    **profile(plan.kept_indices, prompt.n),
+                }
+            )
+    return job.folder.relative_to(scratch), rows
+
+
+def check_against_rows(folder: Path, run: Path, df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with ``same_as_row``: whether each selection's ``kept_hash`` is its row's in the
+    folder's copy of the run (``<folder>/<run>``); None where the folder has no such row."""
+    from harness.store import RunStore
+
+    where = folder / run
+    rows = RunStore(where).read() if (where / "config.yaml").is_file() else pd.DataFrame()
+    if rows.empty:
+        return df.assign(same_as_row=None)
+    theirs = {(str(t), str(i)): h for t, i, h in zip(rows["task"], rows["sample_id"], rows["kept_hash"], strict=True)}
+    same = [theirs.get((str(t), str(i))) for t, i in zip(df["task"], df["sample_id"], strict=True)]
+    return df.assign(same_as_row=[None if h is None else h == k for h, k in zip(same, df["kept_hash"], strict=True)])
+
+
+def render(df: pd.DataFrame, run: Path) -> str:
+    cols = ["runs", "gaps", "longest_gap", "empty", *(f"empty_{c}" for c in CAPS), "even_gap"]
+    body = [[c, f"{df[c].min():g}", f"{df[c].median():g}", f"{df[c].max():g}"] for c in cols]
+    checked = df["same_as_row"].dropna()
+    check = (
+        f"{int(checked.sum())} of {len(df)} selections are the rows' (`kept_hash`)"
+        if len(checked)
+        else "no rows of this run in the folder to check the selections against"
+    )
+    return (
+        f"# The gaps the selection leaves (`{run}`, {len(df)} samples)\n\n"
+        f"{check}. `empty`: positions left empty at the original positions (N - K); `empty_<G>`: with every "
+        "gap capped at G positions (`method.max_gap`); `even_gap`: empty positions per gap under "
+        "`position_mode=even_gaps`. Written by `python -m harness.studies.gaps`.\n\n"
+        + md_table(pd.DataFrame(body, columns=["measure", "min", "median", "max"]))
+        + "\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", type=Path, help="where gaps.md / gaps.csv go (and the run's rows, if there)")
+    ap.add_argument("overrides", nargs="+", help="the eval config, as make eval takes it")
+    args = ap.parse_args(argv)
+    if args.folder.exists() and not args.folder.is_dir():
+        raise SystemExit(f"folder={str(args.folder)!r} is a file; allowed: a folder")
+    run, rows = selections(args.overrides)
+    df = check_against_rows(args.folder, run, pd.DataFrame(rows))
+    mismatch = df["same_as_row"].eq(False)  # None: no row to check
+    if mismatch.any():
+        bad = df.loc[mismatch, "sample_id"].tolist()
+        raise SystemExit(f"samples {bad}: the selection is not the one the rows of {run} prefilled (kept_hash)")
+    args.folder.mkdir(parents=True, exist_ok=True)
+    df.to_csv(args.folder / "gaps.csv", index=False)
+    (args.folder / "gaps.md").write_text(render(df, run))
+    print(render(df, run))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
