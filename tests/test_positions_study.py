@@ -331,7 +331,42 @@ def test_gap_profile_of_a_run_checks_its_selections_against_the_rows(tiny_ruler_
     df = pd.read_csv(tmp_path / "gaps.csv")
     assert len(df) == 3 and df["same_as_row"].eq(True).all() and (df["empty"] == df["n"] - df["k"]).all()
     assert "3 of 3 selections are the rows'" in (tmp_path / "gaps.md").read_text()
+    assert gaps.main([str(tmp_path), "--figure"]) == 0 and (tmp_path / "gaps.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="no eval config given; allowed: the overrides of make eval, or --figure"):
+        gaps.main([str(tmp_path)])
     # a selection that is not the rows' (its hash changed): refused, naming the samples
     monkeypatch.setattr("harness.diagnostics.kept_hash", lambda kept: "0" * 16)
     with pytest.raises(SystemExit, match=r"samples \[0, 1, 2\]: the selection is not the one the rows"):
         gaps.main([str(tmp_path), *over])
+
+
+def test_gap_treatments_are_paired_against_the_original_positions_and_drawn(tmp_path):
+    from harness.studies import gaps
+
+    def line(method, opts, scores):
+        return pd.DataFrame({"method": method, "method_options": json.dumps(opts), "task": "vt",
+                             "sample_id": range(len(scores)), "score": scores})  # fmt: skip
+
+    rows = pd.concat([
+        line("specprefill", {"position_mode": "original"}, [0, 100, 100, 0]),
+        line("specprefill", {"position_mode": "original", "max_gap": 256}, [100, 100, 100, 0]),
+        line("specprefill", {"position_mode": "original", "max_gap": 16}, [100, 100, 100, 100]),
+        line("specprefill", {"position_mode": "contiguous"}, [100, 100, 0, 100]),
+        line("specprefill", {"position_mode": "spread"}, [0, 0, 0, 0]),
+        line("full", {}, [100, 100, 100, 100]),
+    ], ignore_index=True)  # fmt: skip
+    d = gaps.treatments(rows).set_index("treatment")
+    # the figure's order: re-numbered, the caps from the smallest, the original positions, the others
+    assert d.index.tolist() == ["contiguous", "max_gap=16", "max_gap=256", "original", "spread", "full prefill"]
+    assert d.loc["max_gap=16", "difference"] == 50.0 and (
+        d.loc["max_gap=16", "wins"],
+        d.loc["max_gap=16", "losses"],
+    ) == (2, 0)
+    assert d.loc["contiguous", "difference"] == 25.0 and (
+        d.loc["contiguous", "wins"],
+        d.loc["contiguous", "losses"],
+    ) == (2, 1)
+    assert d.loc["max_gap=256", "difference"] == 25.0 and d.loc["spread", "difference"] == -50.0
+    assert d.loc["original", "difference"] == 0.0 and (d["n"] == 4).all()
+    with pytest.raises(ValueError, match="no rows at the original positions without max_gap"):
+        gaps.treatments(rows[rows["method_options"] != json.dumps({"position_mode": "original"})])

@@ -14,11 +14,16 @@ tokens those rows prefilled.
         keep_tokens=512 'tasks=[vt]' limit=30 method=specprefill method.chunk_size=null
 
 writes ``<folder>/gaps.csv`` (one row per sample) and ``<folder>/gaps.md`` (min / median / max).
+``python -m harness.studies.gaps <folder> --figure`` draws ``<folder>/gaps.png`` from the folder's
+rows instead: each position treatment of the same selection (re-numbered, each ``max_gap``, the
+original positions, ``even_gaps``, ``spread``) and full prefill, minus the original positions,
+paired by sample (:func:`harness.studies.paired_scores`), with 95 % intervals.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -127,13 +132,87 @@ def render(df: pd.DataFrame, run: Path) -> str:
     )
 
 
+def treatment(method: str, options: str) -> str:
+    """A row's position treatment, as the figure names it: ``full prefill``, ``max_gap=G``,
+    ``original`` (no cap), ``contiguous``, ``even_gaps`` or ``spread``."""
+    if method == "full":
+        return "full prefill"
+    opts = json.loads(options) if isinstance(options, str) else dict(options or {})
+    if opts.get("max_gap") is not None:
+        return f"max_gap={opts['max_gap']}"
+    return str(opts.get("position_mode", "original"))
+
+
+def treatments(rows: pd.DataFrame) -> pd.DataFrame:
+    """Every treatment of ``rows`` (one model, benchmark, length and selection) minus the original
+    positions, paired by sample over all tasks: ``treatment``, ``difference``, ``lo``, ``hi``, ``n``,
+    ``wins``, ``losses``, ``line_mean``, ``base_mean``; in the figure's order (re-numbered, the caps
+    from the smallest, the original positions, the others)."""
+    from harness.studies import ALL, paired_scores
+
+    rows = rows.assign(treatment=[treatment(m, o) for m, o in zip(rows["method"], rows["method_options"], strict=True)])
+    base = rows[rows["treatment"] == "original"]
+    if base.empty:
+        raise ValueError("no rows at the original positions without max_gap; allowed: a folder holding that line")
+    caps = sorted((t for t in set(rows["treatment"]) if t.startswith("max_gap=")), key=lambda t: int(t.split("=")[1]))
+    order = ["contiguous", *caps, "original", "even_gaps", "spread", "full prefill"]
+    out = [
+        {"treatment": t, **paired_scores(rows[rows["treatment"] == t], base, ALL, means=True)}
+        for t in order
+        if t in set(rows["treatment"])
+    ]
+    return pd.DataFrame(out)
+
+
+def figure(folder: Path) -> Path:
+    """``<folder>/gaps.png``: :func:`treatments` of the folder's eval rows, with a value below the
+    axis written beside it (``spread``: the model no longer reads the prompt)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from harness.analysis.folder import analyze
+
+    d = treatments(analyze(folder).ok("eval"))
+    x = np.arange(len(d))
+    v, lo, hi = (d[c].to_numpy(dtype=float) for c in ("difference", "lo", "hi"))
+    floor = min(-10.0, float(np.nanmin(np.where(v > -40, lo, 0.0))) - 5)
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    shown = v >= floor
+    ax.errorbar(x[shown], v[shown], yerr=np.vstack([v - lo, hi - v])[:, shown], fmt="o", capsize=3, color="C0")
+    for i in np.flatnonzero(~shown):
+        ax.annotate(f"{v[i]:+.1f}\n(off the scale)", (x[i], floor), ha="center", va="bottom", fontsize=8, color="C3")
+    ax.axhline(0.0, color="grey", lw=0.8, ls=":")
+    ax.set_ylim(floor, max(5.0, float(np.nanmax(hi)) + 5))
+    names = {"contiguous": "re-numbered\n(max_gap=1)", "original": "original\n(no cap)"}
+    ax.set_xticks(x, [names.get(t, t.replace("max_gap=", "max_gap\n")) for t in d["treatment"]], fontsize=8)
+    ax.set_ylabel("score - original positions, points\n(paired by sample, 95 % interval)")
+    ax.set_title(f"The same kept tokens at other positions (n = {int(d['n'].max())} samples)")
+    fig.tight_layout()
+    path = folder / "gaps.png"
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", type=Path, help="where gaps.md / gaps.csv go (and the run's rows, if there)")
-    ap.add_argument("overrides", nargs="+", help="the eval config, as make eval takes it")
+    ap.add_argument("overrides", nargs="*", help="the eval config, as make eval takes it")
+    ap.add_argument("--figure", action="store_true", help="draw gaps.png from the folder's rows instead")
     args = ap.parse_args(argv)
     if args.folder.exists() and not args.folder.is_dir():
         raise SystemExit(f"folder={str(args.folder)!r} is a file; allowed: a folder")
+    if args.figure:
+        try:
+            print(figure(args.folder))
+        except ValueError as e:
+            raise SystemExit(f"{args.folder}: {e}") from None
+        return 0
+    if not args.overrides:
+        raise SystemExit("no eval config given; allowed: the overrides of make eval, or --figure")
     run, rows = selections(args.overrides)
     df = check_against_rows(args.folder, run, pd.DataFrame(rows))
     mismatch = df["same_as_row"].eq(False)  # None: no row to check
