@@ -308,9 +308,11 @@ def test_gap_profile_counts_runs_gaps_and_capped_empty_positions_by_hand():
     p = profile(torch.tensor([0, 1, 2, 10, 11, 50, 99]), 100, caps=(4, 16, 64))
     assert (p["runs"], p["gaps"], p["longest_gap"], p["empty"]) == (4, 3, 48, 93)
     assert (p["empty_4"], p["empty_16"], p["empty_64"], p["even_gap"]) == (9, 37, 93, 31.0)  # 3+3+3, 7+15+15
+    assert p["gap_sizes"] == "7 38 48"
     # a gap before the first kept token and after the last: 5, 23 and 9 empty positions
     p = profile(torch.tensor([5, 6, 30]), 40, caps=(4, 16))
     assert (p["runs"], p["gaps"], p["longest_gap"], p["empty_4"], p["empty_16"]) == (2, 3, 23, 9, 29)
+    assert p["gap_sizes"] == "5 23 9"
 
 
 def test_gap_profile_of_a_run_checks_its_selections_against_the_rows(tiny_ruler_eval, tmp_path, monkeypatch):

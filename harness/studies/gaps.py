@@ -44,7 +44,8 @@ def profile(kept: torch.Tensor, n: int, caps: tuple[int, ...] = CAPS) -> dict[st
     the first run, between runs, after the last), ``longest_gap`` (empty positions in the
     longest), ``empty`` (N - K, the original positions'), ``empty_<G>`` (empty positions left
     when each gap is capped at G positions: :func:`specprefill.plan.capped_positions`) and
-    ``even_gap`` (the empty positions per gap under ``even_gaps``, the mean)."""
+    ``even_gap`` (the empty positions per gap under ``even_gaps``, the mean); ``gap_sizes``: each
+    gap's empty positions in prompt order, space-separated."""
     from specprefill.plan import capped_positions
 
     kept = kept.to(torch.int64)
@@ -62,6 +63,7 @@ def profile(kept: torch.Tensor, n: int, caps: tuple[int, ...] = CAPS) -> dict[st
     for cap in caps:
         out[f"empty_{cap}"] = capped_positions(kept, n, cap)[1] - int(kept.numel())
     out["even_gap"] = round(out["empty"] / gaps, 1) if gaps else 0.0
+    out["gap_sizes"] = " ".join(str(int(e)) for e in empty[empty > 0])
     return out
 
 
