@@ -74,11 +74,12 @@ def check_multiturn(method: Method, backend: str) -> None:
             f"method {method.name!r} with position_mode={method.position_mode!r}: a conversation keeps tokens at "  # type: ignore[attr-defined]
             f"their conversation positions; allowed: position_mode=original"
         )
-    if method.turn_policy in ("frozen", "revival") and getattr(method, "max_gap", None) is not None:
-        raise ValueError(
-            f"method {method.name!r} with max_gap={method.max_gap}: a conversation keeps tokens at their "  # type: ignore[attr-defined]
-            f"conversation positions; allowed: max_gap=null"
-        )
+    for opt in ("max_gap", "gap_scale"):
+        if method.turn_policy in ("frozen", "revival") and getattr(method, opt, None) is not None:
+            raise ValueError(
+                f"method {method.name!r} with {opt}={getattr(method, opt)}: a conversation keeps tokens at their "
+                f"conversation positions; allowed: {opt}=null"
+            )
 
 
 @dataclass

@@ -41,7 +41,8 @@ class SpecPrefill(Method):
 
     ``position_mode='contiguous'`` (re-number kept tokens 0..K-1), ``max_gap`` (the original
     positions with every gap shortened to at most that many positions:
-    :func:`specprefill.plan.capped_positions`) and ``force_keep_*`` are named deviations from
+    :func:`specprefill.plan.capped_positions`), ``gap_scale`` (each gap's empty positions scaled:
+    :func:`specprefill.plan.scaled_positions`) and ``force_keep_*`` are named deviations from
     the reference, off by default.
     """
 
@@ -67,7 +68,24 @@ class SpecPrefill(Method):
         ),
     )
 
+    gap_scale: float | None = option(
+        None,
+        Allowed(
+            float,
+            gt=0.0,
+            le=1.0,
+            null=True,
+            note="null: the original positions as they are; f: each gap's empty positions times f (a deviation)",
+        ),
+    )
+
     def __post_init__(self) -> None:
+        if self.gap_scale is not None and (self.position_mode != "original" or self.max_gap is not None):
+            raise ValueError(
+                f"method {self.name!r}: gap_scale={self.gap_scale} with position_mode={self.position_mode!r} and "
+                f"max_gap={self.max_gap}: it scales the gaps of the original positions; allowed: gap_scale=null, or "
+                f"position_mode=original with max_gap=null"
+            )
         if self.max_gap is not None and self.position_mode != "original":
             raise ValueError(
                 f"method {self.name!r}: max_gap={self.max_gap} with position_mode={self.position_mode!r}: it caps "
@@ -122,7 +140,7 @@ class SpecPrefill(Method):
             timings = {"speculator_s": speculator_s, "selection_s": time.perf_counter() - t1}
             if maps is not None:
                 timings["token_map_s"] = token_map_s
-            plans.append(kept_plan(prompt, kept, self.position_mode, timings, self.max_gap))
+            plans.append(kept_plan(prompt, kept, self.position_mode, timings, self.max_gap, self.gap_scale))
         return plans
 
 

@@ -140,7 +140,7 @@ class Generation:
 
 #: Method options added after results were first stored, with their defaults
 #: (:meth:`Method.options` leaves them out at these values).
-LATER_OPTIONS: dict[str, Any] = {"keep_tokens": None, "max_gap": None}
+LATER_OPTIONS: dict[str, Any] = {"keep_tokens": None, "max_gap": None, "gap_scale": None}
 
 
 class Unsupported(RuntimeError):
@@ -449,16 +449,34 @@ def even_gap_positions(kept: torch.Tensor, n: int) -> torch.Tensor:
     return (steps.cumsum(0) - 1)[:-1]
 
 
+def scaled_positions(kept: torch.Tensor, n: int, scale: float) -> tuple[torch.Tensor, int]:
+    """The original positions of ``kept`` (sorted indices into a prompt of ``n`` tokens) with
+    every gap's empty positions multiplied by ``scale`` in (0, 1] (rounded half up, at least 1
+    where there was one, so no two runs merge): the step into the first kept token, between kept
+    tokens and to the first generated token (from index ``n``). Order, runs and the gaps'
+    proportions stay; the span shrinks. Returns (positions, next position); ``scale=1`` is the
+    original positions."""
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0.0 < float(scale) <= 1.0:
+        raise ValueError(f"gap_scale={scale!r}; allowed: a number in (0, 1] (null: the original positions as they are)")
+    kept = kept.to(torch.int64)
+    steps = torch.cat([torch.diff(kept, prepend=kept.new_tensor([-1])), kept.new_tensor([n - int(kept[-1])])])
+    empty = steps - 1
+    scaled = torch.where(empty > 0, torch.floor(empty.double() * float(scale) + 0.5).clamp(min=1).to(torch.int64), 0)
+    pos = (1 + scaled).cumsum(0) - 1
+    return pos[:-1], int(pos[-1])
+
+
 def kept_plan(
     prompt: Prompt,
     kept: torch.Tensor,
     position_mode: str,
     timings: Mapping[str, float],
     max_gap: int | None = None,
+    gap_scale: float | None = None,
 ) -> Plan:
     """A plan that keeps prompt tokens ``kept`` (sorted), at their original positions
-    (decoding from N), with gaps capped at ``max_gap`` (:func:`capped_positions`; original
-    positions only), spread evenly over 0..N-1 (:func:`spread_positions`; decoding from N), its
+    (decoding from N), with gaps capped at ``max_gap`` (:func:`capped_positions`) or scaled by
+    ``gap_scale`` (:func:`scaled_positions`; original positions only, one of the two), spread evenly over 0..N-1 (:func:`spread_positions`; decoding from N), its
     runs adjacent with the gaps between them made even (:func:`even_gap_positions`; decoding from
     N), or re-numbered 0..K-1 (decoding from K)."""
     check_position_mode(position_mode)
@@ -467,7 +485,14 @@ def kept_plan(
             f"max_gap={max_gap} with position_mode={position_mode!r}: it caps the gaps of the original positions; "
             f"allowed: max_gap=null, or position_mode='original'"
         )
-    if max_gap is not None:
+    if gap_scale is not None and (position_mode != "original" or max_gap is not None):
+        raise ValueError(
+            f"gap_scale={gap_scale} with position_mode={position_mode!r} and max_gap={max_gap}: it scales the gaps of "
+            f"the original positions; allowed: gap_scale=null, or position_mode='original' with max_gap=null"
+        )
+    if gap_scale is not None:
+        positions, next_pos = scaled_positions(kept, prompt.n, gap_scale)
+    elif max_gap is not None:
         positions, next_pos = capped_positions(kept, prompt.n, max_gap)
     elif position_mode == "original":
         positions, next_pos = kept, prompt.n

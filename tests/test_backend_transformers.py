@@ -14,7 +14,7 @@ import torch
 from specprefill import FullPrefill, Prompt, SpecPrefill
 from specprefill.backends.transformers import TESTED_TRANSFORMERS, TransformersBackend, early_exit_view
 from specprefill.core import token_importance
-from specprefill.plan import Plan, capped_positions, even_gap_positions, spread_positions
+from specprefill.plan import Plan, capped_positions, even_gap_positions, scaled_positions, spread_positions
 from tests.conftest import CharTokenizer
 
 
@@ -288,6 +288,23 @@ def test_spread_positions_keep_the_span_and_even_out_the_gaps():
         spread_positions(5, 4)
 
 
+def test_scaled_positions_shrink_every_gap_in_proportion():
+    kept = torch.tensor([0, 1, 2, 10, 11, 50, 99])  # gaps of 7, 38 and 48 empty positions in a prompt of 100
+    # halved, rounded half up: 4 (3.5), 19, 24; no gap after 99
+    got, nxt = scaled_positions(kept, 100, 0.5)
+    assert got.tolist() == [0, 1, 2, 7, 8, 28, 53] and nxt == 54
+    # 5 -> 2, 23 -> 9, and the 9 after the last kept token -> 4 (3.6)
+    got, nxt = scaled_positions(torch.tensor([5, 6, 30]), 40, 0.4)
+    assert got.tolist() == [2, 3, 13] and nxt == 18
+    got, nxt = scaled_positions(torch.tensor([0, 2, 4]), 5, 0.01)  # a gap of one stays one: no runs merge
+    assert got.tolist() == [0, 2, 4] and nxt == 5
+    got, nxt = scaled_positions(kept, 100, 1.0)
+    assert got.tolist() == kept.tolist() and nxt == 100  # the original positions
+    for bad in (0, 0.0, 1.5, -0.2, True):
+        with pytest.raises(ValueError, match=r"gap_scale=.*allowed: a number in \(0, 1\]"):
+            scaled_positions(kept, 100, bad)
+
+
 def test_even_gap_positions_keep_the_runs_and_share_the_empty_positions_evenly():
     # runs [0, 1, 2], [10, 11], [50], [99] of a prompt of 100: 93 empty positions over the gaps
     # before 10, 50 and 99 (none before 0 or after 99), 31 each
@@ -311,6 +328,14 @@ def test_spread_position_mode_keeps_the_selection(tiny_llama):
     assert even.position_ids.tolist() == even_gap_positions(orig.kept_indices, 40).tolist() and even.next_position == 40
     with pytest.raises(ValueError, match=r"max_gap=4 with position_mode='spread'"):
         SpecPrefill(position_mode="spread", max_gap=4)
+    scaled = SpecPrefill(keep_rate=0.25, lookahead=1, gap_scale=0.5).plan(prompt, be)
+    assert scaled.kept_indices is not None and scaled.kept_indices.tolist() == orig.kept_indices.tolist()
+    want, nxt = scaled_positions(orig.kept_indices, 40, 0.5)
+    assert scaled.position_ids.tolist() == want.tolist() and scaled.next_position == nxt
+    for bad in (dict(gap_scale=0.5, max_gap=8), dict(gap_scale=0.5, position_mode="contiguous")):
+        with pytest.raises(ValueError, match=r"gap_scale=0.5 with .*allowed: gap_scale=null"):
+            SpecPrefill(**bad)  # type: ignore[arg-type]
+    assert "gap_scale" not in SpecPrefill().options() and SpecPrefill(gap_scale=0.5).options()["gap_scale"] == 0.5
 
 
 def test_chunked_speculator_prefill_captures_what_one_forward_captures(tiny_llama):
