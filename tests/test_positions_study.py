@@ -355,11 +355,18 @@ def test_gap_treatments_are_paired_against_the_original_positions_and_drawn(tmp_
         line("specprefill", {"position_mode": "original", "max_gap": 16}, [100, 100, 100, 100]),
         line("specprefill", {"position_mode": "contiguous"}, [100, 100, 0, 100]),
         line("specprefill", {"position_mode": "spread"}, [0, 0, 0, 0]),
+        line("specprefill", {"position_mode": "original", "gap_scale": 0.4}, [100, 0, 100, 0]),
         line("full", {}, [100, 100, 100, 100]),
     ], ignore_index=True)  # fmt: skip
     d = gaps.treatments(rows).set_index("treatment")
     # the figure's order: re-numbered, the caps from the smallest, the original positions, the others
-    assert d.index.tolist() == ["contiguous", "max_gap=16", "max_gap=256", "original", "spread", "full prefill"]
+    assert d.index.tolist() == [
+        "contiguous", "max_gap=16", "max_gap=256", "gap_scale=0.4", "original", "spread", "full prefill"
+    ]  # fmt: skip
+    assert d.loc["gap_scale=0.4", "difference"] == 0.0 and (
+        d.loc["gap_scale=0.4", "wins"],
+        d.loc["gap_scale=0.4", "losses"],
+    ) == (1, 1)
     assert d.loc["max_gap=16", "difference"] == 50.0 and (
         d.loc["max_gap=16", "wins"],
         d.loc["max_gap=16", "losses"],

@@ -15,8 +15,8 @@ tokens those rows prefilled.
 
 writes ``<folder>/gaps.csv`` (one row per sample) and ``<folder>/gaps.md`` (min / median / max).
 ``python -m harness.studies.gaps <folder> --figure`` draws ``<folder>/gaps.png`` from the folder's
-rows instead: each position treatment of the same selection (re-numbered, each ``max_gap``, the
-original positions, ``even_gaps``, ``spread``) and full prefill, minus the original positions,
+rows instead: each position treatment of the same selection (re-numbered, each ``max_gap`` and
+``gap_scale``, the original positions, ``even_gaps``, ``spread``) and full prefill, minus the original positions,
 paired by sample (:func:`harness.studies.paired_scores`), with 95 % intervals.
 """
 
@@ -136,12 +136,14 @@ def render(df: pd.DataFrame, run: Path) -> str:
 
 def treatment(method: str, options: str) -> str:
     """A row's position treatment, as the figure names it: ``full prefill``, ``max_gap=G``,
-    ``original`` (no cap), ``contiguous``, ``even_gaps`` or ``spread``."""
+    ``gap_scale=f``, ``original`` (neither), ``contiguous``, ``even_gaps`` or ``spread``."""
     if method == "full":
         return "full prefill"
     opts = json.loads(options) if isinstance(options, str) else dict(options or {})
     if opts.get("max_gap") is not None:
         return f"max_gap={opts['max_gap']}"
+    if opts.get("gap_scale") is not None:
+        return f"gap_scale={opts['gap_scale']}"
     return str(opts.get("position_mode", "original"))
 
 
@@ -149,15 +151,18 @@ def treatments(rows: pd.DataFrame) -> pd.DataFrame:
     """Every treatment of ``rows`` (one model, benchmark, length and selection) minus the original
     positions, paired by sample over all tasks: ``treatment``, ``difference``, ``lo``, ``hi``, ``n``,
     ``wins``, ``losses``, ``line_mean``, ``base_mean``; in the figure's order (re-numbered, the caps
-    from the smallest, the original positions, the others)."""
+    from the smallest, the scales from the smallest, the original positions, the others)."""
     from harness.studies import ALL, paired_scores
 
     rows = rows.assign(treatment=[treatment(m, o) for m, o in zip(rows["method"], rows["method_options"], strict=True)])
     base = rows[rows["treatment"] == "original"]
     if base.empty:
         raise ValueError("no rows at the original positions without max_gap; allowed: a folder holding that line")
-    caps = sorted((t for t in set(rows["treatment"]) if t.startswith("max_gap=")), key=lambda t: int(t.split("=")[1]))
-    order = ["contiguous", *caps, "original", "even_gaps", "spread", "full prefill"]
+
+    def by(prefix: str) -> list[str]:
+        return sorted((t for t in set(rows["treatment"]) if t.startswith(prefix)), key=lambda t: float(t.split("=")[1]))
+
+    order = ["contiguous", *by("max_gap="), *by("gap_scale="), "original", "even_gaps", "spread", "full prefill"]
     out = [
         {"treatment": t, **paired_scores(rows[rows["treatment"] == t], base, ALL, means=True)}
         for t in order
@@ -188,8 +193,9 @@ def figure(folder: Path) -> Path:
         ax.annotate(f"{v[i]:+.1f}\n(off the scale)", (x[i], floor), ha="center", va="bottom", fontsize=8, color="C3")
     ax.axhline(0.0, color="grey", lw=0.8, ls=":")
     ax.set_ylim(floor, max(5.0, float(np.nanmax(hi)) + 5))
-    names = {"contiguous": "re-numbered\n(max_gap=1)", "original": "original\n(no cap)"}
-    ax.set_xticks(x, [names.get(t, t.replace("max_gap=", "max_gap\n")) for t in d["treatment"]], fontsize=8)
+    names = {"contiguous": "re-numbered\n(max_gap=1)", "original": "original\n(as they are)"}
+    ticks = [names.get(t, t.replace("=", "\n")) for t in d["treatment"]]
+    ax.set_xticks(x, ticks, fontsize=8)
     ax.set_ylabel("score - original positions, points\n(paired by sample, 95 % interval)")
     ax.set_title(f"The same kept tokens at other positions (n = {int(d['n'].max())} samples)")
     fig.tight_layout()
