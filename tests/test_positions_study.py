@@ -309,6 +309,7 @@ def test_gap_profile_counts_runs_gaps_and_capped_empty_positions_by_hand():
     assert (p["runs"], p["gaps"], p["longest_gap"], p["empty"]) == (4, 3, 48, 93)
     assert (p["empty_4"], p["empty_16"], p["empty_64"], p["even_gap"]) == (9, 37, 93, 31.0)  # 3+3+3, 7+15+15
     assert p["gap_sizes"] == "7 38 48"
+    assert p["empty_scale_0.4"] == 3 + 15 + 19  # 2.8, 15.2, 19.2 rounded
     # a gap before the first kept token and after the last: 5, 23 and 9 empty positions
     p = profile(torch.tensor([5, 6, 30]), 40, caps=(4, 16))
     assert (p["runs"], p["gaps"], p["longest_gap"], p["empty_4"], p["empty_16"]) == (2, 3, 23, 9, 29)

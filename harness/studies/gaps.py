@@ -36,17 +36,22 @@ from harness.rendering.tables import md_table
 
 #: The caps whose empty positions are counted (``method.max_gap``).
 CAPS = (4, 16, 64, 128, 256)
+#: The scales whose empty positions are counted (``method.gap_scale``).
+SCALES = (0.4,)
 
 
-def profile(kept: torch.Tensor, n: int, caps: tuple[int, ...] = CAPS) -> dict[str, Any]:
+def profile(
+    kept: torch.Tensor, n: int, caps: tuple[int, ...] = CAPS, scales: tuple[float, ...] = SCALES
+) -> dict[str, Any]:
     """The gap structure of ``kept`` (sorted indices into a prompt of ``n`` tokens): ``runs``
     (maximal runs of neighbouring kept tokens), ``gaps`` (stretches of empty positions: before
     the first run, between runs, after the last), ``longest_gap`` (empty positions in the
     longest), ``empty`` (N - K, the original positions'), ``empty_<G>`` (empty positions left
-    when each gap is capped at G positions: :func:`specprefill.plan.capped_positions`) and
+    when each gap is capped at G positions: :func:`specprefill.plan.capped_positions`),
+    ``empty_scale_<f>`` (left when each gap is scaled by f: :func:`specprefill.plan.scaled_positions`) and
     ``even_gap`` (the empty positions per gap under ``even_gaps``, the mean); ``gap_sizes``: each
     gap's empty positions in prompt order, space-separated."""
-    from specprefill.plan import capped_positions
+    from specprefill.plan import capped_positions, scaled_positions
 
     kept = kept.to(torch.int64)
     steps = torch.cat([torch.diff(kept, prepend=kept.new_tensor([-1])), kept.new_tensor([n - int(kept[-1])])])
@@ -62,6 +67,8 @@ def profile(kept: torch.Tensor, n: int, caps: tuple[int, ...] = CAPS) -> dict[st
     }
     for cap in caps:
         out[f"empty_{cap}"] = capped_positions(kept, n, cap)[1] - int(kept.numel())
+    for scale in scales:
+        out[f"empty_scale_{scale:g}"] = scaled_positions(kept, n, scale)[1] - int(kept.numel())
     out["even_gap"] = round(out["empty"] / gaps, 1) if gaps else 0.0
     out["gap_sizes"] = " ".join(str(int(e)) for e in empty[empty > 0])
     return out
@@ -116,7 +123,8 @@ def check_against_rows(folder: Path, run: Path, df: pd.DataFrame) -> pd.DataFram
 
 
 def render(df: pd.DataFrame, run: Path) -> str:
-    cols = ["runs", "gaps", "longest_gap", "empty", *(f"empty_{c}" for c in CAPS), "even_gap"]
+    cols = ["runs", "gaps", "longest_gap", "empty", *(f"empty_{c}" for c in CAPS)]
+    cols += [*(f"empty_scale_{f:g}" for f in SCALES), "even_gap"]
     body = [[c, f"{df[c].min():g}", f"{df[c].median():g}", f"{df[c].max():g}"] for c in cols]
     checked = df["same_as_row"].dropna()
     check = (
@@ -127,7 +135,8 @@ def render(df: pd.DataFrame, run: Path) -> str:
     return (
         f"# The gaps the selection leaves (`{run}`, {len(df)} samples)\n\n"
         f"{check}. `empty`: positions left empty at the original positions (N - K); `empty_<G>`: with every "
-        "gap capped at G positions (`method.max_gap`); `even_gap`: empty positions per gap under "
+        "gap capped at G positions (`method.max_gap`); `empty_scale_<f>`: with every gap scaled by f "
+        "(`method.gap_scale`); `even_gap`: empty positions per gap under "
         "`position_mode=even_gaps`. Written by `python -m harness.studies.gaps`.\n\n"
         + md_table(pd.DataFrame(body, columns=["measure", "min", "median", "max"]))
         + "\n"
