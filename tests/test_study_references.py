@@ -106,6 +106,9 @@ def test_a_committed_study_table_is_what_its_rows_render(study, folder, table, t
          ["--measures", "score", "needle_kept", "needle_whole"]),
         ("selection_grain_qwen_cpu", "position_mode=original) (1024", "pairs_8k",
          ["--measures", "score", "needle_kept", "needle_whole", "question_kept"]),
+        ("position_gaps_qwen_cpu", "gap_scale=None, max_gap=None, position_mode=original", "pairs",
+         ["--measures", "score"]),
+        ("position_gaps_qwen_cpu", "position_mode=contiguous", "pairs_renumbered", ["--measures", "score"]),
     ],
 )  # fmt: skip
 def test_a_committed_pairs_table_is_what_its_rows_render(folder, base, name, more, tmp_path):

@@ -111,10 +111,10 @@ def selections(overrides: list[str]) -> tuple[Path, list[dict[str, Any]]]:
 def check_against_rows(folder: Path, run: Path, df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with ``same_as_row``: whether each selection's ``kept_hash`` is its row's in the
     folder's copy of the run (``<folder>/<run>``); None where the folder has no such row."""
-    from harness.store import RunStore
+    from harness.analysis.folder import analyze
 
     where = folder / run
-    rows = RunStore(where).read() if (where / "config.yaml").is_file() else pd.DataFrame()
+    rows = analyze(where).ok("eval") if (where / "config.yaml").is_file() else pd.DataFrame()
     if rows.empty:
         return df.assign(same_as_row=None)
     theirs = {(str(t), str(i)): h for t, i, h in zip(rows["task"], rows["sample_id"], rows["kept_hash"], strict=True)}
