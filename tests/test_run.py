@@ -53,7 +53,7 @@ def _job(*overrides: str):
         (["lookahead=0"], r"lookahead=0; allowed: an int >= 1"),
         (
             ["method.position_mode=shifted"],
-            r"position_mode='shifted'; allowed: one of \['original', 'contiguous'\]",
+            r"position_mode='shifted'; allowed: one of \['original', 'contiguous', 'spread', 'even_gaps'\]",
         ),
         (["+method.keep=0.3"], r"method 'specprefill' has no option\(s\) \['keep'\]"),
         (["method.name=specprefil"], r"unknown method 'specprefil'.*did you mean 'specprefill'"),
