@@ -15,6 +15,7 @@ from specprefill.plan import (
     Method,
     Plan,
     Prompt,
+    check_gap_options,
     full_plan,
     kept_plan,
     register_method,
@@ -67,7 +68,6 @@ class SpecPrefill(Method):
             "positions (a deviation; 1 = re-numbered 0..K-1)",
         ),
     )
-
     gap_scale: float | None = option(
         None,
         Allowed(
@@ -80,17 +80,10 @@ class SpecPrefill(Method):
     )
 
     def __post_init__(self) -> None:
-        if self.gap_scale is not None and (self.position_mode != "original" or self.max_gap is not None):
-            raise ValueError(
-                f"method {self.name!r}: gap_scale={self.gap_scale} with position_mode={self.position_mode!r} and "
-                f"max_gap={self.max_gap}: it scales the gaps of the original positions; allowed: gap_scale=null, or "
-                f"position_mode=original with max_gap=null"
-            )
-        if self.max_gap is not None and self.position_mode != "original":
-            raise ValueError(
-                f"method {self.name!r}: max_gap={self.max_gap} with position_mode={self.position_mode!r}: it caps "
-                f"the gaps of the original positions; allowed: max_gap=null, or position_mode=original"
-            )
+        try:
+            check_gap_options(self.position_mode, self.max_gap, self.gap_scale)
+        except ValueError as e:
+            raise ValueError(f"method {self.name!r}: {e}") from None
 
     def check_model(
         self, model: str, layers: int | None, max_context: int, longest_prompt: int, draft_layers: int | None = None

@@ -397,22 +397,47 @@ def text_plan(prompt: Prompt, backend: Backend, context: str, timings: Mapping[s
     )
 
 
+def position_steps(kept: torch.Tensor, n: int) -> torch.Tensor:
+    """The steps of ``kept``'s original positions (sorted indices into a prompt of ``n``
+    tokens): into the first kept token (from position -1), between kept tokens, and from the
+    last to the first generated token (index ``n``); ``K + 1`` of them, a step of ``s`` leaving
+    ``s - 1`` positions empty. The position treatments below rewrite these steps."""
+    kept = kept.to(torch.int64)
+    last = int(kept[-1]) if kept.numel() else -1
+    return torch.cat([torch.diff(kept, prepend=kept.new_tensor([-1])), kept.new_tensor([n - last])])
+
+
+def positions_of_steps(steps: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(the kept tokens' positions, the first generated token's) that ``steps``
+    (:func:`position_steps`, rewritten) walk from position -1."""
+    pos = steps.cumsum(0) - 1
+    return pos[:-1], int(pos[-1])
+
+
+def check_gap_options(position_mode: str, max_gap: int | None, gap_scale: float | None) -> None:
+    """Refuse ``max_gap`` or ``gap_scale`` with another position mode than the original, or both
+    together: each rewrites the gaps of the original positions."""
+    if max_gap is not None and position_mode != "original":
+        raise ValueError(
+            f"max_gap={max_gap} with position_mode={position_mode!r}: it caps the gaps of the original positions; "
+            f"allowed: max_gap=null, or position_mode='original'"
+        )
+    if gap_scale is not None and (position_mode != "original" or max_gap is not None):
+        raise ValueError(
+            f"gap_scale={gap_scale} with position_mode={position_mode!r} and max_gap={max_gap}: it scales the gaps of "
+            f"the original positions; allowed: gap_scale=null, or position_mode='original' with max_gap=null"
+        )
+
+
 def capped_positions(kept: torch.Tensor, n: int, max_gap: int) -> tuple[torch.Tensor, int]:
     """The original positions of ``kept`` (sorted indices into a prompt of ``n`` tokens) with
-    every step between neighbours longer than ``max_gap`` shortened to ``max_gap``: the step
-    into the first kept token (from position -1), between kept tokens, and from the last kept
-    token to the first generated one (from index ``n``). Returns (positions, next position).
-    Order and every step of at most ``max_gap`` stay as they were; ``max_gap=1`` is the
-    re-numbered 0..K-1 (decoding from K), a ``max_gap`` of ``n`` or more the original
-    positions (decoding from N)."""
+    every step (:func:`position_steps`) longer than ``max_gap`` shortened to ``max_gap``.
+    Returns (positions, next position). Order and every step of at most ``max_gap`` stay as
+    they were; ``max_gap=1`` is the re-numbered 0..K-1 (decoding from K), a ``max_gap`` of
+    ``n`` or more the original positions (decoding from N)."""
     if isinstance(max_gap, bool) or not isinstance(max_gap, int) or max_gap < 1:
         raise ValueError(f"max_gap={max_gap!r}; allowed: int >= 1 (null: the original positions as they are)")
-    kept = kept.to(torch.int64)
-    if kept.numel() == 0:
-        return kept.clone(), min(n + 1, max_gap) - 1
-    steps = torch.diff(kept, prepend=kept.new_tensor([-1])).clamp(max=max_gap)
-    positions = steps.cumsum(0) - 1
-    return positions, int(positions[-1]) + min(n - int(kept[-1]), max_gap)
+    return positions_of_steps(position_steps(kept, n).clamp(max=max_gap))
 
 
 def spread_positions(k: int, n: int) -> torch.Tensor:
@@ -435,35 +460,28 @@ def even_gap_positions(kept: torch.Tensor, n: int) -> torch.Tensor:
     ``E mod g``), so the first generated token is at ``n`` again. The span, the order, the
     runs and the number of empty positions are the original positions'; what differs is that
     no gap is longer than the others."""
-    kept = kept.to(torch.int64)
-    if kept.numel() == 0:
-        return kept.clone()
-    steps = torch.cat([torch.diff(kept, prepend=kept.new_tensor([-1])), kept.new_tensor([n - int(kept[-1])])])
+    steps = position_steps(kept, n)
     gaps = steps > 1
-    g, empty = int(gaps.sum()), n - int(kept.numel())
+    g, empty = int(gaps.sum()), int((steps - 1).sum())
     if g:
         share = torch.full((g,), empty // g, dtype=torch.int64)
         share[: empty % g] += 1
         steps = torch.ones_like(steps)
         steps[gaps] += share
-    return (steps.cumsum(0) - 1)[:-1]
+    return positions_of_steps(steps)[0]
 
 
 def scaled_positions(kept: torch.Tensor, n: int, scale: float) -> tuple[torch.Tensor, int]:
     """The original positions of ``kept`` (sorted indices into a prompt of ``n`` tokens) with
-    every gap's empty positions multiplied by ``scale`` in (0, 1] (rounded half up, at least 1
-    where there was one, so no two runs merge): the step into the first kept token, between kept
-    tokens and to the first generated token (from index ``n``). Order, runs and the gaps'
-    proportions stay; the span shrinks. Returns (positions, next position); ``scale=1`` is the
-    original positions."""
+    every step's (:func:`position_steps`) empty positions multiplied by ``scale`` in (0, 1]
+    (rounded half up, at least 1 where there was one, so no two runs merge). Order, runs and
+    the gaps' proportions stay; the span shrinks. Returns (positions, next position);
+    ``scale=1`` is the original positions."""
     if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0.0 < float(scale) <= 1.0:
         raise ValueError(f"gap_scale={scale!r}; allowed: a number in (0, 1] (null: the original positions as they are)")
-    kept = kept.to(torch.int64)
-    steps = torch.cat([torch.diff(kept, prepend=kept.new_tensor([-1])), kept.new_tensor([n - int(kept[-1])])])
-    empty = steps - 1
+    empty = position_steps(kept, n) - 1
     scaled = torch.where(empty > 0, torch.floor(empty.double() * float(scale) + 0.5).clamp(min=1).to(torch.int64), 0)
-    pos = (1 + scaled).cumsum(0) - 1
-    return pos[:-1], int(pos[-1])
+    return positions_of_steps(1 + scaled)
 
 
 def kept_plan(
@@ -476,20 +494,12 @@ def kept_plan(
 ) -> Plan:
     """A plan that keeps prompt tokens ``kept`` (sorted), at their original positions
     (decoding from N), with gaps capped at ``max_gap`` (:func:`capped_positions`) or scaled by
-    ``gap_scale`` (:func:`scaled_positions`; original positions only, one of the two), spread evenly over 0..N-1 (:func:`spread_positions`; decoding from N), its
-    runs adjacent with the gaps between them made even (:func:`even_gap_positions`; decoding from
-    N), or re-numbered 0..K-1 (decoding from K)."""
+    ``gap_scale`` (:func:`scaled_positions`; original positions only, one of the two), spread
+    evenly over 0..N-1 (:func:`spread_positions`; decoding from N), its runs adjacent with the
+    gaps between them made even (:func:`even_gap_positions`; decoding from N), or re-numbered
+    0..K-1 (decoding from K)."""
     check_position_mode(position_mode)
-    if max_gap is not None and position_mode != "original":
-        raise ValueError(
-            f"max_gap={max_gap} with position_mode={position_mode!r}: it caps the gaps of the original positions; "
-            f"allowed: max_gap=null, or position_mode='original'"
-        )
-    if gap_scale is not None and (position_mode != "original" or max_gap is not None):
-        raise ValueError(
-            f"gap_scale={gap_scale} with position_mode={position_mode!r} and max_gap={max_gap}: it scales the gaps of "
-            f"the original positions; allowed: gap_scale=null, or position_mode='original' with max_gap=null"
-        )
+    check_gap_options(position_mode, max_gap, gap_scale)
     if gap_scale is not None:
         positions, next_pos = scaled_positions(kept, prompt.n, gap_scale)
     elif max_gap is not None:

@@ -51,11 +51,9 @@ def profile(
     ``empty_scale_<f>`` (left when each gap is scaled by f: :func:`specprefill.plan.scaled_positions`) and
     ``even_gap`` (the empty positions per gap under ``even_gaps``, the mean); ``gap_sizes``: each
     gap's empty positions in prompt order, space-separated."""
-    from specprefill.plan import capped_positions, scaled_positions
+    from specprefill.plan import capped_positions, position_steps, scaled_positions
 
-    kept = kept.to(torch.int64)
-    steps = torch.cat([torch.diff(kept, prepend=kept.new_tensor([-1])), kept.new_tensor([n - int(kept[-1])])])
-    empty = steps - 1
+    empty = position_steps(kept, n) - 1
     gaps = int((empty > 0).sum())
     out: dict[str, Any] = {
         "n": n,
