@@ -334,6 +334,13 @@ def test_gap_profile_of_a_run_checks_its_selections_against_the_rows(tiny_ruler_
     df = pd.read_csv(tmp_path / "gaps.csv")
     assert len(df) == 3 and df["same_as_row"].eq(True).all() and (df["empty"] == df["n"] - df["k"]).all()
     assert "3 of 3 selections are the rows'" in (tmp_path / "gaps.md").read_text()
+    # another name: the same profile beside the first, not over it
+    (tmp_path / "gaps.md").write_text("first")
+    assert gaps.main([str(tmp_path), "--name", "gaps_other", *over]) == 0
+    assert (tmp_path / "gaps.md").read_text() == "first" and "3 of 3" in (tmp_path / "gaps_other.md").read_text()
+    assert pd.read_csv(tmp_path / "gaps_other.csv")["kept_hash"].tolist() == df["kept_hash"].tolist()
+    with pytest.raises(SystemExit, match=r"--name='../x'; allowed: a file name without a folder"):
+        gaps.main([str(tmp_path), "--name", "../x", *over])
     assert gaps.main([str(tmp_path), "--figure"]) == 0 and (tmp_path / "gaps.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="no eval config given; allowed: the overrides of make eval, or --figure"):
         gaps.main([str(tmp_path)])

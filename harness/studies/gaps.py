@@ -13,7 +13,8 @@ tokens those rows prefilled.
     python -m harness.studies.gaps <folder> model=qwen2.5-coder-1.5b benchmark=ruler length=4096 \\
         keep_tokens=512 'tasks=[vt]' limit=30 method=specprefill method.chunk_size=null
 
-writes ``<folder>/gaps.csv`` (one row per sample) and ``<folder>/gaps.md`` (min / median / max).
+writes ``<folder>/gaps.csv`` (one row per sample) and ``<folder>/gaps.md`` (min / median / max);
+``--name gaps_1024`` writes ``gaps_1024.csv`` / ``.md`` instead (one profile per budget in a folder).
 ``python -m harness.studies.gaps <folder> --figure`` draws ``<folder>/gaps.png`` from the folder's
 rows instead: each position treatment of the same selection (re-numbered, each ``max_gap`` and
 ``gap_scale``, the original positions, ``even_gaps``, ``spread``) and full prefill, minus the original positions,
@@ -217,7 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder", type=Path, help="where gaps.md / gaps.csv go (and the run's rows, if there)")
     ap.add_argument("overrides", nargs="*", help="the eval config, as make eval takes it")
     ap.add_argument("--figure", action="store_true", help="draw gaps.png from the folder's rows instead")
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--name",
+        default="gaps",
+        help="the files' name: <name>.md / <name>.csv (one per budget or config in a folder); default gaps",
+    )
+    args = ap.parse_intermixed_args(argv)  # options before, between or after the overrides
+    if not args.name or "/" in args.name or args.name.startswith("."):
+        raise SystemExit(f"--name={args.name!r}; allowed: a file name without a folder or a suffix, such as gaps_1024")
     if args.folder.exists() and not args.folder.is_dir():
         raise SystemExit(f"folder={str(args.folder)!r} is a file; allowed: a folder")
     if args.figure:
@@ -235,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         bad = df.loc[mismatch, "sample_id"].tolist()
         raise SystemExit(f"samples {bad}: the selection is not the one the rows of {run} prefilled (kept_hash)")
     args.folder.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.folder / "gaps.csv", index=False)
-    (args.folder / "gaps.md").write_text(render(df, run))
+    df.to_csv(args.folder / f"{args.name}.csv", index=False)
+    (args.folder / f"{args.name}.md").write_text(render(df, run))
     print(render(df, run))
     return 0
 
