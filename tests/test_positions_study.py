@@ -387,3 +387,35 @@ def test_gap_treatments_are_paired_against_the_original_positions_and_drawn(tmp_
     assert d.loc["original", "difference"] == 0.0 and (d["n"] == 4).all()
     with pytest.raises(ValueError, match="no rows at the original positions without max_gap"):
         gaps.treatments(rows[rows["method_options"] != json.dumps({"position_mode": "original"})])
+
+
+def test_the_position_cost_between_budgets_is_a_difference_of_paired_differences_by_hand():
+    """Two budgets of one method on the same samples: (contiguous - original) at 512 tokens minus
+    the same at 256, per sample, then averaged; runs under another option are not paired across."""
+
+    def budget(n, scores, **extra):
+        r = _rows(scores).assign(keep_rate=1.0, sample_hash=lambda d: [f"s{i}" for i in d["sample_id"]])
+        opts = [{**json.loads(o), "keep_rate": 1.0, "keep_tokens": n, **extra} for o in r["method_options"]]
+        return r.assign(method_options=[json.dumps(o) for o in opts])
+
+    small = {("original", "a"): [0, 0, 100, 100], ("contiguous", "a"): [100, 100, 100, 100]}  # cost +50
+    large = {("original", "a"): [100, 0, 100, 100], ("contiguous", "a"): [100, 100, 100, 0]}  # cost 0
+    rows = pd.concat([budget(256, small), budget(512, large)])
+    b = study.between_budgets(rows)
+    got = b[b["task"] == "ALL"].iloc[0]
+    # per sample: (0 - 100) - (... ): sample 0: (0) - (100) = -100; 1: 100 - 100 = 0; 2: 0 - 0; 3: -100 - 0
+    assert (got["budget"], got["against"], got["n"]) == ("512 tokens", "256 tokens", 4)
+    assert got["cost_against"] == pytest.approx(50.0) and got["cost"] == pytest.approx(0.0)
+    assert got["difference"] == pytest.approx(-50.0) and got["lo"] <= -50.0 <= got["hi"]
+    assert got["same_samples"] == 1.0
+    assert "| 512 tokens | 256 tokens | ALL | 4 | +50.0 | +0.0 |" in study.markdown(
+        pd.DataFrame(columns=["method"]), study.differences(rows), budgets=b
+    )
+    # a sample only one budget ran is left out; a changed prompt shows in same_samples
+    rows2 = pd.concat([budget(256, small), budget(512, {k: v[:3] for k, v in large.items()})])
+    rows2.loc[(rows2["sample_id"] == 0) & rows2["method_options"].str.contains("512"), "sample_hash"] = "other"
+    got2 = study.between_budgets(rows2).query("task == 'ALL'").iloc[0]
+    assert got2["n"] == 3 and got2["difference"] == pytest.approx((-100 + 0 + 0) / 3)
+    assert got2["same_samples"] == pytest.approx(2 / 3)
+    # the larger budget under another option (chunks of 32): no pair across options
+    assert study.between_budgets(pd.concat([budget(256, small), budget(512, large, chunk_size=32)])).empty

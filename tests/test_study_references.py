@@ -75,6 +75,7 @@ def test_the_commit_is_read_once_as_the_process_starts(monkeypatch):
         ("positions", "positions_niah_qwen_cpu", "positions.md"),
         ("positions", "chain_length_qwen_cpu", "positions.md"),
         ("positions", "positions_qa2_qwen_cpu", "positions.md"),
+        ("positions", "positions_qwen_cpu", "positions.md"),
     ],
 )
 def test_a_committed_study_table_is_what_its_rows_render(study, folder, table, tmp_path):

@@ -274,6 +274,31 @@ def paired_difference(cand: Point, base: Point, column: str, parts: Parts) -> tu
     return d, float(_macro(groups, bv)), float(_macro(groups, cv))
 
 
+def paired_difference_of_differences(
+    a: tuple[Point, Point], b: tuple[Point, Point], column: str, parts: Parts
+) -> tuple[Estimate, float, float]:
+    """(the macro mean of ``(a[0] - a[1]) - (b[0] - b[1])`` per sample over the samples all four
+    points ran, with its interval; ``b``'s difference and ``a``'s over those samples). Each
+    task's samples are resampled together on all four sides, so the interval is that of the
+    change in a paired effect between two settings run on the same samples (the position cost
+    at two budgets), not of two intervals set side by side."""
+    dv, dd, bv, av, n = {}, {}, {}, {}, 0
+    for t in _tasks(parts):
+        ids = common_ids(a[0], column, a[1], column, t).intersection(common_ids(b[0], column, b[1], column, t))
+        if not len(ids):
+            continue
+        da = a[0].values(t, column, ids) - a[1].values(t, column, ids)
+        db = b[0].values(t, column, ids) - b[1].values(t, column, ids)
+        dv[t], dd[t] = float((da - db).mean()), resample_mean(t, da - db, ids)
+        bv[t], av[t] = float(db.mean()), float(da.mean())
+        n += len(ids)
+    groups = _groups(parts, dv, True)
+    if groups is None:
+        return NAN, float("nan"), float("nan")
+    d = estimate(float(_macro(groups, dv)), _macro(groups, dd), n)
+    return d, float(_macro(groups, bv)), float(_macro(groups, av))
+
+
 # --------------------------------------------------------------------------- labels
 
 

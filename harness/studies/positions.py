@@ -20,7 +20,9 @@ full prefill with 95 % intervals, and the needle kept. Per method and keep: cont
 original, paired by sample (0-100 points, the tasks weighted equally, 95 % bootstrap), with the
 samples won and lost and the share of pairs that kept the same tokens; the same per task, by
 whether the selection kept the asked evidence whole, and by the third of the context it sits in; and the methods against each other at the
-same positions (the selections alone). Runs of one method under other options in one folder
+same positions (the selections alone); where a method ran at two or more budgets (keeps or tokens), the
+change in its position cost from one budget to another, per sample (at one length the original
+positions span the same N at every budget, and only the share of them left empty changes). Runs of one method under other options in one folder
 (SpecPrefill by chunks and token by token) are arms of their own, named by the options that
 differ (:func:`variants`). A figure: retention against keep, one line
 per method and position mode.
@@ -43,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.folder import Analysis, analyze
-from harness.analysis.quality import Point, paired_difference, unit_mean
+from harness.analysis.quality import Point, paired_difference, paired_difference_of_differences, unit_mean
 from harness.analysis.stats import NAN
 from harness.rendering.tables import ci, difference, num
 from harness.studies import labelled, options_of, require_runs, require_values, run_job
@@ -240,6 +242,61 @@ def differences(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def between_budgets(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (setup, method) run in both modes at two or more budgets, for each two budgets: the
+    position cost (contiguous minus original) at the larger minus the cost at the smaller, on the
+    samples all four arms ran, per sample
+    (:func:`harness.analysis.quality.paired_difference_of_differences`: 0-100 points, tasks
+    weighted equally, 95 % bootstrap), over all tasks and per task; ``same_samples``, the share
+    of those samples whose four rows prompted the same text (``sample_hash``; NaN where a row
+    does not record it). At one prompt length the original positions span the same N at every
+    budget, and only the share of them left empty changes, so this tells whether the cost moves
+    with that share. ``rows``: eval rows with status ok (:meth:`Analysis.ok`)."""
+    arms: dict[tuple, list[tuple[float, dict[str, Any], pd.DataFrame, pd.DataFrame]]] = {}
+    for where, orig, cont in _arms(rows):
+        tokens, keep = float(where.get("keep_tokens", float("nan"))), float(where["keep_rate"])
+        # the variant without the budget: runs at two budgets differ in keep_tokens, which
+        # :func:`variants` names as a variant of its own
+        same = {
+            k: v
+            for k, v in options_of(orig["method_options"].iloc[0]).items()
+            if k not in (*NOT_VARIANT, "keep_tokens")
+        }
+        key = (*((k, v) for k, v in where.items() if k not in ("keep_rate", "keep_tokens", "variant")),
+               json.dumps(same, sort_keys=True, default=str))  # fmt: skip
+        arms.setdefault(key, []).append((tokens if tokens == tokens else keep, where, orig, cont))
+    out = []
+    for budgets in arms.values():
+        budgets.sort(key=lambda b: b[0])
+        for i, (_, small, o1, c1) in enumerate(budgets):
+            for _, large, o2, c2 in budgets[i + 1 :]:
+                tasks = sorted(set(o1["task"]) & set(c1["task"]) & set(o2["task"]) & set(c2["task"]))
+                for scope in [ALL, *tasks]:
+                    parts = [tasks] if scope == ALL else [[scope]]
+                    diff, cost_small, cost_large = paired_difference_of_differences(
+                        (Point(c2), Point(o2)), (Point(c1), Point(o1)), "score", parts
+                    )
+                    frames = [f if scope == ALL else f[f["task"] == scope] for f in (o1, c1, o2, c2)]
+                    out.append({
+                        **_label(large), "against": _label(small)["budget"], "task": scope, "n": diff.n,
+                        "cost_against": cost_small, "cost": cost_large, "difference": diff.value,
+                        "lo": diff.lo, "hi": diff.hi, "same_samples": _same_samples(frames),
+                    })  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def _same_samples(frames: list[pd.DataFrame]) -> float:
+    """The share of the samples all ``frames`` ran whose rows agree on ``sample_hash`` (NaN where
+    any row lacks one)."""
+    if any("sample_hash" not in f for f in frames):
+        return float("nan")
+    hashes = [f.drop_duplicates(KEY).set_index(KEY)["sample_hash"] for f in frames]
+    both = pd.concat(hashes, axis=1, join="inner")
+    if both.empty or both.isna().any().any():
+        return float("nan")
+    return float(both.nunique(axis=1).eq(1).mean())
+
+
 def by_depth(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (setup, method, keep) and third of the context the asked evidence sits in (its
     ``needle_depth``, the same in both modes): contiguous minus original over the pairs there,
@@ -370,6 +427,14 @@ def _between_cells(r: Any) -> str:
             f"{difference(r.difference, r.lo, r.hi)} |")  # fmt: skip
 
 
+def _budgets_cells(r: Any) -> str:
+    same = "not recorded" if pd.isna(r.same_samples) else f"{r.same_samples:.0%}"
+    return (
+        f"| {r.method} | {r.budget} | {r.against} | {r.task} | {r.n} | {num(r.cost_against, '+.1f')} | "
+        f"{num(r.cost, '+.1f')} | {difference(r.difference, r.lo, r.hi)} | {same} |"
+    )  # fmt: skip
+
+
 def _whole_cells(r: Any) -> str:
     full = "-" if pd.isna(r.full) else f"{r.full:.1f}" + ("" if r.full_n == r.n else f" (n={r.full_n})")
     return (
@@ -391,6 +456,7 @@ def markdown(
     depth: pd.DataFrame | None = None,
     between: pd.DataFrame | None = None,
     whole: pd.DataFrame | None = None,
+    budgets: pd.DataFrame | None = None,
 ) -> str:
     setup = _varying(df, diff)
     lines = _section(
@@ -410,6 +476,15 @@ def markdown(
         "pairs whose two rows prefilled the same tokens (kept_hash); below 100 % the difference is not the "
         "positions' alone.",
     )  # fmt: skip
+    if budgets is not None and not budgets.empty:
+        lines += _section(
+            setup, "| method | budget | against | tasks | n | cost there | cost here | change [95 %] | "
+            "same samples |", budgets, _budgets_cells,
+            "The position cost (contiguous minus original, as above) at one budget minus its cost at a smaller one, "
+            "per sample on the samples all four arms ran (0-100 points, tasks weighted equally, 95 % bootstrap). At "
+            "one length the original positions span the same N at every budget; only the share left empty changes. "
+            "Same samples: the share whose four rows prompted the same text (sample_hash).",
+        )  # fmt: skip
     if between is not None and not between.empty:
         lines += _section(
             setup, "| method | against | keep | both at positions | n | difference [95 %] |", between,
@@ -559,13 +634,15 @@ def main(argv: list[str] | None = None) -> None:
     found = analyze(a.out)
     rows = found.ok("eval")
     df, diff, depth, between = table(found), differences(rows), by_depth(rows), between_methods(rows)
-    whole = by_whole(rows)
+    whole, budgets = by_whole(rows), between_budgets(rows)
     df.to_csv(a.out / "positions.csv", index=False)
     diff.to_csv(a.out / "positions_differences.csv", index=False)
     depth.to_csv(a.out / "positions_by_depth.csv", index=False)
     between.to_csv(a.out / "positions_between_methods.csv", index=False)
     whole.to_csv(a.out / "positions_by_whole.csv", index=False)
-    text = markdown(df, diff, depth, between, whole)
+    if not budgets.empty:
+        budgets.to_csv(a.out / "positions_between_budgets.csv", index=False)
+    text = markdown(df, diff, depth, between, whole, budgets)
     (a.out / "positions.md").write_text(text + "\n")
     figure(df, a.out / "positions.png")
     difference_figure(diff, a.out / "positions_differences.png")
