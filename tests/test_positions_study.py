@@ -302,6 +302,7 @@ def test_a_tiny_run_keeps_the_same_tokens_in_both_modes(tmp_path, tiny_ruler_eva
 
 
 def test_gap_profile_counts_runs_gaps_and_capped_empty_positions_by_hand():
+    from harness.studies import gaps
     from harness.studies.gaps import profile
 
     # runs [0-2], [10-11], [50], [99] of 100: gaps of 7, 38 and 48 empty positions
@@ -310,6 +311,13 @@ def test_gap_profile_counts_runs_gaps_and_capped_empty_positions_by_hand():
     assert (p["empty_4"], p["empty_16"], p["empty_64"], p["even_gap"]) == (9, 37, 93, 31.0)  # 3+3+3, 7+15+15
     assert p["gap_sizes"] == "7 38 48"
     assert p["empty_scale_0.4"] == 3 + 15 + 19  # 2.8, 15.2, 19.2 rounded
+    # the span and the share of it left empty: 7 kept + 93 empty = 100; capped at 4: 7 + 9
+    sh = gaps.shares(pd.DataFrame([p]))
+    assert (sh.loc[0, "span_empty"], sh.loc[0, "share_empty"]) == (100, pytest.approx(0.93))
+    assert (sh.loc[0, "span_empty_4"], sh.loc[0, "share_empty_4"]) == (16, pytest.approx(9 / 16))
+    assert "| `max_gap=4` | 16 | 0.562 | 0.562 | 0.562 |" in gaps.render(
+        pd.DataFrame([p]).assign(same_as_row=None), "r"
+    )
     # a gap before the first kept token and after the last: 5, 23 and 9 empty positions
     p = profile(torch.tensor([5, 6, 30]), 40, caps=(4, 16))
     assert (p["runs"], p["gaps"], p["longest_gap"], p["empty_4"], p["empty_16"]) == (2, 3, 23, 9, 29)
@@ -341,8 +349,19 @@ def test_gap_profile_of_a_run_checks_its_selections_against_the_rows(tiny_ruler_
     assert pd.read_csv(tmp_path / "gaps_other.csv")["kept_hash"].tolist() == df["kept_hash"].tolist()
     with pytest.raises(SystemExit, match=r"--name='../x'; allowed: a file name without a folder"):
         gaps.main([str(tmp_path), "--name", "../x", *over])
+    # re-rendered from the CSV alone: the same table, naming the same run; an old CSV without one refused
+    planned = (tmp_path / "gaps_other.md").read_text()
+    (tmp_path / "gaps_other.md").write_text("stale")
+    assert gaps.main([str(tmp_path), "--no-run", "--name", "gaps_other"]) == 0
+    assert (tmp_path / "gaps_other.md").read_text() == planned
+    assert "ruler-1024" in (tmp_path / "gaps_other.md").read_text().splitlines()[0]
+    pd.read_csv(tmp_path / "gaps_other.csv").drop(columns="run").to_csv(tmp_path / "gaps_old.csv", index=False)
+    with pytest.raises(SystemExit, match="written before profiles named their run"):
+        gaps.main([str(tmp_path), "--no-run", "--name", "gaps_old"])
     assert gaps.main([str(tmp_path), "--figure"]) == 0 and (tmp_path / "gaps.png").stat().st_size > 0
-    with pytest.raises(SystemExit, match="no eval config given; allowed: the overrides of make eval, or --figure"):
+    with pytest.raises(
+        SystemExit, match="no eval config given; allowed: the overrides of make eval, --figure or --no-run"
+    ):
         gaps.main([str(tmp_path)])
     # a selection that is not the rows' (its hash changed): refused, naming the samples
     monkeypatch.setattr("harness.diagnostics.kept_hash", lambda kept: "0" * 16)

@@ -13,7 +13,8 @@ tokens those rows prefilled.
     python -m harness.studies.gaps <folder> model=qwen2.5-coder-1.5b benchmark=ruler length=4096 \\
         keep_tokens=512 'tasks=[vt]' limit=30 method=specprefill method.chunk_size=null
 
-writes ``<folder>/gaps.csv`` (one row per sample) and ``<folder>/gaps.md`` (min / median / max);
+writes ``<folder>/gaps.csv`` (one row per sample) and ``<folder>/gaps.md`` (min / median / max, and
+each treatment's span with the share of it left empty); ``--no-run`` re-renders the table from the CSV;
 ``--name gaps_1024`` writes ``gaps_1024.csv`` / ``.md`` instead (one profile per budget in a folder).
 ``python -m harness.studies.gaps <folder> --figure`` draws ``<folder>/gaps.png`` from the folder's
 rows instead: each position treatment of the same selection (re-numbered, each ``max_gap`` and
@@ -121,10 +122,38 @@ def check_against_rows(folder: Path, run: Path, df: pd.DataFrame) -> pd.DataFram
     return df.assign(same_as_row=[None if h is None else h == k for h, k in zip(same, df["kept_hash"], strict=True)])
 
 
-def render(df: pd.DataFrame, run: Path) -> str:
+def _treatments() -> list[tuple[str, str]]:
+    """The treatments whose share of the span left empty :func:`render` tabulates: (column, label)."""
+    return [
+        ("empty", "original positions"),
+        *((f"empty_{c}", f"`max_gap={c}`") for c in CAPS),
+        *((f"empty_scale_{f:g}", f"`gap_scale={f:g}`") for f in SCALES),
+    ]
+
+
+def shares(df: pd.DataFrame) -> pd.DataFrame:
+    """Per sample and treatment, the span (the positions up to the first generated token: K plus
+    the empty ones) and the share of it left empty, ``empty / (K + empty)``: ``span_<col>`` and
+    ``share_<col>`` for each empty-count column of :func:`profile` (``even_gaps`` and ``spread``
+    leave the original positions' share)."""
+    out = {}
+    for col, _ in _treatments():
+        if col in df:
+            span = df["k"] + df[col]
+            out[f"span_{col}"], out[f"share_{col}"] = span, df[col] / span
+    return pd.DataFrame(out, index=df.index)
+
+
+def render(df: pd.DataFrame, run: Path | str) -> str:
     cols = ["runs", "gaps", "longest_gap", "empty", *(f"empty_{c}" for c in CAPS)]
     cols += [*(f"empty_scale_{f:g}" for f in SCALES), "even_gap"]
-    body = [[c, f"{df[c].min():g}", f"{df[c].median():g}", f"{df[c].max():g}"] for c in cols]
+    body = [[c, f"{df[c].min():g}", f"{df[c].median():g}", f"{df[c].max():g}"] for c in cols if c in df]
+    sh = shares(df)
+    spans = [
+        [label, f"{sh[f'span_{c}'].median():g}", *(f"{sh[f'share_{c}'].agg(a):.3f}" for a in ("min", "median", "max"))]
+        for c, label in _treatments()
+        if f"span_{c}" in sh
+    ]
     checked = df["same_as_row"].dropna()
     check = (
         f"{int(checked.sum())} of {len(df)} selections are the rows' (`kept_hash`)"
@@ -138,6 +167,9 @@ def render(df: pd.DataFrame, run: Path) -> str:
         "(`method.gap_scale`); `even_gap`: empty positions per gap under "
         "`position_mode=even_gaps`. Written by `python -m harness.studies.gaps`.\n\n"
         + md_table(pd.DataFrame(body, columns=["measure", "min", "median", "max"]))
+        + "\n\nThe span (K plus the empty positions: the first generated token's position) and the share of it "
+        "left empty, per sample (`even_gaps` and `spread` leave the original positions' share):\n\n"
+        + md_table(pd.DataFrame(spans, columns=["positions", "span (median)", "empty share min", "median", "max"]))
         + "\n"
     )
 
@@ -219,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="the eval config, as make eval takes it")
     ap.add_argument("--figure", action="store_true", help="draw gaps.png from the folder's rows instead")
     ap.add_argument(
+        "--no-run",
+        action="store_true",
+        help="re-render <name>.md from <name>.csv, planning nothing (after the tool's tables change)",
+    )
+    ap.add_argument(
         "--name",
         default="gaps",
         help="the files' name: <name>.md / <name>.csv (one per budget or config in a folder); default gaps",
@@ -234,10 +271,21 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             raise SystemExit(f"{args.folder}: {e}") from None
         return 0
+    if args.no_run:
+        csv = args.folder / f"{args.name}.csv"
+        if not csv.is_file():
+            raise SystemExit(f"{csv}: no such profile; allowed: a folder where the tool wrote {args.name}.csv")
+        df = pd.read_csv(csv)
+        if "run" not in df:
+            raise SystemExit(f"{csv}: written before profiles named their run (column run); plan it again")
+        text = render(df, str(df["run"].iloc[0]))
+        (args.folder / f"{args.name}.md").write_text(text)
+        print(text)
+        return 0
     if not args.overrides:
-        raise SystemExit("no eval config given; allowed: the overrides of make eval, or --figure")
+        raise SystemExit("no eval config given; allowed: the overrides of make eval, --figure or --no-run")
     run, rows = selections(args.overrides)
-    df = check_against_rows(args.folder, run, pd.DataFrame(rows))
+    df = check_against_rows(args.folder, run, pd.DataFrame(rows)).assign(run=str(run))
     mismatch = df["same_as_row"].eq(False)  # None: no row to check
     if mismatch.any():
         bad = df.loc[mismatch, "sample_id"].tolist()
