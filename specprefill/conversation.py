@@ -74,7 +74,7 @@ def check_multiturn(method: Method, backend: str) -> None:
             f"method {method.name!r} with position_mode={method.position_mode!r}: a conversation keeps tokens at "  # type: ignore[attr-defined]
             f"their conversation positions; allowed: position_mode=original"
         )
-    for opt in ("max_gap", "gap_scale"):
+    for opt in ("max_gap", "gap_scale", "random_fill"):
         if method.turn_policy in ("frozen", "revival") and getattr(method, opt, None) is not None:
             raise ValueError(
                 f"method {method.name!r} with {opt}={getattr(method, opt)}: a conversation keeps tokens at their "

@@ -113,6 +113,25 @@ def select_tokens(importance: torch.Tensor, keep_rate: float, chunk_size: int | 
     return torch.sort(kept).values.to(torch.int64)
 
 
+def random_fill(kept: torch.Tensor, n: int, extra: int, seed: int = 0) -> torch.Tensor:
+    """Add ``extra`` prompt positions drawn uniformly without replacement from those not in
+    ``kept`` (all of them where fewer remain), sorted and unique. Seeded, so a prompt always
+    gets the same fill; the draw is a permutation of the positions not kept, in order.
+
+    A named deviation for studies (none in the reference): it fills the selection's gaps with
+    tokens no score chose, to tell what a larger budget buys by its content from what it buys
+    by leaving less of the span empty.
+    """
+    if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0:
+        raise ValueError(f"random_fill={extra!r}; allowed: null or an int >= 1")
+    rest = torch.ones(n, dtype=torch.bool)
+    rest[kept.to(torch.int64)] = False
+    free = torch.nonzero(rest).flatten()
+    g = torch.Generator().manual_seed(int(seed))
+    drawn = free[torch.randperm(int(free.numel()), generator=g)[:extra]]
+    return torch.unique(torch.cat([kept.to(torch.int64), drawn]), sorted=True)
+
+
 def force_keep(kept: torch.Tensor, n: int, first: int = 0, last: int = 0) -> torch.Tensor:
     """Add the first ``first`` and last ``last`` prompt positions to ``kept`` (sorted, unique).
 

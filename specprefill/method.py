@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from specprefill.core import force_keep, select_tokens, token_importance
+from specprefill.core import force_keep, random_fill, select_tokens, token_importance
 from specprefill.options import KEEP, KEEP_TOKENS, Allowed, option
 from specprefill.plan import (
     POSITION_MODES,
@@ -43,8 +43,9 @@ class SpecPrefill(Method):
     ``position_mode='contiguous'`` (re-number kept tokens 0..K-1), ``max_gap`` (the original
     positions with every gap shortened to at most that many positions:
     :func:`specprefill.plan.capped_positions`), ``gap_scale`` (each gap's empty positions scaled:
-    :func:`specprefill.plan.scaled_positions`) and ``force_keep_*`` are named deviations from
-    the reference, off by default.
+    :func:`specprefill.plan.scaled_positions`), ``force_keep_*`` and ``random_fill`` (M more
+    tokens drawn at random from those not selected: :func:`specprefill.core.random_fill`) are
+    named deviations from the reference, off by default.
     """
 
     needs_speculator: ClassVar[bool] = True
@@ -76,6 +77,17 @@ class SpecPrefill(Method):
             le=1.0,
             null=True,
             note="null: the original positions as they are; f: each gap's empty positions times f (a deviation)",
+        ),
+    )
+
+    random_fill: int | None = option(
+        None,
+        Allowed(
+            int,
+            ge=1,
+            null=True,
+            note="null: the selection as it is; M: M more prompt tokens drawn at random from those not selected "
+            "(seeded), at their own positions (a deviation)",
         ),
     )
 
@@ -130,6 +142,8 @@ class SpecPrefill(Method):
             kept = select_tokens(importance, self.keep_for(prompt.n), self.chunk_size)
             if self.force_keep_first or self.force_keep_last:
                 kept = force_keep(kept, prompt.n, self.force_keep_first, self.force_keep_last)
+            if self.random_fill:
+                kept = random_fill(kept, prompt.n, int(self.random_fill))
             timings = {"speculator_s": speculator_s, "selection_s": time.perf_counter() - t1}
             if maps is not None:
                 timings["token_map_s"] = token_map_s

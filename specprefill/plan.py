@@ -140,7 +140,7 @@ class Generation:
 
 #: Method options added after results were first stored, with their defaults
 #: (:meth:`Method.options` leaves them out at these values).
-LATER_OPTIONS: dict[str, Any] = {"keep_tokens": None, "max_gap": None, "gap_scale": None}
+LATER_OPTIONS: dict[str, Any] = {"keep_tokens": None, "max_gap": None, "gap_scale": None, "random_fill": None}
 
 
 class Unsupported(RuntimeError):

@@ -216,6 +216,7 @@ def test_method_options_are_validated():
         (dict(position_mode="shifted"), "position_mode='shifted'"),
         (dict(force_keep_last=-1), "force_keep_last=-1"),
         (dict(max_gap=0), r"max_gap=0; allowed: null or an int >= 1"),
+        (dict(random_fill=0), r"random_fill=0; allowed: null or an int >= 1"),
         (
             dict(max_gap=8, position_mode="contiguous"),
             r"max_gap=8 with position_mode='contiguous'.*allowed: max_gap=null",
@@ -278,6 +279,34 @@ def test_max_gap_keeps_the_selection_and_caps_its_positions(tiny_llama):
     assert wide.position_ids.tolist() == kept and wide.next_position == 40  # the original positions
     assert SpecPrefill(max_gap=None).options() == SpecPrefill().options() and "max_gap" not in SpecPrefill().options()
     assert SpecPrefill(max_gap=4).options()["max_gap"] == 4
+
+
+def test_random_fill_adds_tokens_not_selected_by_hand():
+    from specprefill.core import random_fill
+
+    kept = torch.tensor([0, 1, 2, 7])
+    got = random_fill(kept, 10, 3)
+    assert got.tolist() == sorted(got.tolist()) and len(got) == 7 and set(kept.tolist()) <= set(got.tolist())
+    assert set(got.tolist()) - set(kept.tolist()) <= {3, 4, 5, 6, 8, 9}
+    assert torch.equal(got, random_fill(kept, 10, 3)) and not torch.equal(got, random_fill(kept, 10, 3, seed=1))
+    assert random_fill(kept, 10, 99).tolist() == list(range(10))  # fewer left than asked: all of them
+    assert torch.equal(random_fill(kept, 10, 0), kept)
+    with pytest.raises(ValueError, match=r"random_fill=-1; allowed: null or an int >= 1"):
+        random_fill(kept, 10, -1)
+
+
+def test_random_fill_keeps_the_selection_and_adds_m_tokens_at_their_own_positions(tiny_llama):
+    be = TransformersBackend(tiny_llama, CharTokenizer(), tiny_llama)
+    prompt = Prompt(_ids(40, 6))
+    orig = SpecPrefill(keep_rate=0.25, lookahead=1).plan(prompt, be)
+    filled = SpecPrefill(keep_rate=0.25, lookahead=1, random_fill=6).plan(prompt, be)
+    assert orig.kept_indices is not None and filled.kept_indices is not None
+    assert filled.k == 16 and set(orig.kept_indices.tolist()) < set(filled.kept_indices.tolist())
+    assert filled.position_ids.tolist() == filled.kept_indices.tolist() and filled.next_position == 40
+    cont = SpecPrefill(keep_rate=0.25, lookahead=1, random_fill=6, position_mode="contiguous").plan(prompt, be)
+    assert cont.kept_indices is not None and cont.kept_indices.tolist() == filled.kept_indices.tolist()
+    assert cont.position_ids.tolist() == list(range(16))
+    assert "random_fill" not in SpecPrefill().options() and SpecPrefill(random_fill=6).options()["random_fill"] == 6
 
 
 def test_spread_positions_keep_the_span_and_even_out_the_gaps():

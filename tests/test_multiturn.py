@@ -169,6 +169,9 @@ def test_refusals_name_what_is_allowed():
     with pytest.raises(ValueError, match=r"max_gap=8: a conversation keeps tokens .*allowed: max_gap=null"):
         check_multiturn(build_method("specprefill_revival", {"max_gap": 8}), "transformers")
     check_multiturn(build_method("specprefill", {"max_gap": 8}), "transformers")  # reselect: fine
+    with pytest.raises(ValueError, match=r"random_fill=8: a conversation keeps tokens .*allowed: random_fill=null"):
+        check_multiturn(build_method("specprefill_frozen", {"random_fill": 8}), "transformers")
+    check_multiturn(build_method("specprefill", {"random_fill": 8}), "transformers")  # reselect: fine
     with pytest.raises(ValueError, match=r"gap_scale=0.5: a conversation keeps tokens .*allowed: gap_scale=null"):
         check_multiturn(build_method("specprefill_frozen", {"gap_scale": 0.5}), "transformers")
 
