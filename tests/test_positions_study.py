@@ -438,3 +438,11 @@ def test_the_position_cost_between_budgets_is_a_difference_of_paired_differences
     assert got2["same_samples"] == pytest.approx(2 / 3)
     # the larger budget under another option (chunks of 32): no pair across options
     assert study.between_budgets(pd.concat([budget(256, small), budget(512, large, chunk_size=32)])).empty
+    # a selection of 256 topped up with 256 random tokens: a budget of its own, after 512 (the same size)
+    fill = {("original", "a"): [100, 100, 0, 100], ("contiguous", "a"): [100, 100, 100, 100]}  # cost +25
+    b3 = study.between_budgets(pd.concat([budget(256, small), budget(512, large), budget(256, fill, random_fill=256)]))
+    b3 = b3[b3["task"] == "ALL"].set_index(["budget", "against"])
+    assert sorted(b3.index) == [("256 tokens + 256 random", "256 tokens"), ("256 tokens + 256 random", "512 tokens"),
+                                ("512 tokens", "256 tokens")]  # fmt: skip
+    assert b3.loc[("256 tokens + 256 random", "256 tokens"), "difference"] == pytest.approx(25.0 - 50.0)
+    assert b3.loc[("256 tokens + 256 random", "512 tokens"), "difference"] == pytest.approx(25.0 - 0.0)

@@ -104,6 +104,9 @@ def eval_commands(
 #: Method options that do not make a variant: the positions (what the study varies) and the
 #: budget (a column of its own).
 NOT_VARIANT = ("position_mode", "keep_rate")
+#: The options that set how many tokens an arm prefills: the position cost is compared across
+#: them (:func:`between_budgets`), never across the others.
+BUDGET_OPTIONS = ("keep_tokens", "random_fill")
 
 
 def variants(rows: pd.DataFrame, method: str = "method") -> pd.Series:
@@ -251,20 +254,24 @@ def between_budgets(rows: pd.DataFrame) -> pd.DataFrame:
     of those samples whose four rows prompted the same text (``sample_hash``; NaN where a row
     does not record it). At one prompt length the original positions span the same N at every
     budget, and only the share of them left empty changes, so this tells whether the cost moves
-    with that share. ``rows``: eval rows with status ok (:meth:`Analysis.ok`)."""
-    arms: dict[tuple, list[tuple[float, dict[str, Any], pd.DataFrame, pd.DataFrame]]] = {}
+    with that share. A selection topped up with ``random_fill`` tokens (``512 tokens + 512
+    random``) is a budget of its own, sorted by the tokens it prefills (after the selection of the
+    same size): set beside the selection of that size, it tells what the extra tokens buy by
+    filling the span from what they buy by what they say. ``rows``: eval rows with status ok
+    (:meth:`Analysis.ok`)."""
+    arms: dict[tuple, list[tuple[tuple[float, float], dict[str, Any], pd.DataFrame, pd.DataFrame]]] = {}
     for where, orig, cont in _arms(rows):
         tokens, keep = float(where.get("keep_tokens", float("nan"))), float(where["keep_rate"])
-        # the variant without the budget: runs at two budgets differ in keep_tokens, which
-        # :func:`variants` names as a variant of its own
-        same = {
-            k: v
-            for k, v in options_of(orig["method_options"].iloc[0]).items()
-            if k not in (*NOT_VARIANT, "keep_tokens")
-        }
+        opts = options_of(orig["method_options"].iloc[0])
+        fill = float(opts.get("random_fill") or 0)
+        # the variant without the budget: runs at two budgets differ in keep_tokens (and a
+        # random fill in random_fill), which :func:`variants` names as variants of their own
+        same = {k: v for k, v in opts.items() if k not in (*NOT_VARIANT, *BUDGET_OPTIONS)}
         key = (*((k, v) for k, v in where.items() if k not in ("keep_rate", "keep_tokens", "variant")),
                json.dumps(same, sort_keys=True, default=str))  # fmt: skip
-        arms.setdefault(key, []).append((tokens if tokens == tokens else keep, where, orig, cont))
+        budget = _label(where)["budget"] + (f" + {int(fill)} random" if fill else "")
+        size = tokens + fill if tokens == tokens else keep
+        arms.setdefault(key, []).append(((size, fill), {**where, "budget": budget}, orig, cont))
     out = []
     for budgets in arms.values():
         budgets.sort(key=lambda b: b[0])
@@ -278,7 +285,7 @@ def between_budgets(rows: pd.DataFrame) -> pd.DataFrame:
                     )
                     frames = [f if scope == ALL else f[f["task"] == scope] for f in (o1, c1, o2, c2)]
                     out.append({
-                        **_label(large), "against": _label(small)["budget"], "task": scope, "n": diff.n,
+                        **_label(large), "budget": large["budget"], "against": small["budget"], "task": scope, "n": diff.n,
                         "cost_against": cost_small, "cost": cost_large, "difference": diff.value,
                         "lo": diff.lo, "hi": diff.hi, "same_samples": _same_samples(frames),
                     })  # fmt: skip
