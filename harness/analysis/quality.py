@@ -267,11 +267,7 @@ def paired_difference(cand: Point, base: Point, column: str, parts: Parts) -> tu
         dv[t], dd[t] = float((c - b).mean()), resample_mean(t, c - b, ids)
         bv[t], cv[t] = float(b.mean()), float(c.mean())
         n += len(ids)
-    groups = _groups(parts, dv, True)
-    if groups is None:
-        return NAN, float("nan"), float("nan")
-    d = estimate(float(_macro(groups, dv)), _macro(groups, dd), n)
-    return d, float(_macro(groups, bv)), float(_macro(groups, cv))
+    return _paired_macro(parts, dv, dd, bv, cv, n)
 
 
 def paired_difference_of_differences(
@@ -292,11 +288,24 @@ def paired_difference_of_differences(
         dv[t], dd[t] = float((da - db).mean()), resample_mean(t, da - db, ids)
         bv[t], av[t] = float(db.mean()), float(da.mean())
         n += len(ids)
+    return _paired_macro(parts, dv, dd, bv, av, n)
+
+
+def _paired_macro(
+    parts: Parts,
+    dv: dict[str, float],
+    dd: dict[str, np.ndarray],
+    bv: dict[str, float],
+    cv: dict[str, float],
+    n: int,
+) -> tuple[Estimate, float, float]:
+    """The macro means of per-task paired differences ``dv`` (with their bootstrap draws ``dd``)
+    and of the two sides ``bv`` and ``cv``, over ``parts`` (NaN where a part has no task)."""
     groups = _groups(parts, dv, True)
     if groups is None:
         return NAN, float("nan"), float("nan")
     d = estimate(float(_macro(groups, dv)), _macro(groups, dd), n)
-    return d, float(_macro(groups, bv)), float(_macro(groups, av))
+    return d, float(_macro(groups, bv)), float(_macro(groups, cv))
 
 
 # --------------------------------------------------------------------------- labels
