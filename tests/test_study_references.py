@@ -76,6 +76,7 @@ def test_the_commit_is_read_once_as_the_process_starts(monkeypatch):
         ("positions", "chain_length_qwen_cpu", "positions.md"),
         ("positions", "positions_qa2_qwen_cpu", "positions.md"),
         ("positions", "positions_qwen_cpu", "positions.md"),
+        ("positions", "position_density_qwen_cpu", "positions.md"),
     ],
 )
 def test_a_committed_study_table_is_what_its_rows_render(study, folder, table, tmp_path):
@@ -155,3 +156,25 @@ def test_forcing_the_first_tokens_in_changed_nothing_they_were_kept_already(fold
         assert (mine["prediction"] == other.loc[mine.index, "prediction"]).all()
         paired += len(mine)
     assert paired == n
+
+
+@pytest.mark.parametrize(
+    ("folder", "name"),
+    [
+        ("position_gaps_qwen_cpu", "gaps"),
+        ("position_density_qwen_cpu", "gaps_256"),
+        ("position_density_qwen_cpu", "gaps_1024"),
+        ("position_density_qwen_cpu", "gaps_512_fill"),
+    ],
+)
+def test_a_committed_gap_profile_is_what_its_csv_renders(folder, name, tmp_path):
+    """The gap profiles the READMEs quote (spans, empty shares), re-rendered from their committed CSVs
+    by the tool's own --no-run: a change to the tables that moves a quoted number shows here."""
+    import shutil
+
+    from harness.studies.gaps import main
+
+    src = Path(__file__).resolve().parents[1] / "results" / "reference" / folder
+    shutil.copy(src / f"{name}.csv", tmp_path / f"{name}.csv")
+    assert main([str(tmp_path), "--no-run", "--name", name]) == 0
+    assert (tmp_path / f"{name}.md").read_text() == (src / f"{name}.md").read_text()
