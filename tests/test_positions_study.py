@@ -422,7 +422,7 @@ def test_the_position_cost_between_budgets_is_a_difference_of_paired_differences
     rows = pd.concat([budget(256, small), budget(512, large)])
     b = study.between_budgets(rows)
     got = b[b["task"] == "ALL"].iloc[0]
-    # per sample: (0 - 100) - (... ): sample 0: (0) - (100) = -100; 1: 100 - 100 = 0; 2: 0 - 0; 3: -100 - 0
+    # per sample, the cost at 512 minus the cost at 256: 0 - 100, 100 - 100, 0 - 0, -100 - 0; mean -50
     assert (got["budget"], got["against"], got["n"]) == ("512 tokens", "256 tokens", 4)
     assert got["cost_against"] == pytest.approx(50.0) and got["cost"] == pytest.approx(0.0)
     assert got["difference"] == pytest.approx(-50.0) and got["lo"] <= -50.0 <= got["hi"]
