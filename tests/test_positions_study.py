@@ -446,3 +446,31 @@ def test_the_position_cost_between_budgets_is_a_difference_of_paired_differences
                                 ("512 tokens", "256 tokens")]  # fmt: skip
     assert b3.loc[("256 tokens + 256 random", "256 tokens"), "difference"] == pytest.approx(25.0 - 50.0)
     assert b3.loc[("256 tokens + 256 random", "512 tokens"), "difference"] == pytest.approx(25.0 - 0.0)
+
+
+def test_the_figure_puts_a_budget_in_tokens_at_its_measured_share_and_joins_budgets_in_one_line(tmp_path, monkeypatch):
+    """keep_tokens runs record keep rate 1: on the figure they sit at the share they prefilled, not at 1,
+    and a method's budgets are one line per position mode, not one point each."""
+    df = pd.DataFrame({
+        "budget": ["256 tokens", "512 tokens", "0.1"], "keep": [1.0, 1.0, 0.1], "kept_fraction": [0.064, 0.127, 0.1004],
+    })  # fmt: skip
+    assert study._prefilled(df).tolist() == [0.064, 0.127, 0.1]
+    arm = {"model": "m", "length": 4096, "benchmark_options": "-", "method": "specprefill", "retention": 0.9,
+           "retention_lo": 0.8, "retention_hi": 1.0}  # fmt: skip
+    rows = [
+        {**arm, "variant": f"keep_tokens={n}", "position_mode": mode, "budget": f"{n} tokens", "keep": 1.0,
+         "kept_fraction": n / 4096}
+        for n in (256, 512) for mode in ("original", "contiguous")
+    ]  # fmt: skip
+    drawn = []
+    import matplotlib.axes
+
+    real = matplotlib.axes.Axes.errorbar
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "errorbar",
+        lambda ax, x, *a, **k: drawn.append((list(x), k["label"])) or real(ax, x, *a, **k),
+    )
+    study.figure(pd.DataFrame(rows), tmp_path / "p.png")
+    assert [label for _, label in drawn] == ["specprefill, original (its own)", "specprefill, contiguous"]
+    assert [round(x[1] - x[0], 4) for x, _ in drawn] == [round(256 / 4096, 4)] * 2  # two budgets on one line

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -192,7 +193,7 @@ def _joined(orig: pd.DataFrame, cont: pd.DataFrame, columns: list[str]) -> pd.Da
 def _label(where: dict[str, Any]) -> dict[str, Any]:
     """A table line's setup columns, with the method (its variant named) and keep under the
     study's names."""
-    out = {k: v for k, v in where.items() if k not in ("method", "variant", "keep_rate", "keep_tokens")}
+    out = {k: v for k, v in where.items() if k not in ("method", "variant", "keep_rate", "keep_tokens", "budget")}
     keep, tokens = float(where["keep_rate"]), float(where.get("keep_tokens", float("nan")))
     method = _named(str(where["method"]), str(where.get("variant", "")))
     return {**out, "method": method, "keep": keep, "budget": _budget(keep, tokens)}
@@ -520,7 +521,8 @@ def markdown(
 
 
 def figure(df: pd.DataFrame, path: Path) -> None:
-    """Retention against keep, one panel per model, length and benchmark option, one line per method and
+    """Retention against the share prefilled (the keep rate; a budget in tokens at its measured share:
+    :func:`_prefilled`), one panel per model, length and benchmark option, one line per method and
     position mode with 95 % intervals (original solid, contiguous dashed, the method's own
     mode opaque); full prefill's 1 as a reference line."""
     import matplotlib
@@ -529,31 +531,39 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     arms = df[df["method"] != "full"]
+    # a line per method, variant and mode across budgets: a budget in tokens is a variant of its
+    # own in the tables (keep_tokens=N), but here its points join one line, at the share prefilled
+    arms = arms.assign(line=[re.sub(r"(, )?keep_tokens=\d+", "", str(v)).lstrip(", ") for v in arms["variant"]])
     setups = zip(arms["model"], arms["length"], arms["benchmark_options"], strict=True)
     panels = sorted({(str(m), int(n), str(b)) for m, n, b in setups}) or [("", 0, "-")]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), sharey=True, squeeze=False)
     for ax, (model, length, bench) in zip(axes[0], panels, strict=True):
         here = arms[(arms["model"] == model) & (arms["length"] == length) & (arms["benchmark_options"] == bench)]
-        for i, ((method, variant, mode), g) in enumerate(
-            here.groupby(["method", "variant", "position_mode"], sort=False)
-        ):
-            g = g.sort_values("keep")
+        for i, ((method, variant, mode), g) in enumerate(here.groupby(["method", "line", "position_mode"], sort=False)):
+            g = g.assign(x=_prefilled(g)).sort_values("x")
             r, lo, hi = (g[c].to_numpy(dtype=float) for c in ("retention", "retention_lo", "retention_hi"))
-            ax.errorbar(g["keep"].to_numpy(dtype=float) + 0.004 * (i - 1.5), r, yerr=np.vstack([r - lo, hi - r]),
+            ax.errorbar(g["x"].to_numpy(dtype=float) + 0.004 * (i - 1.5), r, yerr=np.vstack([r - lo, hi - r]),
                         fmt="-o" if mode == "original" else "--s", capsize=3,
                         color=f"C{METHODS.index(method) if method in METHODS else len(METHODS)}",
                         alpha=1.0 if own_mode(str(method)) == mode else 0.7,
                         label=_arm_name(str(method), str(mode), str(variant)))  # fmt: skip
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-        ax.set_xlabel("keep rate (share of the prompt prefilled)")
+        ax.set_xlabel("share of the prompt prefilled")
         ax.set_title((f"{model}, {length} tokens" + ("" if bench == "-" else f", {bench}")) if model else "no arms")
         if len(here):
-            ax.legend(fontsize=7, loc="lower right")
+            ax.legend(fontsize=7, loc="best")
     axes[0][0].set_ylabel("retention (score / full prefill's, 95 % interval)")
     fig.suptitle("The same kept tokens at their original positions or re-numbered")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+def _prefilled(g: pd.DataFrame) -> pd.Series:
+    """Where an arm sits on the figure's x axis: its keep rate, or where it has a budget in tokens
+    (``keep_tokens``, recorded as keep rate 1) the share of the prompt it prefilled (``kept_fraction``)."""
+    by_tokens = g["budget"].astype(str).str.endswith("tokens")
+    return g["kept_fraction"].where(by_tokens, g["keep"]).astype(float)
 
 
 def _setup_text(column: str, value: Any) -> str:
