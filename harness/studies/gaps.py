@@ -292,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"samples {bad}: the selection is not the one the rows of {run} prefilled (kept_hash)")
     args.folder.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.folder / f"{args.name}.csv", index=False)
-    (args.folder / f"{args.name}.md").write_text(render(df, run))
-    print(render(df, run))
+    text = render(df, run)
+    (args.folder / f"{args.name}.md").write_text(text)
+    print(text)
     return 0
 
 
