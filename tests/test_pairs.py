@@ -87,10 +87,13 @@ def test_the_command_refuses_a_measure_and_a_folder_without_runs(tmp_path, capsy
     err = capsys.readouterr().err
     assert f"folder: no run's rows under {tmp_path}; allowed: a results folder holding a run's rows" in err
     assert "--no-run" not in err  # a flag pairs does not have
-    for bad in ("/tmp/elsewhere", "../up", "sub/p", "..", ""):  # the files go into the folder, nowhere else
+    for bad in ("/tmp/elsewhere", "../up", "sub/p", "..", ".hidden", ""):  # the files go into the folder, nowhere else
         with pytest.raises(SystemExit):
             main([str(tmp_path), "--base", "full", "--name", bad])
-        assert f"--name {bad}: allowed: a file name: letters, digits, _ . - (no folder)" in capsys.readouterr().err
+        assert (
+            f"--name {bad}: allowed: a file name: letters, digits, _ . - (no folder; not starting"
+            in capsys.readouterr().err
+        )
 
 
 def test_a_sample_range_pairs_only_those_samples_worked_by_hand(rows):

@@ -324,7 +324,7 @@ def test_gap_profile_counts_runs_gaps_and_capped_empty_positions_by_hand():
     assert p["gap_sizes"] == "5 23 9"
 
 
-def test_gap_profile_of_a_run_checks_its_selections_against_the_rows(tiny_ruler_eval, tmp_path, monkeypatch):
+def test_gap_profile_of_a_run_checks_its_selections_against_the_rows(tiny_ruler_eval, tmp_path, monkeypatch, capsys):
     from harness.studies import gaps
 
     run = ["method=specprefill", "keep=0.3", "method.chunk_size=null"]
@@ -347,8 +347,13 @@ def test_gap_profile_of_a_run_checks_its_selections_against_the_rows(tiny_ruler_
     assert gaps.main([str(tmp_path), "--name", "gaps_other", *over]) == 0
     assert (tmp_path / "gaps.md").read_text() == "first" and "3 of 3" in (tmp_path / "gaps_other.md").read_text()
     assert pd.read_csv(tmp_path / "gaps_other.csv")["kept_hash"].tolist() == df["kept_hash"].tolist()
-    with pytest.raises(SystemExit, match=r"--name='../x'; allowed: a file name without a folder"):
-        gaps.main([str(tmp_path), "--name", "../x", *over])
+    for bad in ("../x", "sub/x", ".hidden", ""):  # the files go into the folder, nowhere else
+        with pytest.raises(SystemExit):
+            gaps.main([str(tmp_path), "--name", bad, *over])
+        assert (
+            f"--name {bad}: allowed: a file name: letters, digits, _ . - (no folder; not starting"
+            in capsys.readouterr().err
+        )
     # re-rendered from the CSV alone: the same table, naming the same run; an old CSV without one refused
     planned = (tmp_path / "gaps_other.md").read_text()
     (tmp_path / "gaps_other.md").write_text("stale")

@@ -5,6 +5,7 @@ lm-eval cross-check; their figures go to ``results/reference/``."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,18 @@ def require_values(ap: Any, flag: str, values: list[Any], ok: Any, allowed: str)
     for v in values:
         if not ok(v):
             ap.error(f"{flag} {v}: allowed: {allowed}")
+
+
+#: A file name a study may write into its folder: letters, digits, ``_ . -``, not starting with
+#: ``.`` or ``-`` (no folder, no ``..``, no hidden file).
+FILE_NAME = re.compile(r"\w[\w.-]*")
+FILE_NAME_ALLOWED = "a file name: letters, digits, _ . - (no folder; not starting with . or -), such as gaps_1024"
+
+
+def require_file_name(ap: Any, flag: str, name: str) -> None:
+    """``flag``'s value names files the study writes into its folder (``<name>.md`` /
+    ``.csv``): one check for every study that takes one, else one line naming the value."""
+    require_values(ap, flag, [name], lambda n: FILE_NAME.fullmatch(n) is not None, FILE_NAME_ALLOWED)
 
 
 def write_reference(path: Path, benchmark: str, rows: list[dict[str, Any]], **meta: Any) -> None:

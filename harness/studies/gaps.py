@@ -35,6 +35,7 @@ import torch
 from tqdm import tqdm
 
 from harness.rendering.tables import md_table
+from harness.studies import require_file_name
 
 #: The caps whose empty positions are counted (``method.max_gap``).
 CAPS = (4, 16, 64, 128, 256)
@@ -261,8 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the files' name: <name>.md / <name>.csv (one per budget or config in a folder); default gaps",
     )
     args = ap.parse_intermixed_args(argv)  # options before, between or after the overrides
-    if not args.name or "/" in args.name or args.name.startswith("."):
-        raise SystemExit(f"--name={args.name!r}; allowed: a file name without a folder or a suffix, such as gaps_1024")
+    require_file_name(ap, "--name", args.name)
     if args.folder.exists() and not args.folder.is_dir():
         raise SystemExit(f"folder={str(args.folder)!r} is a file; allowed: a folder")
     if args.figure:

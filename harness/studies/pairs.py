@@ -23,14 +23,13 @@ heading.
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 import pandas as pd
 
 from harness.analysis.folder import analyze
 from harness.rendering.tables import difference, md_table, natural_key
-from harness.studies import ALL, labelled, paired_scores, require_runs, require_values
+from harness.studies import ALL, labelled, paired_scores, require_file_name, require_runs, require_values
 
 #: What each pair compares, where the rows have it: the score (0-100), the share of the
 #: evidence's tokens kept, the share of its pieces kept whole, the share of the prompt after its
@@ -154,9 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", help="only the samples with these ids: FIRST-LAST or FIRST- (e.g. 15-44)")
     a = ap.parse_args(argv)
     require_values(ap, "--measures", a.measures, lambda m: m in MEASURES, str(list(MEASURES)))
-    file_name = re.compile(r"[\w.-]+")
-    require_values(ap, "--name", [a.name], lambda n: file_name.fullmatch(n) and n not in (".", ".."),
-                   "a file name: letters, digits, _ . - (no folder)")  # fmt: skip
+    require_file_name(ap, "--name", a.name)
     try:
         samples = sample_range(a.samples) if a.samples else None
     except ValueError as e:
