@@ -479,3 +479,34 @@ def test_the_figure_puts_a_budget_in_tokens_at_its_measured_share_and_joins_budg
     study.figure(pd.DataFrame(rows), tmp_path / "p.png")
     assert [label for _, label in drawn] == ["specprefill, original (its own)", "specprefill, contiguous"]
     assert [round(x[1] - x[0], 4) for x, _ in drawn] == [round(256 / 4096, 4)] * 2  # two budgets on one line
+
+
+def test_the_figure_draws_scores_where_the_folder_has_no_full_prefill(tmp_path, monkeypatch):
+    """Without full prefill every retention is missing: the figure draws each arm's score and its
+    interval (and says so), not an empty panel; with retention it draws retention and the line at 1."""
+    arm = {"model": "m", "length": 8192, "benchmark_options": "-", "method": "specprefill", "variant": "",
+           "budget": "1024 tokens", "keep": 1.0, "kept_fraction": 0.126}  # fmt: skip
+    rows = [
+        {**arm, "position_mode": "original", "score": 76.0, "score_lo": 63.0, "score_hi": 87.0},
+        {**arm, "position_mode": "contiguous", "score": 95.0, "score_lo": 85.0, "score_hi": 100.0},
+    ]
+    drawn, lines = [], []
+    import matplotlib.axes
+
+    real = matplotlib.axes.Axes.errorbar
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "errorbar",
+        lambda ax, x, y, *a, **k: drawn.append((list(y), k["yerr"].tolist())) or real(ax, x, y, *a, **k),
+    )
+    real_h = matplotlib.axes.Axes.axhline
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "axhline", lambda ax, y, *a, **k: lines.append(y) or real_h(ax, y, *a, **k)
+    )
+    no_full = pd.DataFrame(rows).assign(retention=np.nan, retention_lo=np.nan, retention_hi=np.nan)
+    study.figure(no_full, tmp_path / "p.png")
+    assert drawn == [([76.0], [[13.0], [11.0]]), ([95.0], [[10.0], [5.0]])] and lines == []
+    drawn.clear()
+    with_full = pd.DataFrame(rows).assign(retention=[0.8, 1.0], retention_lo=[0.7, 0.9], retention_hi=[0.9, 1.1])
+    study.figure(with_full, tmp_path / "q.png")
+    assert [y for y, _ in drawn] == [[0.8], [1.0]] and lines == [1.0]

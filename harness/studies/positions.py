@@ -524,13 +524,16 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     """Retention against the share prefilled (the keep rate; a budget in tokens at its measured share:
     :func:`_prefilled`), one panel per model, length and benchmark option, one line per method and
     position mode with 95 % intervals (original solid, contiguous dashed, the method's own
-    mode opaque); full prefill's 1 as a reference line."""
+    mode opaque); full prefill's 1 as a reference line. In a folder without full prefill (no
+    retention) the score (0-100) instead, and the title says so: never an empty figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     arms = df[df["method"] != "full"]
+    by_retention = bool(arms["retention"].notna().any()) if "retention" in arms else False
+    measure = "retention" if by_retention else "score"
     # a line per method, variant and mode across budgets: a budget in tokens is a variant of its
     # own in the tables (keep_tokens=N), but here its points join one line, at the share prefilled
     arms = arms.assign(line=[re.sub(r"(, )?keep_tokens=\d+", "", str(v)).lstrip(", ") for v in arms["variant"]])
@@ -541,19 +544,25 @@ def figure(df: pd.DataFrame, path: Path) -> None:
         here = arms[(arms["model"] == model) & (arms["length"] == length) & (arms["benchmark_options"] == bench)]
         for i, ((method, variant, mode), g) in enumerate(here.groupby(["method", "line", "position_mode"], sort=False)):
             g = g.assign(x=_prefilled(g)).sort_values("x")
-            r, lo, hi = (g[c].to_numpy(dtype=float) for c in ("retention", "retention_lo", "retention_hi"))
+            r, lo, hi = (g[c].to_numpy(dtype=float) for c in (measure, f"{measure}_lo", f"{measure}_hi"))
             ax.errorbar(g["x"].to_numpy(dtype=float) + 0.004 * (i - 1.5), r, yerr=np.vstack([r - lo, hi - r]),
                         fmt="-o" if mode == "original" else "--s", capsize=3,
                         color=f"C{METHODS.index(method) if method in METHODS else len(METHODS)}",
                         alpha=1.0 if own_mode(str(method)) == mode else 0.7,
                         label=_arm_name(str(method), str(mode), str(variant)))  # fmt: skip
-        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        if by_retention:
+            ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_xlabel("share of the prompt prefilled")
         ax.set_title((f"{model}, {length} tokens" + ("" if bench == "-" else f", {bench}")) if model else "no arms")
         if len(here):
             ax.legend(fontsize=7, loc="best")
-    axes[0][0].set_ylabel("retention (score / full prefill's, 95 % interval)")
-    fig.suptitle("The same kept tokens at their original positions or re-numbered")
+    axes[0][0].set_ylabel(
+        "retention (score / full prefill's, 95 % interval)" if by_retention else "score (0-100, 95 % interval)"
+    )
+    fig.suptitle(
+        "The same kept tokens at their original positions or re-numbered"
+        + ("" if by_retention else "\n(no full prefill in the folder: scores, not retention)")
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
