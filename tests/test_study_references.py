@@ -77,6 +77,7 @@ def test_the_commit_is_read_once_as_the_process_starts(monkeypatch):
         ("positions", "positions_qa2_qwen_cpu", "positions.md"),
         ("positions", "positions_qwen_cpu", "positions.md"),
         ("positions", "position_density_qwen_cpu", "positions.md"),
+        ("positions", "position_density_8k_qwen_cpu", "positions.md"),
     ],
 )
 def test_a_committed_study_table_is_what_its_rows_render(study, folder, table, tmp_path):
