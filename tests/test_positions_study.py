@@ -453,7 +453,31 @@ def test_the_position_cost_between_budgets_is_a_difference_of_paired_differences
     assert b3.loc[("256 tokens + 256 random", "512 tokens"), "difference"] == pytest.approx(25.0 - 0.0)
 
 
-def test_the_figure_puts_a_budget_in_tokens_at_its_measured_share_and_joins_budgets_in_one_line(tmp_path, monkeypatch):
+@pytest.fixture
+def figure_calls(monkeypatch):
+    """What the figure asked matplotlib to draw: each errorbar's x, y, yerr and label, each
+    axhline's y (the calls still draw)."""
+    import matplotlib.axes
+
+    calls: dict[str, list[dict]] = {"errorbar": [], "axhline": []}
+    real_bar, real_h = matplotlib.axes.Axes.errorbar, matplotlib.axes.Axes.axhline
+
+    def errorbar(ax, x, y, *a, **k):
+        yerr = k.get("yerr")
+        calls["errorbar"].append({"x": list(x), "y": list(y), "yerr": None if yerr is None else yerr.tolist(),
+                                  "label": k.get("label")})  # fmt: skip
+        return real_bar(ax, x, y, *a, **k)
+
+    def axhline(ax, y=0, *a, **k):
+        calls["axhline"].append({"y": y})
+        return real_h(ax, y, *a, **k)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", errorbar)
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline", axhline)
+    return calls
+
+
+def test_the_figure_puts_a_budget_in_tokens_at_its_measured_share_and_joins_budgets_in_one_line(tmp_path, figure_calls):
     """keep_tokens runs record keep rate 1: on the figure they sit at the share they prefilled, not at 1,
     and a method's budgets are one line per position mode, not one point each."""
     df = pd.DataFrame({
@@ -467,21 +491,13 @@ def test_the_figure_puts_a_budget_in_tokens_at_its_measured_share_and_joins_budg
          "kept_fraction": n / 4096}
         for n in (256, 512) for mode in ("original", "contiguous")
     ]  # fmt: skip
-    drawn = []
-    import matplotlib.axes
-
-    real = matplotlib.axes.Axes.errorbar
-    monkeypatch.setattr(
-        matplotlib.axes.Axes,
-        "errorbar",
-        lambda ax, x, *a, **k: drawn.append((list(x), k["label"])) or real(ax, x, *a, **k),
-    )
     study.figure(pd.DataFrame(rows), tmp_path / "p.png")
-    assert [label for _, label in drawn] == ["specprefill, original (its own)", "specprefill, contiguous"]
-    assert [round(x[1] - x[0], 4) for x, _ in drawn] == [round(256 / 4096, 4)] * 2  # two budgets on one line
+    drawn = figure_calls["errorbar"]
+    assert [c["label"] for c in drawn] == ["specprefill, original (its own)", "specprefill, contiguous"]
+    assert [round(c["x"][1] - c["x"][0], 4) for c in drawn] == [round(256 / 4096, 4)] * 2  # two budgets on one line
 
 
-def test_the_figure_draws_scores_where_the_folder_has_no_full_prefill(tmp_path, monkeypatch):
+def test_the_figure_draws_scores_where_the_folder_has_no_full_prefill(tmp_path, figure_calls):
     """Without full prefill every retention is missing: the figure draws each arm's score and its
     interval (and says so), not an empty panel; with retention it draws retention and the line at 1."""
     arm = {"model": "m", "length": 8192, "benchmark_options": "-", "method": "specprefill", "variant": "",
@@ -490,23 +506,12 @@ def test_the_figure_draws_scores_where_the_folder_has_no_full_prefill(tmp_path, 
         {**arm, "position_mode": "original", "score": 76.0, "score_lo": 63.0, "score_hi": 87.0},
         {**arm, "position_mode": "contiguous", "score": 95.0, "score_lo": 85.0, "score_hi": 100.0},
     ]
-    drawn, lines = [], []
-    import matplotlib.axes
-
-    real = matplotlib.axes.Axes.errorbar
-    monkeypatch.setattr(
-        matplotlib.axes.Axes,
-        "errorbar",
-        lambda ax, x, y, *a, **k: drawn.append((list(y), k["yerr"].tolist())) or real(ax, x, y, *a, **k),
-    )
-    real_h = matplotlib.axes.Axes.axhline
-    monkeypatch.setattr(
-        matplotlib.axes.Axes, "axhline", lambda ax, y, *a, **k: lines.append(y) or real_h(ax, y, *a, **k)
-    )
+    drawn, lines = figure_calls["errorbar"], figure_calls["axhline"]
     no_full = pd.DataFrame(rows).assign(retention=np.nan, retention_lo=np.nan, retention_hi=np.nan)
     study.figure(no_full, tmp_path / "p.png")
-    assert drawn == [([76.0], [[13.0], [11.0]]), ([95.0], [[10.0], [5.0]])] and lines == []
+    assert [(c["y"], c["yerr"]) for c in drawn] == [([76.0], [[13.0], [11.0]]), ([95.0], [[10.0], [5.0]])]
+    assert lines == []
     drawn.clear()
     with_full = pd.DataFrame(rows).assign(retention=[0.8, 1.0], retention_lo=[0.7, 0.9], retention_hi=[0.9, 1.1])
     study.figure(with_full, tmp_path / "q.png")
-    assert [y for y, _ in drawn] == [[0.8], [1.0]] and lines == [1.0]
+    assert [c["y"] for c in drawn] == [[0.8], [1.0]] and [c["y"] for c in lines] == [1.0]
