@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from harness.analysis.folder import analyze_rows
-from harness.studies.pairs import main, markdown, pairs, pick, sample_range
+from harness.studies import sample_range
+from harness.studies.pairs import main, markdown, pairs, pick
 
 
 def _rows(

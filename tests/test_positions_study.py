@@ -298,6 +298,35 @@ def test_a_tiny_run_keeps_the_same_tokens_in_both_modes(tmp_path, tiny_ruler_eva
     study.main(["--no-run", "--out", str(tmp_path)])
     assert (tmp_path / "positions.md").exists() and (tmp_path / "positions.png").exists()
     assert set(pd.read_csv(tmp_path / "positions_by_depth.csv")["depth"]) <= set(study.DEPTH_LABELS)
+
+
+def test_a_reading_of_some_samples_is_written_beside_the_whole_one(tmp_path, tiny_ruler_eval, capsys):
+    """--samples reads only those sample ids (a replication on samples no choice was made on),
+    --name writes it beside the folder's own reading, which stays as it was."""
+    tiny_ruler_eval(["method=full"])
+    for mode in study.MODES:
+        tiny_ruler_eval(["method=specprefill", "keep=0.3", f"method.position_mode={mode}"])
+    study.main(["--no-run", "--out", str(tmp_path)])
+    whole = (tmp_path / "positions.md").read_text()
+    study.main(["--no-run", "--out", str(tmp_path), "--samples", "1-", "--name", "later"])
+    assert (tmp_path / "positions.md").read_text() == whole
+    text = (tmp_path / "later.md").read_text()
+    assert text.startswith("Samples 1- only") and (tmp_path / "later.png").exists()
+    got = pd.read_csv(tmp_path / "later_differences.csv").set_index("task").loc["ALL"]
+    rows = analyze(tmp_path).ok("eval")
+    rows = rows[rows["method"] == "specprefill"].assign(mode=lambda d: d["method_options"].map(study.position_mode))
+    by = rows.pivot_table(index="sample_id", columns="mode", values="score")
+    assert sorted(by.index) == [0, 1, 2] and got["n"] == 2  # sample 0 left out
+    assert got["difference"] == pytest.approx((by["contiguous"] - by["original"]).loc[[1, 2]].mean())
+    assert (pd.read_csv(tmp_path / "later.csv")["n"] == 2).all()
+    for argv, message in [
+        (["--samples", "2-1"], "--samples '2-1': allowed: FIRST-LAST"),
+        (["--samples", "7-"], "no eval rows that ran among samples 7-"),
+        (["--name", "../x"], "--name"),
+    ]:
+        with pytest.raises(SystemExit):
+            study.main(["--no-run", "--out", str(tmp_path), *argv])
+        assert message in capsys.readouterr().err
     assert pd.read_csv(tmp_path / "positions_differences.csv")["same_selection"].eq(1.0).all()
 
 

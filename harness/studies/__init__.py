@@ -187,6 +187,26 @@ def require_file_name(ap: Any, flag: str, name: str) -> None:
     require_values(ap, flag, [name], lambda n: FILE_NAME.fullmatch(n) is not None, FILE_NAME_ALLOWED)
 
 
+def sample_range(text: str) -> tuple[int, int | None]:
+    """``"15-44"`` -> (15, 44), ``"15-"`` -> (15, None): sample ids, both ends included (a
+    study's ``--samples``); else a ValueError naming the value and the forms allowed."""
+    first, sep, last = text.partition("-")
+    try:
+        lo, hi = int(first), (int(last) if last else None)
+    except ValueError:
+        lo, hi = -1, None
+    if not sep or lo < 0 or (hi is not None and hi < lo):
+        raise ValueError(f"--samples {text!r}: allowed: FIRST-LAST or FIRST- (sample ids, FIRST <= LAST), e.g. 15-44")
+    return lo, hi
+
+
+def in_samples(rows: Any, samples: tuple[int, int | None]) -> Any:
+    """The rows whose ``sample_id`` lies in ``samples`` (:func:`sample_range`'s pair, both ends
+    included; an open end: every id from the first)."""
+    lo, hi = samples
+    return rows[rows["sample_id"].between(lo, float("inf") if hi is None else hi)]
+
+
 def write_reference(path: Path, benchmark: str, rows: list[dict[str, Any]], **meta: Any) -> None:
     """Write one benchmark's rows with the commit (``-dirty`` when tracked files differed from it),
     hardware and library versions they were measured at, as every row of a run records them."""

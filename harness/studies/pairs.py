@@ -29,7 +29,16 @@ import pandas as pd
 
 from harness.analysis.folder import analyze
 from harness.rendering.tables import difference, md_table, natural_key
-from harness.studies import ALL, labelled, paired_scores, require_file_name, require_runs, require_values
+from harness.studies import (
+    ALL,
+    in_samples,
+    labelled,
+    paired_scores,
+    require_file_name,
+    require_runs,
+    require_values,
+    sample_range,
+)
 
 #: What each pair compares, where the rows have it: the score (0-100), the share of the
 #: evidence's tokens kept, the share of its pieces kept whole, the share of the prompt after its
@@ -54,19 +63,6 @@ def pick(wanted: str, labels: list[str]) -> str:
     raise ValueError(f"--base {wanted!r}: {what}; allowed: one of its lines, or part of exactly one: {labels}")
 
 
-def sample_range(text: str) -> tuple[int, int | None]:
-    """``"15-44"`` -> (15, 44), ``"15-"`` -> (15, None): sample ids, both ends included; else a
-    ValueError naming the value and the forms allowed."""
-    first, sep, last = text.partition("-")
-    try:
-        lo, hi = int(first), (int(last) if last else None)
-    except ValueError:
-        lo, hi = -1, None
-    if not sep or lo < 0 or (hi is not None and hi < lo):
-        raise ValueError(f"--samples {text!r}: allowed: FIRST-LAST or FIRST- (sample ids, FIRST <= LAST), e.g. 15-44")
-    return lo, hi
-
-
 def pairs(
     rows: pd.DataFrame, base: str, measures: tuple[str, ...] = MEASURES, samples: tuple[int, int | None] | None = None
 ) -> pd.DataFrame:
@@ -82,8 +78,7 @@ def pairs(
     if not bases:
         pick(base, sorted(rows["label"].unique()))  # no line holds it: refused, listing the lines
     if samples is not None:
-        lo, hi = samples
-        setups = {k: g[g["sample_id"].between(lo, float("inf") if hi is None else hi)] for k, g in setups.items()}
+        setups = {k: in_samples(g, samples) for k, g in setups.items()}
     out = []
     for setup, g in setups.items():
         if setup not in bases:

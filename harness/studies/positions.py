@@ -30,6 +30,11 @@ per method and position mode.
     python -m harness.studies.positions [--model qwen2.5-coder-1.5b] [--length 2048]
         [--tasks niah_single_2 niah_multikey_1 vt qa_1] [--limit 15] [--keeps 0.1 0.3]
         [--methods specprefill specpc] [--out results/positions] [--no-run] [--dry-run]
+        [--samples 20-39] [--name positions]
+
+``--samples`` reads only the samples with those ids (a replication on samples no choice was made
+on, named at the top of the table); ``--name`` the files' name (``<name>.md``, ``<name>.png``,
+``<name>_differences.csv``, ...), so a folder can hold several readings of its rows.
 """
 
 from __future__ import annotations
@@ -45,11 +50,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.analysis.folder import Analysis, analyze
+from harness.analysis.folder import Analysis, analyze, analyze_rows
 from harness.analysis.quality import Point, paired_difference, paired_difference_of_differences, unit_mean
 from harness.analysis.stats import NAN
 from harness.rendering.tables import ci, difference, num
-from harness.studies import labelled, options_of, require_runs, require_values, run_job
+from harness.studies import (
+    in_samples,
+    labelled,
+    options_of,
+    require_file_name,
+    require_runs,
+    require_values,
+    run_job,
+    sample_range,
+)
 
 TASKS = ["niah_single_2", "niah_multikey_1", "vt", "qa_1"]
 #: The methods whose kept tokens can take either position mode (an option of theirs), in the
@@ -632,7 +646,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("results/positions"))
     ap.add_argument("--no-run", action="store_true", help="only read the rows already under --out")
     ap.add_argument("--dry-run", action="store_true", help="print the jobs' plans, load nothing")
+    ap.add_argument("--samples", help="read only the samples with these ids: FIRST-LAST or FIRST- (e.g. 20-39)")
+    ap.add_argument("--name", default="positions",
+                    help="the files written: <out>/<name>.md, .csv, _differences.csv, ... (a file name)")  # fmt: skip
     a = ap.parse_args(argv)
+    require_file_name(ap, "--name", a.name)
+    try:
+        samples = sample_range(a.samples) if a.samples else None
+    except ValueError as e:
+        ap.error(str(e))
     require_values(ap, "--keeps", a.keeps, lambda k: 0 < k < 1, "a fraction in (0, 1): keep 1 has no positions to move")
     require_values(ap, "--limit", [a.limit], lambda n: n >= 1, "1 or more samples a task")
     require_values(ap, "--methods", a.methods, lambda m: m in METHODS, f"one of {METHODS}")
@@ -658,20 +680,27 @@ def main(argv: list[str] | None = None) -> None:
         for cmd in cmds:
             run_job(cmd)
     found = analyze(a.out)
+    if samples is not None:
+        found = analyze_rows(a.out, in_samples(found.rows, samples))
     rows = found.ok("eval")
+    if rows.empty:
+        ap.error(f"{a.out}: no eval rows that ran" + (f" among samples {a.samples}" if a.samples else ""))
     df, diff, depth, between = table(found), differences(rows), by_depth(rows), between_methods(rows)
     whole, budgets = by_whole(rows), between_budgets(rows)
-    df.to_csv(a.out / "positions.csv", index=False)
-    diff.to_csv(a.out / "positions_differences.csv", index=False)
-    depth.to_csv(a.out / "positions_by_depth.csv", index=False)
-    between.to_csv(a.out / "positions_between_methods.csv", index=False)
-    whole.to_csv(a.out / "positions_by_whole.csv", index=False)
+    name = a.name
+    df.to_csv(a.out / f"{name}.csv", index=False)
+    diff.to_csv(a.out / f"{name}_differences.csv", index=False)
+    depth.to_csv(a.out / f"{name}_by_depth.csv", index=False)
+    between.to_csv(a.out / f"{name}_between_methods.csv", index=False)
+    whole.to_csv(a.out / f"{name}_by_whole.csv", index=False)
     if not budgets.empty:
-        budgets.to_csv(a.out / "positions_between_budgets.csv", index=False)
+        budgets.to_csv(a.out / f"{name}_between_budgets.csv", index=False)
     text = markdown(df, diff, depth, between, whole, budgets)
-    (a.out / "positions.md").write_text(text + "\n")
-    figure(df, a.out / "positions.png")
-    difference_figure(diff, a.out / "positions_differences.png")
+    if a.samples:
+        text = f"Samples {a.samples} only (their ids, both ends included: `--samples {a.samples}`).\n\n" + text
+    (a.out / f"{name}.md").write_text(text + "\n")
+    figure(df, a.out / f"{name}.png")
+    difference_figure(diff, a.out / f"{name}_differences.png")
     print(text)
 
 
