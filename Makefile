@@ -212,10 +212,11 @@ lookahead: setup
 # prefill, on Qwen2.5-Coder-1.5B with its 0.5B draft, RULER 2K on four tasks x 15, paired by sample
 # (results/positions/, or out=). keep_tokens=512 is one budget in tokens instead of keep; set= adds
 # overrides to every job (set=benchmark.options.vt_hops=8), method_set= to the methods' jobs only
-# (method_set=method.chunk_size=null: token by token).
-$(call takes,positions,limit length keep keep_tokens methods tasks model set method_set out dry_run,dry_run)
+# (method_set=method.chunk_size=null: token by token). no_run=true reads the rows already in out=;
+# samples=20-39 only those sample ids, name= the files' name (a reading beside positions.md).
+$(call takes,positions,limit length keep keep_tokens methods tasks model set method_set out dry_run no_run samples name,dry_run no_run)
 positions: setup
-	$(PY) -m harness.studies.positions $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(methods),--methods $(subst $(comma),$(space),$(methods))) $(if $(tasks),--tasks $(subst $(comma),$(space),$(tasks))) $(if $(model),--model $(model)) $(if $(keep_tokens),--keep-tokens $(keep_tokens)) $(if $(set),--set $(set)) $(if $(method_set),--method-set $(method_set)) $(if $(out),--out $(out)) $(call yes_no,dry_run,--dry-run)
+	$(PY) -m harness.studies.positions $(if $(limit),--limit $(limit)) $(if $(length),--length $(length)) $(if $(keep),--keeps $(subst $(comma),$(space),$(keep))) $(if $(methods),--methods $(subst $(comma),$(space),$(methods))) $(if $(tasks),--tasks $(subst $(comma),$(space),$(tasks))) $(if $(model),--model $(model)) $(if $(keep_tokens),--keep-tokens $(keep_tokens)) $(if $(set),--set $(set)) $(if $(method_set),--method-set $(method_set)) $(if $(out),--out $(out)) $(call yes_no,dry_run,--dry-run) $(call yes_no,no_run,--no-run) $(if $(samples),--samples $(samples)) $(if $(name),--name $(name))
 
 # Our RULER 4K against lm-eval's RULER tasks, full prefill, side by side (results/reference/).
 $(call takes,lm-eval-crosscheck,limit)

@@ -53,6 +53,13 @@ def test_make_pairs_takes_the_folder_a_base_label_with_spaces_and_measures():
     assert shlex.split(line)[-4:] == ["--samples", "15-44", "--name", "pairs_fresh"]
 
 
+def test_make_positions_reads_some_samples_of_a_folder_under_a_name():
+    r = _make_n("positions", "out=results/x", "no_run=yes", "samples=20-39", "name=replication")
+    line = next(ln for ln in r.stdout.splitlines() if "-m harness." in ln)
+    assert shlex.split(line)[-7:] == ["--out", "results/x", "--no-run", "--samples", "20-39", "--name", "replication"]
+    assert "--no-run" not in _make_n("positions", "no_run=false").stdout
+
+
 def _make_n(*args: str) -> subprocess.CompletedProcess:
     """`make -n <args>` as a user types it (no parent make's MAKEFLAGS under `make test`)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
