@@ -67,6 +67,21 @@ def test_each_line_against_the_base_worked_by_hand(rows):
     assert "4096" not in md
 
 
+def test_a_method_at_several_keep_rates_is_one_line_per_keep_worked_by_hand():
+    """make eval keep=0.1,0.3 gives two runs one label ("sp"): once paired as one line, the first
+    row of each sample was kept and the other keep's rows dropped without a word."""
+    full = _rows("full", {}, {"vt": [100, 100, 100, 0]})
+    low = _rows("sp", {}, {"vt": [0, 0, 100, 0]})
+    high = [{**r, "keep_rate": 0.3, "config_hash": "sp-0.3"} for r in _rows("sp", {}, {"vt": [100, 100, 0, 100]})]
+    rows = analyze_rows(None, pd.DataFrame(full + low + high)).ok("eval")
+    assert set(rows["label"]) == {"full", "sp"}  # the label leaves the keep out
+    df = pairs(rows, "full", ("score",)).set_index("line")
+    assert sorted(df.index) == ["sp (keep 0.1)", "sp (keep 0.3)"] and (df["n"] == 4).all()
+    assert df.loc["sp (keep 0.1)", "difference"] == pytest.approx((-100 - 100 + 0 + 0) / 4)
+    assert df.loc["sp (keep 0.3)", "difference"] == pytest.approx((0 + 0 - 100 + 100) / 4)
+    assert pairs(rows, "keep 0.3", ("score",)).set_index("line").loc["full", "difference"] == pytest.approx(0.0)
+
+
 def test_the_base_is_one_label_or_part_of_exactly_one():
     labels = ["full", "sp (chunk_size=32)", "sp (chunk_size=None)"]
     assert pick("full", labels) == "full" and pick("=None", labels) == "sp (chunk_size=None)"
