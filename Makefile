@@ -144,9 +144,11 @@ pairs: setup
 # (dtype by default: bfloat16 on one machine, float32 on another): each line against its twin on the
 # base side, paired by sample: the score difference with its 95 % interval, and the shares of samples
 # with the same prompt, kept tokens and answer; what else differs (hardware, commit, libraries).
-$(call takes,reproduce,out base across samples name)
+# out=a,b reads two machines' folders together (the same job at one dtype has one run id: each
+# machine writes its own folder); into= the folder the files go to (default: the first).
+$(call takes,reproduce,out base across samples name into)
 reproduce: setup
-	$(PY) -m harness.studies.reproduce $(or $(out),results/default) --base "$(base)" $(if $(across),--across $(across)) $(if $(samples),--samples $(samples)) $(if $(name),--name $(name))
+	$(PY) -m harness.studies.reproduce $(subst $(comma),$(space),$(or $(out),results/default)) --base "$(base)" $(if $(across),--across "$(across)") $(if $(samples),--samples $(samples)) $(if $(name),--name $(name)) $(if $(into),--out $(into))
 
 # Debian's Chromium for the report's browser test (playwright drives it; installed by make setup).
 setup-browser:

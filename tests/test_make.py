@@ -60,6 +60,14 @@ def test_make_positions_reads_some_samples_of_a_folder_under_a_name():
     assert "--no-run" not in _make_n("positions", "no_run=false").stdout
 
 
+def test_make_reproduce_reads_two_folders_into_a_third():
+    r = _make_n("reproduce", "out=results/a,results/b", "base=cpu: AMD EPYC, 2 threads", "across=hardware",
+                "into=results/c")  # fmt: skip
+    line = next(ln for ln in r.stdout.splitlines() if "-m harness." in ln)
+    assert shlex.split(line)[1:] == ["-m", "harness.studies.reproduce", "results/a", "results/b", "--base",
+                                     "cpu: AMD EPYC, 2 threads", "--across", "hardware", "--out", "results/c"]  # fmt: skip
+
+
 def _make_n(*args: str) -> subprocess.CompletedProcess:
     """`make -n <args>` as a user types it (no parent make's MAKEFLAGS under `make test`)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
@@ -131,7 +139,7 @@ def test_a_dry_run_that_is_no_yes_or_no_is_refused_before_anything_runs(target):
 @pytest.mark.parametrize(
     "target,allowed",
     [(["paper", "table=latency_grid"], "table variant dry_run gpu_hour_usd"), (["paper-report"], "none"),
-     (["report"], "out screenshot"), (["pairs"], "out base measures samples name"), (["reproduce"], "out base across samples name"), (["speculator-depth"], "limit quality_from"),
+     (["report"], "out screenshot"), (["pairs"], "out base measures samples name"), (["reproduce"], "out base across samples name into"), (["speculator-depth"], "limit quality_from"),
      (["lm-eval-crosscheck"], "limit"), (["gpu-check"], "quick"), (["bench-scoring-memory"], "none"),
      (["bench-ruler-generation"], "none"), (["bench-front-throughput"], "none")],
     ids=lambda v: v[0] if isinstance(v, list) else None,

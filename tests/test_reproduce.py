@@ -61,6 +61,7 @@ def test_the_table_names_both_sides_and_what_else_differs(rows):
     assert "### model m, benchmark ruler, length 2048: dtype=float32 against dtype=bfloat16" in text
     assert "| sp keep 0.1 | vt | 4 | 50.0 | 75.0 | +25.0 [" in text and "| 75% | 25% |" in text
     assert "| full | vt | 4 | 75.0 | 50.0 | -25.0 [" in text and "| 100% | not recorded | 75% |" in text
+    assert "| sp keep 0.3 | vt | 4 | 100.0 | 100.0 | +0.0 (every sample the same) |" in text
     assert sides(rows, "dtype") == [
         "- hardware: dtype=bfloat16: cpu bfloat16; dtype=float32: cpu float32",
         "- git_sha: dtype=bfloat16: aaaaaaa; dtype=float32: bbbbbbb",
@@ -83,24 +84,34 @@ def test_a_sample_range_pairs_only_those_samples(rows):
 
 
 def test_a_tiny_job_at_two_dtypes_through_the_command(tmp_path, tiny_ruler_eval, capsys):
-    """The same job at float32 and bfloat16 into one folder: two runs (the dtype is in the run's
-    identity), paired by sample, the prompts the same."""
-    for dtype in ("float32", "bfloat16"):
-        tiny_ruler_eval(["method=specprefill", "keep=0.3", f"model.dtype={dtype}"])
-    assert set(analyze(tmp_path).ok("eval")["dtype"]) == {"float32", "bfloat16"}
-    main([str(tmp_path), "--base", "float32", "--name", "twins"])
-    df = pd.read_csv(tmp_path / "twins.csv")
+    """The same job at float32 and bfloat16: two runs (the dtype is in the run's identity), in one
+    folder or in one folder each, paired by sample, the prompts the same; the files go to --out."""
+    import shutil
+
+    tiny_ruler_eval(["method=specprefill", "keep=0.3", "model.dtype=bfloat16"])
+    shutil.move(tmp_path / "tiny-random", tmp_path / "b" / "tiny-random")
+    tiny_ruler_eval(["method=specprefill", "keep=0.3", "model.dtype=float32"])
+    shutil.move(tmp_path / "tiny-random", tmp_path / "a" / "tiny-random")
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert set(analyze(a).ok("eval")["dtype"]) == {"float32"} and set(analyze(b).ok("eval")["dtype"]) == {"bfloat16"}
+    main([str(a), str(b), "--base", "float32", "--name", "twins", "--out", str(tmp_path / "study")])
+    df = pd.read_csv(tmp_path / "study" / "twins.csv")
     assert df["line"].tolist() == ["specprefill keep 0.3"] and df["n"].tolist() == [3]
     assert df["same_prompt"].tolist() == [1.0] and df["kept_recorded"].tolist() == [3]
-    assert "dtype=bfloat16 against dtype=float32" in (tmp_path / "twins.md").read_text()
+    assert "dtype=bfloat16 against dtype=float32" in (tmp_path / "study" / "twins.md").read_text()
+    shutil.copytree(b / "tiny-random", a / "tiny-random", dirs_exist_ok=True)  # both runs in one folder
+    main([str(a), "--base", "float32"])
+    assert pd.read_csv(a / "reproduce.csv")["n"].tolist() == [3]
     for argv, message in [
-        (["--base", "float16"], "no row has dtype='float16'"),
-        (["--base", "float32", "--across", "seed"], "invalid choice: 'seed'"),
-        (["--base", "float32", "--samples", "3-1"], "--samples '3-1': allowed"),
-        (["--base", "float32", "--name", "../x"], "--name ../x: allowed: a file name"),
+        ([str(a), "--base", "float16"], "no row has dtype='float16'"),
+        ([str(a), "--base", "float32", "--across", "seed"], "invalid choice: 'seed'"),
+        ([str(a), "--base", "float32", "--samples", "3-1"], "--samples '3-1': allowed"),
+        ([str(a), "--base", "float32", "--name", "../x"], "--name ../x: allowed: a file name"),
+        ([str(a), str(a), "--base", "float32"], "name one folder twice"),
+        ([str(a), str(tmp_path / "none"), "--base", "float32"], "folders: no run's rows under"),
     ]:
         with pytest.raises(SystemExit):
-            main([str(tmp_path), *argv])
+            main(argv)
         assert message in capsys.readouterr().err
 
 

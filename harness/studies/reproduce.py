@@ -15,9 +15,14 @@ versions) is listed under each table: a difference is the across field's alone o
 nothing else does.
 
     python -m harness.studies.reproduce results/reference/dtype_default_smollm2_cpu --base bfloat16
+    python -m harness.studies.reproduce results/baseline/cpu-amx/rows results/baseline/cpu-avx2/rows \
+        --across hardware --base "cpu: AMD EPYC, 2 threads" --out results/reference/x
     make reproduce out=<folder> base=bfloat16 [across=dtype] [samples=0-4] [name=reproduce]
 
-writes ``reproduce.md`` and ``reproduce.csv`` into the folder (``--name`` for another file name).
+Several folders are read together: one job run on two machines at the same dtype has one run id,
+so the second machine's run would resume the first's rows if both shared a folder; each machine
+writes its own. The files, ``reproduce.md`` and ``reproduce.csv`` (``--name`` for another file
+name), go into ``--out`` (the first folder by default).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.analysis.folder import analyze
+from harness.analysis.folder import analyze_parts
 from harness.rendering.tables import difference, md_table, natural_key
 from harness.studies import (
     ALL,
@@ -160,6 +165,13 @@ def sides(rows: pd.DataFrame, across: str) -> list[str]:
     return out or ["- nothing else recorded differs"]
 
 
+def _difference_cell(r: Any) -> str:
+    """The paired difference and its interval, or, where no sample's score differs, that."""
+    if r.wins == 0 and r.losses == 0:
+        return "+0.0 (every sample the same)"
+    return f"{difference(r.difference, r.lo, r.hi)}; {int(r.wins)} won, {int(r.losses)} lost"
+
+
 def _pct(v: float) -> str:
     return "not recorded" if pd.isna(v) else f"{v:.0%}"
 
@@ -176,7 +188,7 @@ def markdown(df: pd.DataFrame, across: str, rows: pd.DataFrame, samples: str | N
         head = ["line", "task", "n", f"{across}={base}", f"{across}={other}", "difference [95 %]", "same prompt",
                 "same kept tokens", "same answer"]  # fmt: skip
         cells = [[r.line, r.task, int(r.n), f"{r.base_mean:.1f}", f"{r.line_mean:.1f}",
-                  f"{difference(r.difference, r.lo, r.hi)}; {int(r.wins)} won, {int(r.losses)} lost",
+                  _difference_cell(r),
                   _pct(r.same_prompt), _pct(r.same_kept), _pct(r.same_answer)] for r in g.itertuples()]  # fmt: skip
         title = ", ".join(f"{k} {v}" for k, v in zip(SETUP, setup, strict=True) if k != "benchmark_options")
         option = setup[SETUP.index("benchmark_options")]
@@ -185,8 +197,9 @@ def markdown(df: pd.DataFrame, across: str, rows: pd.DataFrame, samples: str | N
         parts.append(f"### {title}: {across}={other} against {across}={base}\n\n" + md_table(pd.DataFrame(cells,
                      columns=head)))  # fmt: skip
     note = (
-        f"Difference: the score (0-100) at {across}={{other}} minus at the base, paired by sample (`n`), 95 % paired "
-        "bootstrap interval, `(within noise)` where it holds 0; won / lost: samples where the other side scored "
+        "Difference: the score (0-100) on the other side minus on the base side, paired by sample (`n`), 95 % paired "
+        "bootstrap interval, `(within noise)` where it holds 0, `every sample the same` where no sample's score "
+        "differs; won / lost: samples where the other side scored "
         "higher / lower. Same prompt, kept tokens, answer: the share of the pairs whose two rows have the same "
         "`sample_hash`, `kept_hash` (where both sides recorded it) and `prediction`. `ALL`: the tasks weighted "
         "equally in the difference, every pair counted in the shares."
@@ -203,28 +216,33 @@ def markdown(df: pd.DataFrame, across: str, rows: pd.DataFrame, samples: str | N
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("folder", type=Path, help="a results folder holding one job run on two sides (make eval's out=)")
+    ap.add_argument("folders", type=Path, nargs="+", help="results folders holding one job run on two sides")
     ap.add_argument("--across", default="dtype", choices=ACROSS, help="the row field the two sides differ in")
     ap.add_argument("--base", required=True, help="the side the others are set against: a value of --across")
     ap.add_argument("--samples", help="only the samples with these ids: FIRST-LAST or FIRST- (e.g. 0-4)")
-    ap.add_argument("--name", default="reproduce", help="the files written: <folder>/<name>.md and .csv")
+    ap.add_argument("--name", default="reproduce", help="the files written: <out>/<name>.md and .csv")
+    ap.add_argument("--out", type=Path, help="the folder the files go into (default: the first folder)")
     a = ap.parse_args(argv)
     require_file_name(ap, "--name", a.name)
     try:
         samples = sample_range(a.samples) if a.samples else None
     except ValueError as e:
         ap.error(str(e))
-    require_runs(ap, a.folder, flag="folder", allowed="a results folder holding a run's rows (make eval's out=)")
-    rows = analyze(a.folder).ok("eval")
+    require_runs(ap, *a.folders, flag="folders", allowed="a results folder holding a run's rows (make eval's out=)")
+    if len(set(a.folders)) < len(a.folders):
+        ap.error(f"folders {[str(f) for f in a.folders]} name one folder twice; allowed: each once")
+    rows = analyze_parts({str(f): f for f in a.folders}, "folder").ok("eval")
     if rows.empty:
-        ap.error(f"{a.folder}: no eval rows that ran")
+        ap.error(f"{[str(f) for f in a.folders]}: no eval rows that ran")
     try:
         df = twins(rows, a.across, a.base, samples)
     except ValueError as e:
         ap.error(str(e))
-    df.to_csv(a.folder / f"{a.name}.csv", index=False)
+    out = a.out or a.folders[0]
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / f"{a.name}.csv", index=False)
     text = markdown(df, a.across, rows if samples is None else in_samples(rows, samples), a.samples)
-    (a.folder / f"{a.name}.md").write_text(text)
+    (out / f"{a.name}.md").write_text(text)
     print(text)
 
 
