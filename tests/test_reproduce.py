@@ -84,6 +84,10 @@ def test_a_base_no_row_has_is_refused_naming_the_values(rows):
         ValueError, match=r"--base 'float16': no row has dtype='float16'; allowed: one of \['bfloat16', 'float32'\]"
     ):
         twins(rows, "dtype", "float16")
+    with pytest.raises(ValueError, match=r"--base 'f': 2 values start with it"):
+        twins(rows.assign(dtype=rows["dtype"].str.replace("b", "f")), "dtype", "f")
+    by_commit = twins(rows.assign(dtype="float32"), "git_sha", "aaaa").set_index("line")  # the start of one names it
+    assert by_commit.loc["full", "base"] == "a" * 40 and by_commit.loc["full", "difference"] == pytest.approx(-25.0)
     lonely = rows[rows["dtype"] == "bfloat16"]
     assert twins(lonely, "dtype", "bfloat16").empty
     assert markdown(twins(lonely, "dtype", "bfloat16"), "dtype", lonely).startswith("No line has a twin")

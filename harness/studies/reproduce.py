@@ -49,8 +49,9 @@ from harness.studies import (
     sample_range,
 )
 
-#: The row fields a folder's two sides may differ in (``--across``).
-ACROSS = ("dtype", "hardware", "backend")
+#: The row fields a folder's two sides may differ in (``--across``): ``git_sha`` sets one machine's
+#: rows at two commits side by side (did a change move any sample?).
+ACROSS = ("dtype", "hardware", "backend", "git_sha")
 #: What makes two rows the same job's, besides the across field: the twins share all of these.
 JOB = ["model", "benchmark", "benchmark_options", "length", "method", "method_options", "keep_rate", "speculator",
        "dtype", "backend"]  # fmt: skip
@@ -125,8 +126,11 @@ def twins(rows: pd.DataFrame, across: str, base: str, samples: tuple[int, int | 
     rows = rows.assign(**{c: "" for c in JOB if c not in rows})
     rows = rows.assign(keep_rate=rows["keep_rate"].astype(float), method_options=rows["method_options"].fillna(""))
     values = sorted({str(v) for v in rows[across]})
-    if base not in values:
-        raise ValueError(f"--base {base!r}: no row has {across}={base!r}; allowed: one of {values}")
+    starts = [v for v in values if v.startswith(base)] if base else []
+    if base not in values and len(starts) != 1:
+        what = f"{len(starts)} values start with it" if starts else f"no row has {across}={base!r}"
+        raise ValueError(f"--base {base!r}: {what}; allowed: one of {values}, or the start of exactly one")
+    base = base if base in values else starts[0]
     key = [c for c in JOB if c != across]
     vary = _varying(rows[rows[across].astype(str) == base])
     out = []
@@ -228,7 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folders", type=Path, nargs="+", help="results folders holding one job run on two sides")
     ap.add_argument("--across", default="dtype", choices=ACROSS, help="the row field the two sides differ in")
-    ap.add_argument("--base", required=True, help="the side the others are set against: a value of --across")
+    ap.add_argument("--base", required=True,
+                    help="the side the others are set against: a value of --across, or the start of exactly one")  # fmt: skip
     ap.add_argument("--samples", help="only the samples with these ids: FIRST-LAST or FIRST- (e.g. 0-4)")
     ap.add_argument("--name", default="reproduce", help="the files written: <out>/<name>.md and .csv")
     ap.add_argument("--out", type=Path, help="the folder the files go into (default: the first folder)")
