@@ -179,3 +179,23 @@ def test_a_committed_gap_profile_is_what_its_csv_renders(folder, name, tmp_path)
     shutil.copy(src / f"{name}.csv", tmp_path / f"{name}.csv")
     assert main([str(tmp_path), "--no-run", "--name", name]) == 0
     assert (tmp_path / f"{name}.md").read_text() == (src / f"{name}.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("folder", "sides", "base", "name"),
+    [
+        ("reproduce_fp32_hardware", ["intel", "amd"], "cpu: AMD EPYC", "reproduce"),
+        ("reproduce_fp32_hardware", ["intel", "rerun"], "cpu: AMD EPYC", "rerun"),
+    ],
+)
+def test_a_committed_reproduce_table_is_what_its_rows_render(folder, sides, base, name, tmp_path):
+    """``make reproduce``'s committed tables, the folder README's source, re-rendered from the committed rows."""
+    import shutil
+
+    from harness.studies.reproduce import main
+
+    src = Path(__file__).resolve().parents[1] / "results" / "reference" / folder
+    out = tmp_path / folder
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.md", "*.csv", "*.png"))
+    main([*(str(out / s) for s in sides), "--across", "hardware", "--base", base, "--out", str(out), "--name", name])
+    assert (out / f"{name}.md").read_text() == (src / f"{name}.md").read_text()
