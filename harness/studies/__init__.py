@@ -200,6 +200,16 @@ def sample_range(text: str) -> tuple[int, int | None]:
     return lo, hi
 
 
+def require_samples(ap: Any, text: str | None) -> tuple[int, int | None] | None:
+    """A study's ``--samples`` as :func:`sample_range` reads it (None where not given); a bad
+    value refused through ``ap.error`` in one line naming it and the forms allowed."""
+    try:
+        return sample_range(text) if text else None
+    except ValueError as e:
+        ap.error(str(e))
+        raise  # ap.error exits; for the type checker
+
+
 def in_samples(rows: Any, samples: tuple[int, int | None]) -> Any:
     """The rows whose ``sample_id`` lies in ``samples`` (:func:`sample_range`'s pair, both ends
     included; an open end: every id from the first)."""

@@ -37,8 +37,8 @@ from harness.studies import (
     paired_scores,
     require_file_name,
     require_runs,
+    require_samples,
     require_values,
-    sample_range,
 )
 
 #: What each pair compares, where the rows have it: the score (0-100), the share of the
@@ -169,10 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     require_values(ap, "--measures", a.measures, lambda m: m in MEASURES, str(list(MEASURES)))
     require_file_name(ap, "--name", a.name)
-    try:
-        samples = sample_range(a.samples) if a.samples else None
-    except ValueError as e:
-        ap.error(str(e))
+    samples = require_samples(ap, a.samples)
     require_runs(ap, a.folder, flag="folder", allowed="a results folder holding a run's rows (make eval's out=)")
     rows = analyze(a.folder).ok("eval")
     if rows.empty:

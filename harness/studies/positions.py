@@ -60,9 +60,9 @@ from harness.studies import (
     options_of,
     require_file_name,
     require_runs,
+    require_samples,
     require_values,
     run_job,
-    sample_range,
 )
 
 TASKS = ["niah_single_2", "niah_multikey_1", "vt", "qa_1"]
@@ -651,10 +651,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="the files written: <out>/<name>.md, .csv, _differences.csv, ... (a file name)")  # fmt: skip
     a = ap.parse_args(argv)
     require_file_name(ap, "--name", a.name)
-    try:
-        samples = sample_range(a.samples) if a.samples else None
-    except ValueError as e:
-        ap.error(str(e))
+    samples = require_samples(ap, a.samples)
     require_values(ap, "--keeps", a.keeps, lambda k: 0 < k < 1, "a fraction in (0, 1): keep 1 has no positions to move")
     require_values(ap, "--limit", [a.limit], lambda n: n >= 1, "1 or more samples a task")
     require_values(ap, "--methods", a.methods, lambda m: m in METHODS, f"one of {METHODS}")

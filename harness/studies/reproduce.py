@@ -46,7 +46,7 @@ from harness.studies import (
     paired_scores,
     require_file_name,
     require_runs,
-    sample_range,
+    require_samples,
 )
 
 #: The row fields a folder's two sides may differ in (``--across``): ``git_sha`` sets one machine's
@@ -239,10 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, help="the folder the files go into (default: the first folder)")
     a = ap.parse_args(argv)
     require_file_name(ap, "--name", a.name)
-    try:
-        samples = sample_range(a.samples) if a.samples else None
-    except ValueError as e:
-        ap.error(str(e))
+    samples = require_samples(ap, a.samples)
     require_runs(ap, *a.folders, flag="folders", allowed="a results folder holding a run's rows (make eval's out=)")
     if len(set(a.folders)) < len(a.folders):
         ap.error(f"folders {[str(f) for f in a.folders]} name one folder twice; allowed: each once")
