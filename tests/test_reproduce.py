@@ -21,7 +21,7 @@ def _rows(dtype: str, method: str, keep: float | None, scores: list[float], answ
                     "benchmark_options": "{}", "reference_method": "full", "config_hash": f"{method}{keep}{dtype}",
                     "score": v, "prediction": a, "sample_hash": f"s{i}", "kept_hash": None if kept is None else kept[i],
                     "run_id": "r", "dtype": dtype, "backend": "transformers", "hardware": f"cpu {dtype}",
-                    "git_sha": "a" * 40 if dtype == "bfloat16" else "b" * 40,
+                    "git_sha": "a" * 40 if dtype == "bfloat16" else "b" * 40 + "-dirty",
                     "versions": json.dumps({"torch": "2.13.0+cpu", "transformers": "5.19.0"}), **extra})  # fmt: skip
     return out
 
@@ -75,7 +75,7 @@ def test_the_table_names_both_sides_and_what_else_differs(rows):
     assert "| sp keep 0.3 | vt | 4 | 100.0 | 100.0 | +0.0 (every sample the same) |" in text
     assert sides(rows, "dtype") == [
         "- hardware: dtype=bfloat16: cpu bfloat16; dtype=float32: cpu float32",
-        "- git_sha: dtype=bfloat16: aaaaaaa; dtype=float32: bbbbbbb",
+        "- git_sha: dtype=bfloat16: aaaaaaa; dtype=float32: bbbbbbb-dirty",
     ]  # the libraries agree: not listed
 
 

@@ -124,7 +124,9 @@ def twins(rows: pd.DataFrame, across: str, base: str, samples: tuple[int, int | 
     if samples is not None:
         rows = in_samples(rows, samples)
     rows = rows.assign(**{c: "" for c in JOB if c not in rows})
-    rows = rows.assign(keep_rate=rows["keep_rate"].astype(float), method_options=rows["method_options"].fillna(""))
+    # options as one text per set (the key order a writer used does not part twins)
+    opts = [json.dumps(json.loads(o), sort_keys=True) if o else "" for o in rows["method_options"].fillna("")]
+    rows = rows.assign(keep_rate=rows["keep_rate"].astype(float), method_options=opts)
     values = sorted({str(v) for v in rows[across]})
     starts = [v for v in values if v.startswith(base)] if base else []
     if base not in values and len(starts) != 1:
@@ -159,6 +161,11 @@ def twins(rows: pd.DataFrame, across: str, base: str, samples: tuple[int, int | 
     return df.iloc[sorted(range(len(df)), key=order)].reset_index(drop=True)
 
 
+def _short(sha: str) -> str:
+    """A commit as the notes write it: 7 digits, ``-dirty`` kept."""
+    return sha[:7] + ("-dirty" if sha.endswith("-dirty") else "")
+
+
 def sides(rows: pd.DataFrame, across: str) -> list[str]:
     """What else differs between the sides of ``across``: one line per provenance field or
     library whose values differ, each side's values."""
@@ -168,7 +175,7 @@ def sides(rows: pd.DataFrame, across: str) -> list[str]:
         if f in LIBRARIES:
             got = {json.loads(v).get(f, "missing") for v in g["versions"].dropna() if v} if "versions" in g else set()
         else:
-            got = {str(v)[:7] if f == "git_sha" else str(v) for v in g[f].dropna()} if f in g else set()
+            got = {_short(str(v)) if f == "git_sha" else str(v) for v in g[f].dropna()} if f in g else set()
         return ", ".join(sorted(got)) or "not recorded"
 
     out = []
