@@ -182,13 +182,14 @@ def test_a_committed_gap_profile_is_what_its_csv_renders(folder, name, tmp_path)
 
 
 @pytest.mark.parametrize(
-    ("folder", "sides", "base", "name"),
+    ("folder", "sides", "across", "base", "name"),
     [
-        ("reproduce_fp32_hardware", ["intel", "amd"], "cpu: AMD EPYC", "reproduce"),
-        ("reproduce_fp32_hardware", ["intel", "rerun"], "cpu: AMD EPYC", "rerun"),
+        ("reproduce_fp32_hardware", ["intel", "amd"], "hardware", "cpu: AMD EPYC", "reproduce"),
+        ("reproduce_fp32_hardware", ["intel", "rerun"], "hardware", "cpu: AMD EPYC", "rerun"),
+        ("dtype_default_smollm2_cpu", ["."], "dtype", "bfloat16", "reproduce"),
     ],
 )
-def test_a_committed_reproduce_table_is_what_its_rows_render(folder, sides, base, name, tmp_path):
+def test_a_committed_reproduce_table_is_what_its_rows_render(folder, sides, across, base, name, tmp_path):
     """``make reproduce``'s committed tables, the folder README's source, re-rendered from the committed rows."""
     import shutil
 
@@ -197,5 +198,5 @@ def test_a_committed_reproduce_table_is_what_its_rows_render(folder, sides, base
     src = Path(__file__).resolve().parents[1] / "results" / "reference" / folder
     out = tmp_path / folder
     shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.md", "*.csv", "*.png"))
-    main([*(str(out / s) for s in sides), "--across", "hardware", "--base", base, "--out", str(out), "--name", name])
+    main([*(str(out / s) for s in sides), "--across", across, "--base", base, "--out", str(out), "--name", name])
     assert (out / f"{name}.md").read_text() == (src / f"{name}.md").read_text()
