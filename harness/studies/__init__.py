@@ -187,6 +187,21 @@ def require_file_name(ap: Any, flag: str, name: str) -> None:
     require_values(ap, flag, [name], lambda n: FILE_NAME.fullmatch(n) is not None, FILE_NAME_ALLOWED)
 
 
+#: Rows of one setup share their samples' prompts: only they are paired by sample (the
+#: benchmark's options too: vt at another chain length has other prompts under the same ids).
+PAIRED_SETUP = ["model", "benchmark", "benchmark_options", "length"]
+
+
+def setup_title(setup: tuple[Any, ...], samples: str | None = None) -> str:
+    """A paired table's heading for one setup (its :data:`PAIRED_SETUP` values, benchmark options
+    labelled: ``-`` where none): model, benchmark, length, the option in brackets, and the
+    ``--samples`` read (None: all)."""
+    title = ", ".join(f"{k} {v}" for k, v in zip(PAIRED_SETUP, setup, strict=True) if k != "benchmark_options")
+    option = setup[PAIRED_SETUP.index("benchmark_options")]
+    title += "" if option == "-" else f" ({option})"
+    return title + (f", samples {samples} only" if samples else "")
+
+
 def sample_range(text: str) -> tuple[int, int | None]:
     """``"15-44"`` -> (15, 44), ``"15-"`` -> (15, None): sample ids, both ends included (a
     study's ``--samples``); else a ValueError naming the value and the forms allowed."""

@@ -16,9 +16,9 @@ writes ``pairs.md`` and ``pairs.csv`` into the folder (``--name`` for another fi
 base given as part of a label is taken in each setup where exactly one label holds it (setups
 where none does are left out); where two do, or none anywhere, the error lists the labels.
 A method run at several keep rates (``make eval keep=0.1,0.3``) is one line per keep, named
-``<label> (keep 0.1)`` (:func:`lines`). ``--samples 15-44`` (or ``15-``: from 15 on) pairs only the samples with those ids, both ends
-included: a check on samples a choice was not made on (held out), named in each table's
-heading.
+``<label> (keep 0.1)`` (:func:`lines`). ``--samples 15-44`` (or ``15-``: from 15 on) pairs only
+the samples with those ids, both ends included: a check on samples a choice was not made on
+(held out), named in each table's heading.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from harness.analysis.folder import analyze
 from harness.rendering.tables import difference, md_table, natural_key
 from harness.studies import (
     ALL,
+    PAIRED_SETUP,
     in_samples,
     labelled,
     paired_scores,
@@ -39,16 +40,14 @@ from harness.studies import (
     require_runs,
     require_samples,
     require_values,
+    setup_title,
 )
 
 #: What each pair compares, where the rows have it: the score (0-100), the share of the
 #: evidence's tokens kept, the share of its pieces kept whole, the share of the prompt after its
 #: context (the question) kept, the share of the prompt kept.
 MEASURES = ("score", "needle_kept", "needle_whole", "question_kept", "kept_fraction")
-#: Rows of one setup share their samples' prompts: only they are paired (the benchmark's
-#: options too: vt at another chain length has other prompts under the same sample ids).
-SETUP = ["model", "benchmark", "benchmark_options", "length"]
-COLUMNS = [*SETUP, "line", "base", "task", "measure", "n", "line_mean", "base_mean", "difference", "lo", "hi",
+COLUMNS = [*PAIRED_SETUP, "line", "base", "task", "measure", "n", "line_mean", "base_mean", "difference", "lo", "hi",
            "wins", "losses"]  # fmt: skip
 
 
@@ -73,7 +72,7 @@ def lines(rows: pd.DataFrame) -> pd.Series:
     out = rows["label"].astype(str)
     if "keep_rate" not in rows:
         return out
-    for _, g in rows.groupby([*SETUP, "label"], sort=False, dropna=False):
+    for _, g in rows.groupby([*PAIRED_SETUP, "label"], sort=False, dropna=False):
         keeps = g["keep_rate"].dropna()
         if keeps.nunique() > 1:
             out.loc[keeps.index] = [
@@ -92,7 +91,7 @@ def pairs(
     ``samples`` (both ends included; None: all); :data:`COLUMNS`."""
     rows = labelled(rows)
     rows = rows.assign(label=lines(rows))
-    setups = dict(list(rows.groupby(SETUP, sort=True)))
+    setups = dict(list(rows.groupby(PAIRED_SETUP, sort=True)))
     labels = {k: sorted(g["label"].unique()) for k, g in setups.items()}
     bases = {k: pick(base, labs) for k, labs in labels.items() if any(base in lab for lab in labs)}
     if not bases:
@@ -117,7 +116,7 @@ def pairs(
                     p = paired_scores(c, b, scope, m, means=True)
                     if p["n"] == 0 or pd.isna(p["difference"]):
                         continue
-                    out.append({**dict(zip(SETUP, setup, strict=True)), "line": line, "base": base, "task": scope,
+                    out.append({**dict(zip(PAIRED_SETUP, setup, strict=True)), "line": line, "base": base, "task": scope,
                                 "measure": m, **p})  # fmt: skip
     return pd.DataFrame(out).reindex(columns=COLUMNS)
 
@@ -129,7 +128,7 @@ def markdown(df: pd.DataFrame, samples: str | None = None) -> str:
     if df.empty:
         return "No line shares samples with the base.\n"
     parts = []
-    for setup, g in df.groupby(SETUP, sort=True):
+    for setup, g in df.groupby(PAIRED_SETUP, sort=True):
         measures = [m for m in MEASURES if m in set(g["measure"])]
         head = ["line", "task", "n", *(h for m in measures for h in (m, f"{m} - base"))]
         cells = []
@@ -148,10 +147,7 @@ def markdown(df: pd.DataFrame, samples: str | None = None) -> str:
                 row[head.index("score - base")] += f"; {won} won, {lost} lost"
             cells.append(row)
         base = g["base"].iloc[0]
-        title = ", ".join(f"{k} {v}" for k, v in zip(SETUP, setup, strict=True) if k != "benchmark_options")
-        option = setup[SETUP.index("benchmark_options")]
-        title += "" if option == "-" else f" ({option})"
-        title += f", samples {samples} only" if samples else ""
+        title = setup_title(setup, samples)
         parts.append(f"### {title}: each line against `{base}`\n\n" + md_table(pd.DataFrame(cells, columns=head)))
     note = ("Differences: the line minus the base on the samples both ran (`n`), 95 % paired bootstrap interval, "
             "`(within noise)` where it holds 0; the score in points (0-100), the shares (needle kept, needle whole, "

