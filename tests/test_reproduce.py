@@ -86,6 +86,8 @@ def test_a_base_no_row_has_is_refused_naming_the_values(rows):
         twins(rows, "dtype", "float16")
     with pytest.raises(ValueError, match=r"--base 'f': 2 values start with it"):
         twins(rows.assign(dtype=rows["dtype"].str.replace("b", "f")), "dtype", "f")
+    with pytest.raises(ValueError, match=r"--base '': empty: name the side .*base=\); allowed: one of \['bfloat16'"):
+        twins(rows, "dtype", "")  # make reproduce without base= passes --base ""
     by_commit = twins(rows.assign(dtype="float32"), "git_sha", "aaaa").set_index("line")  # the start of one names it
     assert by_commit.loc["full", "base"] == "a" * 40 and by_commit.loc["full", "difference"] == pytest.approx(-25.0)
     lonely = rows[rows["dtype"] == "bfloat16"]

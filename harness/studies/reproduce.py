@@ -132,6 +132,8 @@ def twins(rows: pd.DataFrame, across: str, base: str, samples: tuple[int, int | 
     starts = [v for v in values if v.startswith(base)] if base else []
     if base not in values and len(starts) != 1:
         what = f"{len(starts)} values start with it" if starts else f"no row has {across}={base!r}"
+        if not base:
+            what = "empty: name the side the others are set against (make reproduce ... base=)"
         raise ValueError(f"--base {base!r}: {what}; allowed: one of {values}, or the start of exactly one")
     base = base if base in values else starts[0]
     key = [c for c in JOB if c != across]
