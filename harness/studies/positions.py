@@ -575,7 +575,7 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     )
     fig.suptitle(
         "The same kept tokens at their original positions or re-numbered"
-        + ("" if by_retention else "\n(no full prefill in the folder: scores, not retention)")
+        + ("" if by_retention else "\n(no full prefill on these samples: scores, not retention)")
     )
     fig.tight_layout()
     fig.savefig(path, dpi=130)
