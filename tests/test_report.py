@@ -305,6 +305,24 @@ def test_retention_and_ttft_ratio_are_paired_on_the_same_samples():
     assert summarize(fewer).set_index(["task", "method"]).loc[("t", "specprefill"), "retention"] == pytest.approx(1 / 3)
 
 
+def test_a_retention_on_fewer_samples_than_its_row_says_so():
+    """Full prefill ran 4 of the method's 6 samples: the method's retention pairs those 4
+    (``retention_n``), and the table shows ``(n 4)`` beside it with a note; where both ran every
+    sample, nothing is added."""
+    from harness.rendering.tables import FEWER_NOTE
+
+    ref = _samples("full", None, "f", [100.0, 100.0, 0.0, 100.0, 100.0, 0.0], [1.0] * 6)
+    method = _samples("specprefill", 0.3, "s", [100.0, 0.0, 0.0, 100.0, 100.0, 100.0], [0.5] * 6)
+    short = pd.DataFrame(ref[:4] + method)
+    s = summarize(short).set_index(["task", "method"])
+    row = s.loc[("t", "specprefill")]
+    assert (row["n"], row["retention_n"]) == (6, 4) and row["retention"] == pytest.approx(2 / 3)
+    text = to_markdown(summarize(short))
+    assert "0.67 [" in text and "] (n 4) |" in text and FEWER_NOTE in text
+    whole = to_markdown(summarize(pd.DataFrame(ref + method)))
+    assert "(n " not in whole and FEWER_NOTE not in whole
+
+
 def test_speculator_depth_table_and_the_choice_of_depth():
     """The depth sweep's table: one line per depth x keep beside full prefill, with speedup,
     ideal (the FLOP model's counts in the rows) and efficiency; the chosen depth is the best retention among

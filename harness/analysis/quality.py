@@ -33,7 +33,8 @@ question_kept  macro mean, as ``needle_kept``, of the share of the prompt after 
                question, the chat template's closing, the answer prefix) kept: the reference
                SpecPrefill force-keeps none of it
 retention      ratio of macro means, paired: the point's score over the reference's on the
-               samples both ran (:func:`paired_ratio`)
+               samples both ran (:func:`paired_ratio`); ``retention_n`` counts them (below
+               ``n`` where the reference ran fewer samples, or failed some: renderers say so)
 ttft_ratio     ratio of macro means, paired: the point's TTFT over the reference's on the
                samples both ran, when both ran on one machine (< 1 is faster)
 ttft_s         macro mean of per-sample TTFT (the method's own work and the base prefill);
@@ -362,6 +363,7 @@ COLUMNS = [
     "prefilled_tokens", "revived_tokens", "speed_anomaly", "speedup_timing",
     "distractor_kept", "speculator_kv_mib", "kv_memory_ratio", "kv_memory_ratio_lo", "kv_memory_ratio_hi",
     "needle_whole", "needle_whole_lo", "needle_whole_hi", "question_kept", "question_kept_lo", "question_kept_hi",
+    "retention_n",
 ]  # fmt: skip
 
 
@@ -470,7 +472,9 @@ def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> d
     put("speculator_s", macro_mean(p, "speculator_s", parts), interval=False)
     put("ideal_speedup", paired_ratio(p, "flops_full", p, "flops_method", parts), interval=False)
     nan = Estimate(float("nan"), float("nan"), float("nan"), 0)
-    put("retention", paired_ratio(p, "score", ref, "score", parts) if ref is not None else nan)
+    retention = paired_ratio(p, "score", ref, "score", parts) if ref is not None else nan
+    put("retention", retention)
+    out["retention_n"] = retention.n
     timed = ref is not None and same_machine
     put("ttft_ratio", paired_ratio(p, "ttft_s", ref, "ttft_s", parts) if timed else nan)  # type: ignore[arg-type]
     put("speedup", paired_ratio(ref, "ttft_s", p, "ttft_s", parts) if timed else nan)  # type: ignore[arg-type]

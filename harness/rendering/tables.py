@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -47,6 +48,10 @@ LOADED_NOTE = (
     "of the job's cores, or a 1-minute load average above the cores + 0.5: the rows' foreign_cpu, loadavg_1m), "
     "so its speedup times that work as much as the methods; time it again alone, or side by side (make latency)."
 )
+FEWER_NOTE = (
+    "Retention `(n K)`: the score over the reference's on the K samples both ran, fewer than the row's n (the "
+    "reference ran fewer samples, or failed some); its interval is over those K."
+)
 UNPAIRED_NOTE = (
     "TTFT ratio `-` with a TTFT: no rows of the reference method for that task with the same dtype and "
     "backend ran on the same machine (the rows' `hardware`), so no side-by-side ratio exists."
@@ -78,6 +83,13 @@ def ci(v: float, lo: float, hi: float, f: str = ".1f") -> str:
     return with_ci(v, lo, hi, "{:" + f + "}")
 
 
+def fewer(n: Any, paired: Any) -> str:
+    """`` (n K)`` where a paired measure rests on fewer samples (``paired``, K > 0) than its
+    row's ``n`` (the reference ran fewer, or failed some), ``""`` otherwise (none paired: the
+    measure has no value, its cell says ``-``)."""
+    return f" (n {int(paired)})" if not pd.isna(paired) and not pd.isna(n) and 0 < int(paired) < int(n) else ""
+
+
 def num(v: float, f: str) -> str:
     """``v`` in format spec ``f``, ``-`` without a value."""
     return "-" if pd.isna(v) else f"{v:{f}}"
@@ -100,6 +112,8 @@ def format_summary(summary: pd.DataFrame, columns: list[str] | None = None) -> p
         if c in WITH_CI:
             s[c] = [with_ci(v, lo, hi, WITH_CI[c]) for v, lo, hi in
                     zip(summary[c], summary[f"{c}_lo"], summary[f"{c}_hi"], strict=True)]  # fmt: skip
+            if c == "retention" and "retention_n" in summary:
+                s[c] = [v + fewer(n, k) for v, n, k in zip(s[c], summary["n"], summary["retention_n"], strict=True)]
             if c == "speedup" and "speedup_timing" in summary:
                 paired = summary["speedup_timing"].fillna("").astype(str).str.startswith("side by side")
                 s.loc[paired, c] = s.loc[paired, c] + " (side by side)"
@@ -135,6 +149,8 @@ def to_markdown(summary: pd.DataFrame) -> str:
     lines = [md_table(table).rstrip("\n"), "", INTERVAL_NOTE]
     if "kv_fraction" in table:
         lines += ["", COSTS_NOTE]
+    if "retention_n" in summary and any(fewer(n, k) for n, k in zip(summary["n"], summary["retention_n"], strict=True)):
+        lines += ["", FEWER_NOTE]
     if unpaired(summary):
         lines += ["", UNPAIRED_NOTE]
     if loaded(summary).any():

@@ -53,7 +53,7 @@ import pandas as pd
 from harness.analysis.folder import Analysis, analyze, analyze_rows
 from harness.analysis.quality import Point, paired_difference, paired_difference_of_differences, unit_mean
 from harness.analysis.stats import NAN
-from harness.rendering.tables import ci, difference, num
+from harness.rendering.tables import ci, difference, fewer, num
 from harness.studies import (
     in_samples,
     labelled,
@@ -156,7 +156,7 @@ def table(a: Analysis) -> pd.DataFrame:
         "position_mode": [position_mode(o) for o in s["method_options"]],
         "n": s["n"].astype(int),
         **{c: s[c] for c in ("score", "score_lo", "score_hi", "retention", "retention_lo", "retention_hi",
-                             "needle_kept", "kept_fraction")},
+                             "retention_n", "needle_kept", "kept_fraction")},
     })  # fmt: skip
     order = {m: i for i, m in enumerate(["full", *METHODS])}
     df["_m"] = df["method"].map(lambda m: order.get(m, len(order)))
@@ -427,11 +427,16 @@ def _section(setup: list[str], head: str, frame: pd.DataFrame, cells: Callable[[
     return ["", head, "|---" * (head.count("|") - 1) + "|", *rows, "", note]
 
 
+#: Under the arms' table where some retention pairs fewer samples than its arm ran.
+FEWER = " Retention `(n K)`: on the K samples full prefill ran too, fewer than the arm's n."
+
+
 def _arm_cells(r: Any) -> str:
     full = r.method == "full"
     return (
         f"| {_arm_name(str(r.method), r.position_mode, str(r.variant))} | {'1' if full else r.budget} | {r.n} | "
-        f"{ci(r.score, r.score_lo, r.score_hi)} | {'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f')} | "
+        f"{ci(r.score, r.score_lo, r.score_hi)} | "
+        f"{'1' if full else ci(r.retention, r.retention_lo, r.retention_hi, '.2f') + fewer(r.n, r.retention_n)} | "
         f"{num(r.needle_kept, '.2f')} | {num(r.kept_fraction, '.2f')} |"
     )  # fmt: skip
 
@@ -485,7 +490,8 @@ def markdown(
         setup, "| arm | keep | n | score | retention vs full | needle kept | prefilled (of prompt) |", df, _arm_cells,
         "Score (0-100) and retention (score over full prefill's on the same samples): 95 % bootstrap over samples. "
         "Needle kept: the share of the asked evidence's tokens the base prefilled (the same in both position modes "
-        "where the selection is).",
+        "where the selection is)."
+        + (FEWER if "retention_n" in df and any(map(fewer, df["n"], df["retention_n"])) else ""),
     )[1:]  # fmt: skip
     if diff.empty:
         return "\n".join(lines)
