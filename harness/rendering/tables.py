@@ -90,6 +90,11 @@ def fewer(n: Any, paired: Any) -> str:
     return f" (n {int(paired)})" if not pd.isna(paired) and not pd.isna(n) and 0 < int(paired) < int(n) else ""
 
 
+def short_paired(summary: pd.DataFrame) -> bool:
+    """Whether some row's retention pairs fewer samples than its ``n`` (:func:`fewer`)."""
+    return "retention_n" in summary and any(map(fewer, summary["n"], summary["retention_n"]))
+
+
 def num(v: float, f: str) -> str:
     """``v`` in format spec ``f``, ``-`` without a value."""
     return "-" if pd.isna(v) else f"{v:{f}}"
@@ -149,7 +154,7 @@ def to_markdown(summary: pd.DataFrame) -> str:
     lines = [md_table(table).rstrip("\n"), "", INTERVAL_NOTE]
     if "kv_fraction" in table:
         lines += ["", COSTS_NOTE]
-    if "retention_n" in summary and any(fewer(n, k) for n, k in zip(summary["n"], summary["retention_n"], strict=True)):
+    if short_paired(summary):
         lines += ["", FEWER_NOTE]
     if unpaired(summary):
         lines += ["", UNPAIRED_NOTE]

@@ -29,6 +29,7 @@ from harness.paper import builders as paper_render
 from harness.paper import numbers as paper_data
 from harness.rendering.tables import (
     BETWEEN_RUNS,
+    FEWER_NOTE,
     INTERVAL_NOTE,
     LATENCY_NOTE,
     LOADED_NOTE,
@@ -38,6 +39,7 @@ from harness.rendering.tables import (
     latency_notes,
     loaded,
     score_by_task,
+    short_paired,
     speculator_note,
     unpaired,
 )
@@ -93,7 +95,7 @@ TTFT speedup over the reference, each with its 95 % interval; n samples per task
 
 {% if quality %}
 <h2 id="quality">Quality</h2>
-<p class="note">{{ interval_note }}{% if unpaired_note %} {{ unpaired_note }}{% endif %}{% if loaded_note %} {{ loaded_note }}{% endif %}</p>
+<p class="note">{{ interval_note }}{% if unpaired_note %} {{ unpaired_note }}{% endif %}{% if loaded_note %} {{ loaded_note }}{% endif %}{% if fewer_note %} {{ fewer_note }}{% endif %}</p>
 <div class="scroll">{{ quality }}</div>
 {% if by_task %}<h3>Score per task</h3>
 <p class="note"><code>(n=K)</code>: fewer samples than the fullest point for that task.</p>
@@ -365,6 +367,7 @@ def render(
         interval_note=INTERVAL_NOTE,
         unpaired_note=UNPAIRED_NOTE if not s.empty and unpaired(s) else "",
         loaded_note=LOADED_NOTE if not s.empty and loaded(s).any() else "",
+        fewer_note=FEWER_NOTE if not s.empty and short_paired(s) else "",
         latency=latency,
         latency_note=LATENCY_NOTE,
         between_runs=BETWEEN_RUNS,
