@@ -307,7 +307,7 @@ def test_retention_and_ttft_ratio_are_paired_on_the_same_samples():
 
 def test_a_retention_on_fewer_samples_than_its_row_says_so():
     """Full prefill ran 4 of the method's 6 samples: the method's retention pairs those 4
-    (``retention_n``), and the table shows ``(n 4)`` beside it with a note; where both ran every
+    (``retention_n``), and the table shows ``(n=4)`` beside it with a note; where both ran every
     sample, nothing is added."""
     from harness.rendering.tables import FEWER_NOTE
 
@@ -318,9 +318,9 @@ def test_a_retention_on_fewer_samples_than_its_row_says_so():
     row = s.loc[("t", "specprefill")]
     assert (row["n"], row["retention_n"]) == (6, 4) and row["retention"] == pytest.approx(2 / 3)
     text = to_markdown(summarize(short))
-    assert "0.67 [" in text and "] (n 4) |" in text and FEWER_NOTE in text
+    assert "0.67 [" in text and "] (n=4) |" in text and FEWER_NOTE in text
     whole = to_markdown(summarize(pd.DataFrame(ref + method)))
-    assert "(n " not in whole and FEWER_NOTE not in whole
+    assert "(n=" not in whole and FEWER_NOTE not in whole
 
 
 def test_speculator_depth_table_and_the_choice_of_depth():

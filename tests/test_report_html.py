@@ -245,14 +245,14 @@ def test_plots_from_a_summary_without_rows_draw_nothing(tmp_path):
 
 def test_the_page_says_when_a_retention_pairs_fewer_samples_than_its_row(tmp_path):
     """Full prefill ran 2 of the method's 3 samples per task: the page's quality table shows
-    ``(n 4)`` beside the method's retention (ALL: 4 of 6) and the note says what it means."""
+    ``(n=4)`` beside the method's retention (ALL: 4 of 6) and the note says what it means."""
     from harness.analysis.folder import analyze_rows
     from harness.rendering.tables import FEWER_NOTE
     from harness.report.html import render
 
     rows = _eval("f", "full", None, 2048, [100.0, 100.0], 4.0) + _eval("s", "specprefill", 0.3, 2048, [100.0] * 3, 1.0)
     html = render(analyze_rows(tmp_path, pd.DataFrame(rows)), [])
-    assert "<td>1.00 [1.00, 1.00] (n 4)</td>" in html and FEWER_NOTE.split(": ")[1].split("'")[0] in html
+    assert "<td>1.00 [1.00, 1.00] (n=4)</td>" in html and FEWER_NOTE.split(": ")[1].split("'")[0] in html
     whole = _eval("f", "full", None, 2048, [100.0] * 3, 4.0) + _eval("s", "specprefill", 0.3, 2048, [100.0] * 3, 1.0)
     html = render(analyze_rows(tmp_path, pd.DataFrame(whole)), [])
-    assert "(n " not in html and "K samples both ran" not in html
+    assert "(n=4)" not in html and "K samples both ran" not in html

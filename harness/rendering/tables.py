@@ -49,7 +49,7 @@ LOADED_NOTE = (
     "so its speedup times that work as much as the methods; time it again alone, or side by side (make latency)."
 )
 FEWER_NOTE = (
-    "Retention `(n K)`: the score over the reference's on the K samples both ran, fewer than the row's n (the "
+    "Retention `(n=K)`: the score over the reference's on the K samples both ran, fewer than the row's n (the "
     "reference ran fewer samples, or failed some); its interval is over those K."
 )
 UNPAIRED_NOTE = (
@@ -84,10 +84,10 @@ def ci(v: float, lo: float, hi: float, f: str = ".1f") -> str:
 
 
 def fewer(n: Any, paired: Any) -> str:
-    """`` (n K)`` where a paired measure rests on fewer samples (``paired``, K > 0) than its
+    """`` (n=K)`` where a paired measure rests on fewer samples (``paired``, K > 0) than its
     row's ``n`` (the reference ran fewer, or failed some), ``""`` otherwise (none paired: the
     measure has no value, its cell says ``-``)."""
-    return f" (n {int(paired)})" if not pd.isna(paired) and not pd.isna(n) and 0 < int(paired) < int(n) else ""
+    return f" (n={int(paired)})" if not pd.isna(paired) and not pd.isna(n) and 0 < int(paired) < int(n) else ""
 
 
 def short_paired(summary: pd.DataFrame) -> bool:

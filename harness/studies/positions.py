@@ -428,7 +428,7 @@ def _section(setup: list[str], head: str, frame: pd.DataFrame, cells: Callable[[
 
 
 #: Under the arms' table where some retention pairs fewer samples than its arm ran.
-FEWER = " Retention `(n K)`: on the K samples full prefill ran too, fewer than the arm's n."
+FEWER = " Retention `(n=K)`: on the K samples full prefill ran too, fewer than the arm's n."
 
 
 def _arm_cells(r: Any) -> str:
