@@ -53,7 +53,7 @@ import pandas as pd
 from harness.analysis.folder import Analysis, analyze, analyze_rows
 from harness.analysis.quality import Point, paired_difference, paired_difference_of_differences, unit_mean
 from harness.analysis.stats import NAN
-from harness.rendering.tables import ci, difference, fewer, num
+from harness.rendering.tables import ci, difference, fewer, num, short_paired
 from harness.studies import (
     in_samples,
     labelled,
@@ -491,7 +491,7 @@ def markdown(
         "Score (0-100) and retention (score over full prefill's on the same samples): 95 % bootstrap over samples. "
         "Needle kept: the share of the asked evidence's tokens the base prefilled (the same in both position modes "
         "where the selection is)."
-        + (FEWER if "retention_n" in df and any(map(fewer, df["n"], df["retention_n"])) else ""),
+        + (FEWER if short_paired(df) else ""),
     )[1:]  # fmt: skip
     if diff.empty:
         return "\n".join(lines)
