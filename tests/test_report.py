@@ -323,6 +323,22 @@ def test_a_retention_on_fewer_samples_than_its_row_says_so():
     assert "(n=" not in whole and FEWER_NOTE not in whole
 
 
+def test_a_speedup_on_fewer_samples_than_its_row_says_so():
+    """Full prefill ran all 6 samples but timed 4 (two TTFTs missing): retention pairs 6 and is
+    unmarked, while the TTFT ratio and the speedup pair 4 (``speedup_n``) and show ``(n=4)``,
+    with the note; the positions study's retention-only note stays silent."""
+    from harness.rendering.tables import FEWER_NOTE, short_paired
+
+    ref = _samples("full", None, "f", [100.0] * 6, [1.0] * 4 + [float("nan")] * 2)
+    method = _samples("specprefill", 0.3, "s", [100.0] * 6, [0.5] * 6)
+    s = summarize(pd.DataFrame(ref + method))
+    row = s.set_index(["task", "method"]).loc[("t", "specprefill")]
+    assert (row["n"], row["retention_n"], row["speedup_n"]) == (6, 6, 4) and row["speedup"] == pytest.approx(2.0)
+    text = to_markdown(s)
+    assert "1.00 [1.00, 1.00] |" in text and "0.50 [0.50, 0.50] (n=4) | 2.00x [2.00x, 2.00x] (n=4) |" in text
+    assert FEWER_NOTE in text and short_paired(s) and not short_paired(s, ("retention",))
+
+
 def test_speculator_depth_table_and_the_choice_of_depth():
     """The depth sweep's table: one line per depth x keep beside full prefill, with speedup,
     ideal (the FLOP model's counts in the rows) and efficiency; the chosen depth is the best retention among

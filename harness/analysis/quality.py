@@ -36,7 +36,9 @@ retention      ratio of macro means, paired: the point's score over the referenc
                samples both ran (:func:`paired_ratio`); ``retention_n`` counts them (below
                ``n`` where the reference ran fewer samples, or failed some: renderers say so)
 ttft_ratio     ratio of macro means, paired: the point's TTFT over the reference's on the
-               samples both ran, when both ran on one machine (< 1 is faster)
+               samples both ran, when both ran on one machine (< 1 is faster); ``speedup_n``
+               counts them (it and ``speedup`` pair the same samples), below ``n`` as
+               ``retention_n`` can be
 ttft_s         macro mean of per-sample TTFT (the method's own work and the base prefill);
                ``speculator_s`` likewise, the speculator's part of it
 speedup        the reference's TTFT over the point's, paired by sample (1 / ttft_ratio; its
@@ -74,7 +76,8 @@ decode_s_per_token  ratio of macro means of ``decode_s`` and ``output_tokens``
 e2e_s          macro mean of ``ttft_s + max_new_tokens * decode_s / output_tokens``: the
                end-to-end latency at the benchmark's output length, each sample's decode
                rate over the whole budget (an answer that stops early is not faster)
-e2e_speedup    the reference's e2e_s over the point's, paired by sample, between runs like speedup
+e2e_speedup    the reference's e2e_s over the point's, paired by sample, between runs like speedup;
+               ``e2e_speedup_n`` counts the samples it pairs
 prefilled_tokens  a conversation turn's tokens the base prefilled that turn (multi-turn rows;
                :mod:`specprefill.conversation`), macro mean; ``revived_tokens`` those of them
                revived from earlier turns
@@ -363,7 +366,7 @@ COLUMNS = [
     "prefilled_tokens", "revived_tokens", "speed_anomaly", "speedup_timing",
     "distractor_kept", "speculator_kv_mib", "kv_memory_ratio", "kv_memory_ratio_lo", "kv_memory_ratio_hi",
     "needle_whole", "needle_whole_lo", "needle_whole_hi", "question_kept", "question_kept_lo", "question_kept_hi",
-    "retention_n",
+    "retention_n", "speedup_n", "e2e_speedup_n",
 ]  # fmt: skip
 
 
@@ -477,7 +480,9 @@ def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> d
     out["retention_n"] = retention.n
     timed = ref is not None and same_machine
     put("ttft_ratio", paired_ratio(p, "ttft_s", ref, "ttft_s", parts) if timed else nan)  # type: ignore[arg-type]
-    put("speedup", paired_ratio(ref, "ttft_s", p, "ttft_s", parts) if timed else nan)  # type: ignore[arg-type]
+    speedup = paired_ratio(ref, "ttft_s", p, "ttft_s", parts) if timed else nan  # type: ignore[arg-type]
+    put("speedup", speedup)
+    out["speedup_n"] = speedup.n
     out["efficiency"] = out["speedup"] / out["ideal_speedup"] if out["ideal_speedup"] else float("nan")
     out["speed_anomaly"] = anomaly(out["speedup"], out["ideal_speedup"])  # type: ignore[assignment]
     put("kv_fraction", paired_ratio(p, "kv_tokens", p, "prompt_tokens", parts), interval=False)
@@ -486,7 +491,9 @@ def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> d
     put("kv_memory_ratio", paired_ratio(p, "kv_held_bytes", ref, "kv_held_bytes", parts) if ref is not None else nan)
     put("decode_s_per_token", paired_ratio(p, "decode_s", p, "output_tokens", parts), interval=False)
     put("e2e_s", macro_mean(p, "e2e_s", parts), interval=False)
-    put("e2e_speedup", paired_ratio(ref, "e2e_s", p, "e2e_s", parts) if timed else nan)  # type: ignore[arg-type]
+    e2e = paired_ratio(ref, "e2e_s", p, "e2e_s", parts) if timed else nan  # type: ignore[arg-type]
+    put("e2e_speedup", e2e)
+    out["e2e_speedup_n"] = e2e.n
     put("prefilled_tokens", macro_mean(p, "prefilled_tokens", parts), interval=False)
     put("revived_tokens", macro_mean(p, "revived_tokens", parts), interval=False)
     return out

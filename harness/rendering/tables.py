@@ -29,7 +29,12 @@ WITH_CI = {"score": "{:.1f}", "retention": "{:.2f}", "needle_kept": "{:.2f}", "t
            "speedup": "{:.2f}x", "e2e_speedup": "{:.2f}x"}  # fmt: skip
 PLAIN = {"kept_fraction": "{:.3f}", "ttft_s": "{:.2f}", "ideal_speedup": "{:.2f}x", "keep_rate": "{:g}",
          "kv_fraction": "{:.3f}", "kv_mib": "{:.1f}", "decode_s_per_token": "{:.4f}"}  # fmt: skip
+#: The paired measures against the reference and the summary column counting the samples each
+#: pairs (:mod:`harness.analysis.quality`): a count below the row's ``n`` is marked ``(n=K)``.
+PAIRED_N = {"retention": "retention_n", "ttft_ratio": "speedup_n", "speedup": "speedup_n",
+            "e2e_speedup": "e2e_speedup_n"}  # fmt: skip
 assert set(SHOWN) <= set(QUALITY_COLUMNS) and set(COSTS) <= set(QUALITY_COLUMNS)
+assert set(PAIRED_N.values()) <= set(QUALITY_COLUMNS)
 
 #: What the summary's intervals are, under every rendering of it.
 INTERVAL_NOTE = ("Score, retention (score / the reference's, same samples), needle kept, TTFT ratio and speedup: "
@@ -49,8 +54,8 @@ LOADED_NOTE = (
     "so its speedup times that work as much as the methods; time it again alone, or side by side (make latency)."
 )
 FEWER_NOTE = (
-    "Retention `(n=K)`: the score over the reference's on the K samples both ran, fewer than the row's n (the "
-    "reference ran fewer samples, or failed some); its interval is over those K."
+    "Retention, TTFT ratio, speedup or e2e speedup `(n=K)`: the measure over the reference's on the K samples both ran, fewer "
+    "than the row's n (the reference ran fewer samples, or failed some); its interval is over those K."
 )
 UNPAIRED_NOTE = (
     "TTFT ratio `-` with a TTFT: no rows of the reference method for that task with the same dtype and "
@@ -90,9 +95,11 @@ def fewer(n: Any, paired: Any) -> str:
     return f" (n={int(paired)})" if not pd.isna(paired) and not pd.isna(n) and 0 < int(paired) < int(n) else ""
 
 
-def short_paired(summary: pd.DataFrame) -> bool:
-    """Whether some row's retention pairs fewer samples than its ``n`` (:func:`fewer`)."""
-    return "retention_n" in summary and any(map(fewer, summary["n"], summary["retention_n"]))
+def short_paired(summary: pd.DataFrame, measures: tuple[str, ...] = tuple(PAIRED_N)) -> bool:
+    """Whether some row's paired measure among ``measures`` (:data:`PAIRED_N`'s keys) pairs fewer
+    samples than its ``n`` (:func:`fewer`)."""
+    counts = {PAIRED_N[m] for m in measures} & set(summary.columns)
+    return any(any(map(fewer, summary["n"], summary[k])) for k in sorted(counts))
 
 
 def num(v: float, f: str) -> str:
@@ -117,8 +124,8 @@ def format_summary(summary: pd.DataFrame, columns: list[str] | None = None) -> p
         if c in WITH_CI:
             s[c] = [with_ci(v, lo, hi, WITH_CI[c]) for v, lo, hi in
                     zip(summary[c], summary[f"{c}_lo"], summary[f"{c}_hi"], strict=True)]  # fmt: skip
-            if c == "retention" and "retention_n" in summary:
-                s[c] = [v + fewer(n, k) for v, n, k in zip(s[c], summary["n"], summary["retention_n"], strict=True)]
+            if PAIRED_N.get(c) in summary:
+                s[c] = [v + fewer(n, k) for v, n, k in zip(s[c], summary["n"], summary[PAIRED_N[c]], strict=True)]
             if c == "speedup" and "speedup_timing" in summary:
                 paired = summary["speedup_timing"].fillna("").astype(str).str.startswith("side by side")
                 s.loc[paired, c] = s.loc[paired, c] + " (side by side)"

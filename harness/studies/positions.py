@@ -491,7 +491,7 @@ def markdown(
         "Score (0-100) and retention (score over full prefill's on the same samples): 95 % bootstrap over samples. "
         "Needle kept: the share of the asked evidence's tokens the base prefilled (the same in both position modes "
         "where the selection is)."
-        + (FEWER if short_paired(df) else ""),
+        + (FEWER if short_paired(df, ("retention",)) else ""),
     )[1:]  # fmt: skip
     if diff.empty:
         return "\n".join(lines)
