@@ -200,10 +200,26 @@ def test_a_committed_gap_profile_is_what_its_csv_renders(folder, name, tmp_path)
         ("reproduce_fp32_hardware", ["intel", "amd"], "hardware", "cpu: AMD EPYC", "reproduce"),
         ("reproduce_fp32_hardware", ["intel", "rerun"], "hardware", "cpu: AMD EPYC", "rerun"),
         ("dtype_default_smollm2_cpu", ["."], "dtype", "bfloat16", "reproduce"),
+        ("dtype_clean_smollm2_cpu", ["."], "dtype", "bfloat16", "reproduce"),
+        (
+            "dtype_clean_smollm2_cpu",
+            [".", "../dtype_default_smollm2_cpu"],
+            "git_sha",
+            "87e5806b2d02f7fcf0e0834b418c369b77c6e66f",
+            "float32_two_machines",
+        ),
+        (
+            "dtype_clean_smollm2_cpu",
+            [".", "../dtype_default_smollm2_cpu"],
+            "git_sha",
+            "b9ec020b8c58429b81944ebd857ef1d85051b7d7",
+            "bfloat16_two_machines",
+        ),
     ],
 )
 def test_a_committed_reproduce_table_is_what_its_rows_render(folder, sides, across, base, name, tmp_path):
-    """``make reproduce``'s committed tables, the folder README's source, re-rendered from the committed rows."""
+    """``make reproduce``'s committed tables, the folder README's source, re-rendered from the committed rows
+    (a side in another committed folder, ``../<folder>``, is read where it is)."""
     import shutil
 
     from harness.studies.reproduce import main
@@ -211,5 +227,6 @@ def test_a_committed_reproduce_table_is_what_its_rows_render(folder, sides, acro
     src = Path(__file__).resolve().parents[1] / "results" / "reference" / folder
     out = tmp_path / folder
     shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.md", "*.csv", "*.png"))
-    main([*(str(out / s) for s in sides), "--across", across, "--base", base, "--out", str(out), "--name", name])
+    read = [str(src / s if s.startswith("../") else out / s) for s in sides]
+    main([*read, "--across", across, "--base", base, "--out", str(out), "--name", name])
     assert (out / f"{name}.md").read_text() == (src / f"{name}.md").read_text()
