@@ -71,6 +71,32 @@ def versions() -> dict[str, str]:
     return out
 
 
+#: The CPU features that pick torch's CPU kernels: bfloat16 in hardware (AMX, AVX-512
+#: bfloat16; elsewhere ``dtype: auto`` is float32) and the vector width of float32 matmuls.
+#: Two machines with one model name (``cpu: AMD EPYC``) can differ in them.
+CPU_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> str | None:
+    """Those of :data:`CPU_FLAGS` this CPU has (``/proc/cpuinfo``'s ``flags``), space-separated
+    in that order, ``""`` with none of them; None where ``/proc/cpuinfo`` cannot be read."""
+    try:
+        return flags_in(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return None
+
+
+def flags_in(cpuinfo: str) -> str:
+    """:data:`CPU_FLAGS` found on the first ``flags`` line of ``cpuinfo``'s text, in that order."""
+    have: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            have = set(line.split(":", 1)[1].split())
+            break
+    return " ".join(f for f in CPU_FLAGS if f in have)
+
+
 def hardware() -> str:
     """``<count>x <GPU name>``, or the CPU model and the threads torch uses."""
     if torch.cuda.is_available():
@@ -122,6 +148,7 @@ def provenance(model: Any, backend: str, engine: Any = None, placement: Any = No
         "git_sha": git_sha(),
         "versions": json.dumps(versions(), sort_keys=True),
         "hardware": hardware(),
+        "cpu_flags": cpu_flags(),
         "model": model.name,
         "model_weights": model.weights_label,
         "weights_hash": _weights_hash(model),

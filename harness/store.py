@@ -89,6 +89,10 @@ class RunRecord:
     git_sha: str
     versions: str  # JSON
     hardware: str
+    #: The CPU's kernel-picking features (harness.provenance.CPU_FLAGS: "avx512_bf16 avx512f
+    #: avx2", ...), which ``hardware``'s model name does not tell; None in rows before
+    #: 2026-12-07 and where /proc/cpuinfo is not readable.
+    cpu_flags: str | None = None
     model: str
     model_weights: str
     weights_hash: str | None  # harness.models.loading.weights_hash: the verified checkpoint the row ran

@@ -256,3 +256,17 @@ def test_the_page_says_when_a_retention_pairs_fewer_samples_than_its_row(tmp_pat
     whole = _eval("f", "full", None, 2048, [100.0] * 3, 4.0) + _eval("s", "specprefill", 0.3, 2048, [100.0] * 3, 1.0)
     html = render(analyze_rows(tmp_path, pd.DataFrame(whole)), [])
     assert "(n=4)" not in html and "K samples both ran" not in html
+
+
+def test_the_provenance_table_names_the_cpu_flags_beside_the_hardware(tmp_path):
+    """A run whose rows recorded ``cpu_flags`` shows them beside its hardware; one without
+    (older rows) shows the hardware alone."""
+    from harness.analysis.folder import analyze_rows
+    from harness.report.html import provenance
+
+    old = pd.DataFrame(_eval("f", "full", None, 2048, [100.0], 4.0))
+    new = pd.DataFrame(_eval("s", "specprefill", 0.3, 2048, [100.0], 1.0)).assign(cpu_flags="avx512_bf16 avx512f avx2")
+    table = provenance(analyze_rows(tmp_path, pd.concat([old, new])).rows).set_index("run_id")
+    hardware = str(old["hardware"].iloc[0])
+    assert table.loc["s", "hardware"] == f"{hardware} [avx512_bf16 avx512f avx2]"
+    assert table.loc["f", "hardware"] == hardware

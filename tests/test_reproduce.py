@@ -79,6 +79,21 @@ def test_the_table_names_both_sides_and_what_else_differs(rows):
     ]  # the libraries agree: not listed
 
 
+def test_two_machines_of_one_model_name_are_told_apart_by_their_cpu_flags(rows):
+    """Two CPUs that ``hardware`` names alike (``cpu: AMD EPYC``) but whose kernels differ: the
+    rows' ``cpu_flags`` tell them apart, listed under the table; rows without it say nothing."""
+    from harness.provenance import CPU_FLAGS, flags_in
+
+    text = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_tile\nflags\t: avx2\n"
+    assert flags_in(text) == "avx512_bf16 avx512f avx2" and flags_in("model name: x\n") == ""
+    assert CPU_FLAGS[0] == "amx_bf16"  # the first: bfloat16 on AMX
+    flags = rows["dtype"].map({"bfloat16": "avx512_bf16 avx512f avx2", "float32": "avx2"})
+    named = rows.assign(hardware="cpu: AMD EPYC, 2 threads", cpu_flags=flags)
+    assert sides(named, "dtype")[0] == "- cpu_flags: dtype=bfloat16: avx512_bf16 avx512f avx2; dtype=float32: avx2"
+    assert not any(line.startswith("- hardware") for line in sides(named, "dtype"))
+    assert not any("cpu_flags" in line for line in sides(rows, "dtype"))  # not recorded on either side
+
+
 def test_a_base_no_row_has_is_refused_naming_the_values(rows):
     with pytest.raises(
         ValueError, match=r"--base 'float16': no row has dtype='float16'; allowed: one of \['bfloat16', 'float32'\]"
@@ -105,12 +120,15 @@ def test_a_tiny_job_at_two_dtypes_through_the_command(tmp_path, tiny_ruler_eval,
     folder or in one folder each, paired by sample, the prompts the same; the files go to --out."""
     import shutil
 
+    from harness.provenance import cpu_flags
+
     tiny_ruler_eval(["method=specprefill", "keep=0.3", "model.dtype=bfloat16"])
     shutil.move(tmp_path / "tiny-random", tmp_path / "b" / "tiny-random")
     tiny_ruler_eval(["method=specprefill", "keep=0.3", "model.dtype=float32"])
     shutil.move(tmp_path / "tiny-random", tmp_path / "a" / "tiny-random")
     a, b = tmp_path / "a", tmp_path / "b"
     assert set(analyze(a).ok("eval")["dtype"]) == {"float32"} and set(analyze(b).ok("eval")["dtype"]) == {"bfloat16"}
+    assert set(analyze(a).ok("eval")["cpu_flags"]) == {cpu_flags()}  # every row records the CPU's flags
     main([str(a), str(b), "--base", "float32", "--name", "twins", "--out", str(tmp_path / "study")])
     df = pd.read_csv(tmp_path / "study" / "twins.csv")
     assert df["line"].tolist() == ["specprefill keep 0.3"] and df["n"].tolist() == [3]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TextIO
 
 from harness.analysis.folder import analyze
-from harness.provenance import git_sha
+from harness.provenance import cpu_flags, git_sha
 from harness.regress.compare import compare_verdict, read_folder
 from harness.regress.history import append_history
 from harness.regress.verdict import INCOMPARABLE, NO_BASELINE, REGRESSED, ROOT, Refused, Verdict, shown
@@ -36,7 +36,7 @@ def hardware_class() -> str:
 
     if torch.cuda.is_available():
         return "gpu-" + torch.cuda.get_device_name(0).lower().replace(" ", "-")
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    flags = (cpu_flags() or "").split()
     for flag, name in (("amx_bf16", "cpu-amx"), ("avx512f", "cpu-avx512"), ("avx2", "cpu-avx2")):
         if flag in flags:
             return name

@@ -211,6 +211,13 @@ def failures(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
+def _where(g: pd.DataFrame) -> list[str]:
+    """Each row's ``hardware``, with its ``cpu_flags`` in brackets where it recorded them."""
+    flags = g["cpu_flags"] if "cpu_flags" in g else pd.Series(None, index=g.index, dtype=object)
+    return [f"{h} [{f}]" if isinstance(f, str) and f else str(h)
+            for h, f in zip(g["hardware"], flags, strict=True) if not pd.isna(h)]  # fmt: skip
+
+
 def provenance(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per run: what produced its rows and where."""
     cols = [
@@ -256,7 +263,7 @@ def provenance(rows: pd.DataFrame) -> pd.DataFrame:
                 or "-",
                 "backend": first.get("backend"),
                 "dtype": first.get("dtype"),
-                "hardware": " | ".join(sorted(set(g["hardware"].dropna().astype(str)))),
+                "hardware": " | ".join(sorted(set(_where(g)))),
                 "git_sha": " ".join(sorted(set(g["git_sha"].dropna().astype(str)))),
                 "versions": ", ".join(f"{k} {v[k]}" for k in KEY_PACKAGES if k in v),
                 "rows": len(g),

