@@ -202,6 +202,20 @@ def test_a_committed_gap_profile_is_what_its_csv_renders(folder, name, tmp_path)
         ("dtype_default_smollm2_cpu", ["."], "dtype", "bfloat16", "reproduce"),
         ("dtype_clean_smollm2_cpu", ["."], "dtype", "bfloat16", "reproduce"),
         (
+            "bf16_kernels_smollm2_cpu",
+            [".", "../dtype_clean_smollm2_cpu"],
+            "git_sha",
+            "b9ec020b8c58429b81944ebd857ef1d85051b7d7",
+            "commit",
+        ),
+        (
+            "bf16_kernels_smollm2_cpu",
+            [".", "../dtype_default_smollm2_cpu"],
+            "hardware",
+            "cpu: Intel(R) Xeon(R) Processor, 2 threads",
+            "cpu",
+        ),
+        (
             "dtype_clean_smollm2_cpu",
             [".", "../dtype_default_smollm2_cpu"],
             "git_sha",
