@@ -261,12 +261,14 @@ def test_the_page_says_when_a_retention_pairs_fewer_samples_than_its_row(tmp_pat
 def test_the_provenance_table_names_the_cpu_flags_beside_the_hardware(tmp_path):
     """A run whose rows recorded ``cpu_flags`` shows them beside its hardware; one without
     (older rows) shows the hardware alone."""
+    from dataclasses import replace
+
     from harness.analysis.folder import analyze_rows
     from harness.report.html import provenance
 
-    old = pd.DataFrame(_eval("f", "full", None, 2048, [100.0], 4.0))
-    new = pd.DataFrame(_eval("s", "specprefill", 0.3, 2048, [100.0], 1.0)).assign(cpu_flags="avx512_bf16 avx512f avx2")
-    table = provenance(analyze_rows(tmp_path, pd.concat([old, new])).rows).set_index("run_id")
-    hardware = str(old["hardware"].iloc[0])
+    old = _eval("f", "full", None, 2048, [100.0], 4.0)
+    new = [replace(r, cpu_flags="avx512_bf16 avx512f avx2") for r in _eval("s", "specprefill", 0.3, 2048, [100.0], 1.0)]
+    table = provenance(analyze_rows(tmp_path, pd.DataFrame(old + new)).rows).set_index("run_id")
+    hardware = old[0].hardware
     assert table.loc["s", "hardware"] == f"{hardware} [avx512_bf16 avx512f avx2]"
     assert table.loc["f", "hardware"] == hardware
