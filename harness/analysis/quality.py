@@ -460,10 +460,12 @@ def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> d
     """Every measure of one point over ``parts`` (the module's table), as summary columns."""
     out: dict[str, Any] = {}
 
-    def put(name: str, e: Estimate, interval: bool = True) -> None:
+    def put(name: str, e: Estimate, interval: bool = True, count: str | None = None) -> None:
         out[name] = e.value
         if interval:
             out[f"{name}_lo"], out[f"{name}_hi"] = e.lo, e.hi
+        if count:  # the samples a paired measure pairs (``retention_n``, ...)
+            out[count] = e.n
 
     put("score", macro_mean(p, "score", parts))
     put("kept_fraction", macro_mean(p, "kept_fraction", parts))
@@ -475,14 +477,10 @@ def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> d
     put("speculator_s", macro_mean(p, "speculator_s", parts), interval=False)
     put("ideal_speedup", paired_ratio(p, "flops_full", p, "flops_method", parts), interval=False)
     nan = Estimate(float("nan"), float("nan"), float("nan"), 0)
-    retention = paired_ratio(p, "score", ref, "score", parts) if ref is not None else nan
-    put("retention", retention)
-    out["retention_n"] = retention.n
+    put("retention", paired_ratio(p, "score", ref, "score", parts) if ref is not None else nan, count="retention_n")
     timed = ref is not None and same_machine
     put("ttft_ratio", paired_ratio(p, "ttft_s", ref, "ttft_s", parts) if timed else nan)  # type: ignore[arg-type]
-    speedup = paired_ratio(ref, "ttft_s", p, "ttft_s", parts) if timed else nan  # type: ignore[arg-type]
-    put("speedup", speedup)
-    out["speedup_n"] = speedup.n
+    put("speedup", paired_ratio(ref, "ttft_s", p, "ttft_s", parts) if timed else nan, count="speedup_n")  # type: ignore[arg-type]
     out["efficiency"] = out["speedup"] / out["ideal_speedup"] if out["ideal_speedup"] else float("nan")
     out["speed_anomaly"] = anomaly(out["speedup"], out["ideal_speedup"])  # type: ignore[assignment]
     put("kv_fraction", paired_ratio(p, "kv_tokens", p, "prompt_tokens", parts), interval=False)
@@ -491,9 +489,7 @@ def measures(p: Point, ref: Point | None, parts: Parts, same_machine: bool) -> d
     put("kv_memory_ratio", paired_ratio(p, "kv_held_bytes", ref, "kv_held_bytes", parts) if ref is not None else nan)
     put("decode_s_per_token", paired_ratio(p, "decode_s", p, "output_tokens", parts), interval=False)
     put("e2e_s", macro_mean(p, "e2e_s", parts), interval=False)
-    e2e = paired_ratio(ref, "e2e_s", p, "e2e_s", parts) if timed else nan  # type: ignore[arg-type]
-    put("e2e_speedup", e2e)
-    out["e2e_speedup_n"] = e2e.n
+    put("e2e_speedup", paired_ratio(ref, "e2e_s", p, "e2e_s", parts) if timed else nan, count="e2e_speedup_n")  # type: ignore[arg-type]
     put("prefilled_tokens", macro_mean(p, "prefilled_tokens", parts), interval=False)
     put("revived_tokens", macro_mean(p, "revived_tokens", parts), interval=False)
     return out
