@@ -132,6 +132,17 @@ def test_ratio_to_the_reference_only_on_the_same_machine_and_dtype():
     assert pd.isna(s.loc["spec-bf16", "qps_ratio_to_reference"])
 
 
+def test_a_cpu_of_the_same_name_with_other_flags_is_another_machine():
+    rows = pd.concat([
+        _served("full", [(0.1, True, 80.0), (0.2, False, 80.0)], cpu_flags="avx2 avx512f"),
+        _served("specprefill", [(0.1, True, 70.0), (0.2, True, 70.0), (0.4, False, 70.0)], cpu_flags="avx2"),
+    ], ignore_index=True)  # fmt: skip
+    s = summarize_qps(rows).set_index("run_id")
+    assert pd.isna(s.loc["specprefill", "qps_ratio_to_reference"])  # hardware alike, kernels not
+    same = summarize_qps(rows.assign(cpu_flags="avx2")).set_index("run_id")
+    assert same.loc["specprefill", "qps_ratio_to_reference"] == pytest.approx(2.0)
+
+
 def test_a_max_qps_at_the_top_of_the_search_is_a_lower_bound():
     exact_full = _served("full", [(0.1, True, 80.0), (0.2, False, 80.0)])
     top = _served("specprefill", [(0.1, True, 70.0), (0.2, True, 70.0), (0.4, True, 70.0)])  # never failed

@@ -190,6 +190,28 @@ def test_ttft_ratio_only_side_by_side_on_one_machine():
     assert "no side-by-side ratio" not in to_markdown(summarize(df[df["method"] == "full"]))
 
 
+def test_two_cpus_of_one_name_with_other_flags_are_two_machines():
+    """Same ``hardware`` string, other CPU flags (other kernels): no TTFT ratio between them;
+    the same flags, or no flags on either side (older rows), one machine."""
+    hw = "cpu: AMD EPYC, 2 threads"
+    fast, slow = "avx2 avx512_bf16 avx512f", "avx2"
+    df = pd.DataFrame(
+        [{**r, "hardware": hw, "cpu_flags": fast} for r in _rows("full", None, "f", 80.0, 4.0, ["t1", "t2"])]
+        + [{**r, "hardware": hw, "cpu_flags": fast} for r in _rows("random", 0.1, "r", 0.0, 1.0, ["t1"])]
+        + [{**r, "hardware": hw, "cpu_flags": slow} for r in _rows("random", 0.1, "r", 0.0, 1.0, ["t2"])]
+        + [{**r, "hardware": hw, "cpu_flags": None} for r in _rows("truncate", 0.1, "t", 0.0, 2.0, ["t1"])]
+    )  # fmt: skip
+    s = summarize(df).set_index(["task", "method"])
+    assert s.loc[("t1", "random"), "ttft_ratio"] == pytest.approx(0.25)  # the same flags
+    assert pd.isna(s.loc[("t2", "random"), "ttft_ratio"])  # avx2 only against avx512_bf16
+    assert pd.isna(s.loc[("t1", "truncate"), "ttft_ratio"])  # flags not recorded: not known to be the same
+    assert s.loc[("t1", "full"), "hardware"] == f"{hw} [{fast}]"
+    old = df.assign(cpu_flags=None)  # rows from before flags were recorded: hardware alone decides, as it did
+    s = summarize(old).set_index(["task", "method"])
+    assert s.loc[("t2", "random"), "ttft_ratio"] == pytest.approx(0.25)
+    assert s.loc[("t1", "truncate"), "ttft_ratio"] == pytest.approx(0.5)
+
+
 def test_runs_differing_only_in_dtype_are_kept_apart():
     df = pd.DataFrame(
         [{**r, "dtype": "float32"} for r in _rows("full", None, "f", 80.0, 4.0, ["t1"])]

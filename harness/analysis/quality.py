@@ -101,7 +101,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.analysis.rows import POINT, REFERENCE_OF, normalize
+from harness.analysis.rows import POINT, REFERENCE_OF, machine, normalize
 from harness.analysis.speed import anomaly, load_of
 from harness.analysis.stats import NAN, Estimate, cluster_mean_draws, estimate, mean_draws, task_seed
 
@@ -185,10 +185,11 @@ class Point:
         return self._loaded[key]
 
     def hardware(self, tasks: Iterable[str] | None = None) -> str:
-        """The one machine the rows of ``tasks`` (all) ran on, or :data:`MIXED`."""
+        """The one machine the rows of ``tasks`` (all) ran on (their ``machine``: hardware and
+        CPU flags, :func:`harness.analysis.rows.machine`), or :data:`MIXED`."""
         names = None if tasks is None else set(tasks)
         gs = [g for t, g in self.tasks.items() if names is None or t in names]
-        hw = {str(h) for g in gs for h in g.get("hardware", [""])}
+        hw = {str(h) for g in gs for h in (g["machine"] if "machine" in g else machine(g))}
         return next(iter(hw)) if len(hw) == 1 else MIXED
 
 
@@ -408,7 +409,8 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     every measure of the module's table and its interval. A ratio to the reference is
     taken against the reference's rows of the same model, benchmark, options, length,
     dtype and backend; a TTFT ratio only where both ran on one machine (the rows'
-    ``hardware``; a sweep resumed elsewhere gets none, not a cross-machine one)."""
+    ``machine``: hardware and CPU flags; a sweep resumed elsewhere gets none, not a
+    cross-machine one)."""
     if rows.empty:
         return pd.DataFrame(columns=COLUMNS)
     df = normalize(rows)

@@ -8,6 +8,10 @@
 * blanks the reference's speculator (it runs none, so its point is the same whatever the
   model's speculator is);
 * fills the optional columns (``""`` where a row kind or an older row has none);
+* adds ``machine``: what a row ran on, its ``hardware`` with its ``cpu_flags`` in brackets
+  where it recorded them (:func:`machine`), the one test of "the same machine" (two CPUs of
+  one model name but other kernels are two machines; a row without flags matches only rows
+  without them);
 * adds ``kv_held_bytes``: the base's KV cache plus any cache the method keeps beside it
   (``speculator_kv_bytes``, KV revival's speculator cache; 0 where a row has none, unknown
   (NaN) for a policy of :data:`SECOND_CACHE_POLICIES` whose row predates the column);
@@ -171,6 +175,22 @@ def require_one_model(df: pd.DataFrame, key: list[str]) -> None:
                 )
 
 
+def machine(rows: pd.DataFrame) -> pd.Series:
+    """What each row ran on: its ``hardware``, with its ``cpu_flags`` (the CPU features that
+    pick the kernels, :func:`harness.provenance.cpu_flags`) in brackets where it recorded
+    them; ``""`` where a row records no hardware."""
+    hw = rows["hardware"] if "hardware" in rows else pd.Series(None, index=rows.index, dtype=object)
+    flags = rows["cpu_flags"] if "cpu_flags" in rows else pd.Series(None, index=rows.index, dtype=object)
+    return pd.Series(
+        [
+            "" if pd.isna(h) else f"{h} [{f}]" if isinstance(f, str) and f else str(h)
+            for h, f in zip(hw, flags, strict=True)
+        ],
+        index=rows.index,
+        dtype=object,
+    )
+
+
 def normalize(rows: pd.DataFrame) -> pd.DataFrame:
     """``rows`` (any kinds) as every reader reads them (see the module's doc). Idempotent."""
     if NORMALIZED in rows:
@@ -185,6 +205,7 @@ def normalize(rows: pd.DataFrame) -> pd.DataFrame:
     if "reference_method" not in df:
         df["reference_method"] = ""
     df["reference_method"] = df["reference_method"].fillna("").astype(str)
+    df["machine"] = machine(df)
     if "turn" in df:
         turn = pd.to_numeric(df["turn"], errors="coerce")
         has = turn.notna()

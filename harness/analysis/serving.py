@@ -95,7 +95,9 @@ def ttft_growth(ok: pd.DataFrame) -> dict[str, Any]:
     return {"ttft_growth": est.value, "ttft_growth_lo": est.lo, "ttft_growth_hi": est.hi, "queue_grows": grows}
 
 
-QPS_POINT = ["model", "method", "keep_rate", "benchmark", "length", "arrival", "hardware", "dtype", "run_id"]
+#: A serving point (one run's rates). ``machine`` is the rows' hardware and CPU flags
+#: (:func:`harness.analysis.rows.machine`): two CPUs of one name with other kernels are two.
+QPS_POINT = ["model", "method", "keep_rate", "benchmark", "length", "arrival", "hardware", "machine", "dtype", "run_id"]
 #: The serving settings a run's verdicts, and so its max QPS, depend on: each a column of
 #: every qps row (column: its ``qps.<setting>`` in conf/qps.yaml, harness.jobs.qps): the
 #: timeout rule, the TTFT p90 SLO, the warm-up requests before each rate, the arrival
@@ -111,7 +113,7 @@ SETTINGS = dict(
 FRONT = "front_options"
 #: What a method's max QPS is compared with: the reference's run on the same point (model,
 #: benchmark, length, arrival process, machine and dtype), under the same settings.
-REFERENCE_POINT = ["model", "benchmark", "length", "arrival", "hardware", "dtype"]
+REFERENCE_POINT = ["model", "benchmark", "length", "arrival", "hardware", "machine", "dtype"]
 #: A run's request set: its benchmark's options and the (task, sample) of every request it
 #: served (derived from its rows, so older rows have it too). Every rate's verdict is over
 #: all the requests, so a max QPS is compared only with the reference's on the same ones

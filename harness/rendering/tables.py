@@ -59,7 +59,7 @@ FEWER_NOTE = (
 )
 UNPAIRED_NOTE = (
     "TTFT ratio `-` with a TTFT: no rows of the reference method for that task with the same dtype and "
-    "backend ran on the same machine (the rows' `hardware`), so no side-by-side ratio exists."
+    "backend ran on the same machine (the rows' `hardware` and CPU flags), so no side-by-side ratio exists."
 )
 
 

@@ -25,6 +25,7 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 from harness.analysis.folder import Analysis
+from harness.analysis.rows import machine
 from harness.paper import builders as paper_render
 from harness.paper import numbers as paper_data
 from harness.rendering.tables import (
@@ -212,10 +213,9 @@ def failures(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _where(g: pd.DataFrame) -> list[str]:
-    """Each row's ``hardware``, with its ``cpu_flags`` in brackets where it recorded them."""
-    flags = g["cpu_flags"] if "cpu_flags" in g else pd.Series(None, index=g.index, dtype=object)
-    return [f"{h} [{f}]" if isinstance(f, str) and f else str(h)
-            for h, f in zip(g["hardware"], flags, strict=True) if not pd.isna(h)]  # fmt: skip
+    """Each row's ``hardware``, with its ``cpu_flags`` in brackets where it recorded them
+    (:func:`harness.analysis.rows.machine`)."""
+    return [m for m in machine(g) if m]
 
 
 def provenance(rows: pd.DataFrame) -> pd.DataFrame:
