@@ -125,6 +125,8 @@ def test_a_committed_study_table_is_what_its_rows_render(study, folder, table, t
         ("position_gaps_qwen_cpu", "gap_scale=None, max_gap=None, position_mode=original", "pairs",
          ["--measures", "score"]),
         ("position_gaps_qwen_cpu", "position_mode=contiguous", "pairs_renumbered", ["--measures", "score"]),
+        ("kv_compare_smollm2_cpu", "specprefill (keep 0.1)", "pairs_specprefill_0.1", ["--measures", "score"]),
+        ("kv_compare_smollm2_cpu", "specprefill (keep 0.25)", "pairs_specprefill_0.25", ["--measures", "score"]),
     ],
 )  # fmt: skip
 def test_a_committed_pairs_table_is_what_its_rows_render(folder, base, name, more, tmp_path):
