@@ -136,9 +136,11 @@ report: setup
 # method column) against the base line on the samples both ran, per task and over all, paired, with 95 %
 # intervals: <folder>/pairs.md and pairs.csv. base= takes a label or a part of exactly one; samples=15-44
 # (or 15-) pairs only those sample ids (a held-out check); name= writes <name>.md / .csv instead.
-$(call takes,pairs,out base measures samples name)
+# speed=true pairs a latency job's lines instead (out=<study>/latency): each line's TTFT against the base's,
+# side by side in the jobs that timed both, beside the FLOP model's ratio: speed_pairs.md / .csv.
+$(call takes,pairs,out base measures samples name speed,speed)
 pairs: setup
-	$(PY) -m harness.studies.pairs $(or $(out),results/default) --base "$(or $(base),full)" $(if $(measures),--measures $(subst $(comma),$(space),$(measures))) $(if $(samples),--samples $(samples)) $(if $(name),--name $(name))
+	$(PY) -m harness.studies.pairs $(or $(out),results/default) --base "$(or $(base),full)" $(if $(measures),--measures $(subst $(comma),$(space),$(measures))) $(if $(samples),--samples $(samples)) $(if $(name),--name $(name)) $(call yes_no,speed,--speed)
 
 # `make reproduce out=<folder> base=<value>`: a folder holding one job run on two sides of across=
 # (dtype by default: bfloat16 on one machine, float32 on another): each line against its twin on the

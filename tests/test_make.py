@@ -51,6 +51,11 @@ def test_make_pairs_takes_the_folder_a_base_label_with_spaces_and_measures():
     r = _make_n("pairs", "out=results/x", "base=full", "samples=15-44", "name=pairs_fresh")
     line = next(ln for ln in r.stdout.splitlines() if "-m harness." in ln)
     assert shlex.split(line)[-4:] == ["--samples", "15-44", "--name", "pairs_fresh"]
+    r = _make_n("pairs", "out=results/x/latency", "base=specprefill", "speed=true")
+    line = next(ln for ln in r.stdout.splitlines() if "-m harness." in ln)
+    assert shlex.split(line)[-1] == "--speed"
+    r = _make_n("pairs", "out=results/x", "speed=false")
+    assert "--speed" not in r.stdout
 
 
 def test_make_positions_reads_some_samples_of_a_folder_under_a_name():
@@ -139,7 +144,7 @@ def test_a_dry_run_that_is_no_yes_or_no_is_refused_before_anything_runs(target):
 @pytest.mark.parametrize(
     "target,allowed",
     [(["paper", "table=latency_grid"], "table variant dry_run gpu_hour_usd"), (["paper-report"], "none"),
-     (["report"], "out screenshot"), (["pairs"], "out base measures samples name"), (["reproduce"], "out base across samples name into"), (["speculator-depth"], "limit quality_from"),
+     (["report"], "out screenshot"), (["pairs"], "out base measures samples name speed"), (["reproduce"], "out base across samples name into"), (["speculator-depth"], "limit quality_from"),
      (["lm-eval-crosscheck"], "limit"), (["gpu-check"], "quick"), (["bench-scoring-memory"], "none"),
      (["bench-ruler-generation"], "none"), (["bench-front-throughput"], "none")],
     ids=lambda v: v[0] if isinstance(v, list) else None,

@@ -194,3 +194,66 @@ def test_studies_that_pool_by_sample_refuse_two_benchmark_settings_in_one_folder
                                              r"\(\['-', 'vt_hops=8'\]\); allowed: one per folder"):  # fmt: skip
             check(rows)
     assert options_of(float("nan")) == {} and options_of(None) == {} and options_of('{"a": 1}') == {"a": 1}
+
+
+def _timed(run: str, method: str, ttfts: list[float], keep: float | None = 0.3, ideal: float = 2.0) -> list[dict]:
+    """One line's latency rows of one run: a warm-up (9 s), then ``ttfts`` by iteration."""
+    return [{"kind": "latency", "run_id": run, "model": "m", "backend": "b", "prompt_source": "random", "batch": 1,
+             "length": 8, "method": method, "keep_rate": keep, "reference_method": "full", "iteration": i,
+             "warmup": i == 0, "status": "ok", "ttft_s": t, "method_s": 0.0, "base_prefill_s": t,
+             "kept_fraction": 1.0, "ideal_speedup": ideal, "method_options": "{}", "config_hash": run + method,
+             "dtype": "x", "order": i % 2, "hardware": "h"}
+            for i, t in enumerate([9.0, *ttfts])]  # fmt: skip
+
+
+def test_two_lines_timed_side_by_side_worked_by_hand():
+    """SpecPC's TTFT against SpecPrefill's in the job that timed both, paired by iteration:
+    the median of the per-iteration ratios, worked out here; a line timed only in another job
+    is not paired; the speedup of each over full prefill is the same estimator."""
+    import numpy as np
+
+    from harness.analysis.speed import between_lines, summarize_latency
+
+    full = [10.0, 12.0, 11.0, 13.0, 10.5, 12.5]
+    sp = [5.0, 6.3, 5.4, 6.4, 5.0, 6.0]
+    pc = [4.0, 6.0, 5.0, 6.2, 4.9, 6.1]
+    rows = pd.DataFrame(
+        _timed("a", "full", full, keep=None, ideal=1.0) + _timed("a", "sp", sp, ideal=2.0)
+        + _timed("a", "pc", pc, ideal=2.2)
+        + _timed("b", "full", [20.0] * 6, keep=None, ideal=1.0) + _timed("b", "other", [1.0] * 6)
+    )  # fmt: skip
+    df = between_lines(rows, "sp").set_index("line")
+    assert set(df.index) == {"full", "pc"}  # "other" ran in job b only
+    by_hand = np.median(np.array(sp) / np.array(pc))  # 1.25 1.05 1.08 1.032 1.020 0.984 -> 1.041
+    assert df.loc["pc", "speedup"] == pytest.approx(by_hand) and df.loc["pc", "pairs"] == 6
+    assert df.loc["pc", "speedup_lo"] <= by_hand <= df.loc["pc", "speedup_hi"]
+    assert df.loc["pc", "ideal_ratio"] == pytest.approx(1.1) and df.loc["pc", "runs"] == 1
+    assert df.loc["pc", "base_ttft_median_s"] == pytest.approx(np.median(sp))
+    # with full prefill as the base, a line's ratio is its speedup in the latency summary
+    lat = summarize_latency(rows).set_index("method")
+    assert between_lines(rows, "full").set_index("line").loc["pc", "speedup"] == pytest.approx(lat.loc["pc", "speedup"])
+    # one label at two keeps in one job: two lines
+    two = pd.DataFrame(_timed("a", "sp", sp, keep=0.1) + _timed("a", "sp", pc, keep=0.3))
+    assert set(between_lines(two, "sp (keep 0.1)")["line"]) == {"sp (keep 0.3)"}
+
+
+def test_speed_pairs_from_the_command_line(tmp_path, capsys):
+    """The committed draft-family timing job's lines against SpecPrefill: one table, the
+    cascades (timed in jobs of their own) left out; a bad base or --samples refused."""
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "results" / "reference" / "draft_family_qwen_cpu" / "latency"
+    folder = tmp_path / "latency"
+    shutil.copytree(src, folder, ignore=shutil.ignore_patterns("*.md", "*.csv"))
+    main([str(folder), "--base", "specprefill (512", "--speed"])
+    text = (folder / "speed_pairs.md").read_text()
+    assert "against `specprefill (512 tokens)`, side by side" in text and "| specpc (512 tokens) | 1 | 10 |" in text
+    assert "compose" not in text  # the cascades ran in other jobs
+    assert (folder / "speed_pairs.csv").exists()
+    with pytest.raises(SystemExit):
+        main([str(folder), "--base", "nothing", "--speed"])
+    assert "no line of the folder holds it" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(folder), "--base", "specprefill (512", "--speed", "--samples", "0-4"])
+    assert "--samples '0-4' with --speed" in capsys.readouterr().err

@@ -127,6 +127,8 @@ def test_a_committed_study_table_is_what_its_rows_render(study, folder, table, t
         ("position_gaps_qwen_cpu", "position_mode=contiguous", "pairs_renumbered", ["--measures", "score"]),
         ("kv_compare_smollm2_cpu", "specprefill (keep 0.1)", "pairs_specprefill_0.1", ["--measures", "score"]),
         ("kv_compare_smollm2_cpu", "specprefill (keep 0.25)", "pairs_specprefill_0.25", ["--measures", "score"]),
+        ("draft_family_qwen_cpu/latency", "specprefill (512", "speed_pairs", ["--speed"]),
+        ("draft_family_256_qwen_cpu/latency", "specprefill (256", "speed_pairs", ["--speed"]),
     ],
 )  # fmt: skip
 def test_a_committed_pairs_table_is_what_its_rows_render(folder, base, name, more, tmp_path):

@@ -61,6 +61,11 @@ energy         where the hardware counts it (:mod:`harness.energy`: NVML on NVID
                pairs: above 1 the method uses less); ``decode_j_per_token`` over the decode
                after the prefill; ``energy_source``, what was read, or "not measurable here:"
                and why (NaN columns then, never zeros)
+between lines  two lines of one latency job (neither the reference, or one of them): the
+               speedup's estimator with the base line in the reference's place, paired by
+               iteration within each run both timed (:func:`paired_ttft_ratio`,
+               :func:`between_lines`): how two methods compare side by side, not through
+               their ratios to full prefill; none for lines never timed in one job
 kv_mib         median over the timed iterations of the KV cache one prompt leaves after the
                prefill (``kv_bytes``: all layers, keys and values, a KV press's eviction
                included; a left-padded batch counts its padding), in MiB; NaN where the
@@ -229,6 +234,72 @@ def run_speedup(reference_ttft: dict[int, float], method_ttft: dict[int, float])
     iterations both sides timed (:func:`harness.analysis.stats.paired_ratio_ci`)."""
     its = sorted(reference_ttft.keys() & method_ttft.keys())
     return paired_ratio_ci([reference_ttft[i] for i in its], [method_ttft[i] for i in its])
+
+
+def paired_ttft_ratio(num: pd.DataFrame, den: pd.DataFrame) -> Estimate | None:
+    """``num``'s TTFT over ``den``'s, two lines' timed ok latency rows at one grid point: per
+    run (``run_id``) that timed both, paired by iteration (:func:`run_speedup`), then the median
+    run (:func:`point_speedup`); None where no run timed both. With the reference's rows as
+    ``num`` this is a line's speedup."""
+    runs = [
+        run_speedup(_by_iteration(n, n["ttft_s"]), _by_iteration(d, d["ttft_s"]))
+        for run, n in num.groupby("run_id")
+        if len(d := den[den["run_id"] == run])
+    ]
+    return point_speedup(runs)
+
+
+#: Where two lines of latency rows are paired: one grid point of one model, backend and dtype
+#: on one prompt source (the methods' own columns left out).
+LINE_SETUP = ["model", "backend", "dtype", "prompt_source", "batch", "length"]
+BETWEEN_COLUMNS = [*LINE_SETUP, "line", "base", "runs", "pairs", "speedup", "speedup_lo", "speedup_hi", "ideal_ratio",
+                   "base_ttft_median_s", "line_ttft_median_s"]  # fmt: skip
+
+
+def latency_lines(rows: pd.DataFrame) -> pd.Series:
+    """Each latency row's line: its label (:func:`harness.analysis.rows.normalize`), and its keep
+    rate where the label was timed at more than one at its grid point (``keep=0.1,0.25`` in one
+    job is one label)."""
+    out = rows["label"].astype(str)
+    for _, g in rows.groupby(LINE_SETUP, dropna=False, sort=False):
+        for _, gl in g.groupby("label", sort=False):
+            keeps = gl["keep_rate"].astype(float)
+            if keeps.nunique() > 1:
+                out.loc[gl.index] = [f"{lab} (keep {k:g})" for lab, k in zip(gl["label"], keeps, strict=True)]
+    return out
+
+
+def between_lines(rows: pd.DataFrame, base: str) -> pd.DataFrame:
+    """Every line of latency ``rows`` against the line ``base`` (:func:`latency_lines`' name) at
+    each grid point that timed it: the base's TTFT over the line's, paired by iteration in the
+    runs that timed both (:func:`paired_ttft_ratio`; above 1 the line is faster), the FLOP
+    model's ratio for it (``ideal_ratio``: the line's ideal speedup over the base's, medians
+    over those rows) and the two lines' median TTFTs over those runs; :data:`BETWEEN_COLUMNS`. A line never timed in a job
+    with the base gets no row."""
+    df = normalize(rows)
+    ok = df[(df["status"] == "ok") & ~df["warmup"].astype(bool)] if not df.empty else df
+    if ok.empty:
+        return pd.DataFrame(columns=BETWEEN_COLUMNS)
+    ok = ok.assign(line=latency_lines(ok))
+    out = []
+    for setup, g in ok.groupby(LINE_SETUP, dropna=False, sort=True):
+        b = g[g["line"] == base]
+        if b.empty:
+            continue
+        for line, c in g[g["line"] != base].groupby("line", sort=True):
+            runs = sorted(set(c["run_id"]) & set(b["run_id"]))
+            b_in, c_in = b[b["run_id"].isin(runs)], c[c["run_id"].isin(runs)]
+            e = paired_ttft_ratio(b_in, c_in)
+            if e is None:
+                continue
+            ideal = _num(c_in, "ideal_speedup").median() / _num(b_in, "ideal_speedup").median()
+            out.append({
+                **dict(zip(LINE_SETUP, setup, strict=True)), "line": line, "base": base, "runs": len(runs),
+                "pairs": e.n, "speedup": e.value, "speedup_lo": e.lo, "speedup_hi": e.hi, "ideal_ratio": float(ideal),
+                "base_ttft_median_s": float(b_in["ttft_s"].astype(float).median()),
+                "line_ttft_median_s": float(c_in["ttft_s"].astype(float).median()),
+            })  # fmt: skip
+    return pd.DataFrame(out).reindex(columns=BETWEEN_COLUMNS)
 
 
 def point_speedup(runs: list[Estimate]) -> Estimate | None:

@@ -53,7 +53,7 @@ import pandas as pd
 
 from baselines.specpc import GENERATE_DEFAULT
 from harness.analysis.folder import Analysis, analyze
-from harness.analysis.speed import point_speedup, run_speedup
+from harness.analysis.speed import paired_ttft_ratio
 from harness.rendering.tables import ci, difference, num
 from harness.studies import (
     ALL,
@@ -251,29 +251,20 @@ def speed(a: Analysis) -> pd.DataFrame:
 def cost(a: Analysis) -> pd.DataFrame:
     """Each look-ahead's TTFT over the baseline's (its method's smallest look-ahead timed in the
     same job), paired by iteration within a run as the speedup is
-    (:func:`harness.analysis.speed.run_speedup`): above 1, slower than the baseline."""
+    (:func:`harness.analysis.speed.paired_ttft_ratio`): above 1, slower than the baseline."""
     d = _lines(a.ok("latency"))
     out = []
     d = d[~d["lookahead"].isna() & ~d["warmup"].astype(bool)] if not d.empty else d
     for (model, length, budget, method), g in d.groupby(["model", "length", "budget", "line_method"], dropna=False):
         base_l = g["lookahead"].min()
         for la in sorted(set(g["lookahead"]) - {base_l}):
-            runs = []
-            for _, gr in g.groupby("run_id"):
-                b, c = gr[gr["lookahead"] == base_l], gr[gr["lookahead"] == la]
-                if len(b) and len(c):
-                    runs.append(run_speedup(_by_iteration(c), _by_iteration(b)))
-            e = point_speedup(runs)
+            e = paired_ttft_ratio(g[g["lookahead"] == la], g[g["lookahead"] == base_l])
             if e is not None:
                 out.append({"model": model, "length": length, "budget": budget, "line_method": method,
                             "lookahead": la, "baseline": base_l, "ttft_ratio": e.value, "ttft_ratio_lo": e.lo,
                             "ttft_ratio_hi": e.hi, "pairs": e.n})  # fmt: skip
     return pd.DataFrame(out, columns=["model", "length", *LINE, "baseline", "ttft_ratio", "ttft_ratio_lo",
                                       "ttft_ratio_hi", "pairs"])  # fmt: skip
-
-
-def _by_iteration(rows: pd.DataFrame) -> dict[int, float]:
-    return dict(zip(rows["iteration"].astype(int), rows["ttft_s"].astype(float), strict=True))
 
 
 def table(a: Analysis) -> pd.DataFrame:

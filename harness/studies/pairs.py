@@ -19,6 +19,16 @@ A method run at several keep rates (``make eval keep=0.1,0.3``) is one line per 
 ``<label> (keep 0.1)`` (:func:`lines`). ``--samples 15-44`` (or ``15-``: from 15 on) pairs only
 the samples with those ids, both ends included: a check on samples a choice was not made on
 (held out), named in each table's heading.
+
+``--speed`` pairs the lines of a folder's latency rows instead (``make latency`` or a study's
+side-by-side timing job, e.g. ``<folder>/latency``): at each grid point, every line timed in a
+job with the base, the base's TTFT over the line's paired by iteration in the runs that timed
+both (:func:`harness.analysis.speed.between_lines`: the speedup's own estimator with the base in
+the reference's place; above 1 the line is faster), beside the FLOP model's ratio for it; lines
+timed only in other jobs get none (a ratio across jobs is not a side-by-side one). It writes
+``speed_pairs.md`` and ``.csv`` by default.
+
+    make pairs out=results/reference/draft_family_qwen_cpu/latency base="specprefill (512" speed=true
 """
 
 from __future__ import annotations
@@ -29,7 +39,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness.analysis.folder import analyze
-from harness.rendering.tables import difference, md_table, natural_key
+from harness.analysis.rows import normalize
+from harness.analysis.speed import LINE_SETUP, between_lines, latency_lines
+from harness.rendering.tables import difference, md_table, natural_key, with_ci
 from harness.studies import (
     ALL,
     PAIRED_SETUP,
@@ -155,18 +167,74 @@ def markdown(df: pd.DataFrame, samples: str | None = None) -> str:
     return "\n".join(parts) + "\n" + note + "\n"
 
 
+def speed_markdown(df: pd.DataFrame) -> str:
+    """One table per grid point: each line against the base timed side by side
+    (:func:`harness.analysis.speed.between_lines`), ``(within noise)`` where the interval holds 1."""
+    if df.empty:
+        return "No line was timed in a job with the base.\n"
+    parts = []
+    for setup, g in df.groupby(LINE_SETUP, sort=True, dropna=False):
+        s = dict(zip(LINE_SETUP, setup, strict=True))
+        cells = []
+        for r in g.sort_values("line", key=lambda c: c.map(natural_key)).itertuples(index=False):
+            null = "" if pd.isna(r.speedup_lo) or r.speedup_lo > 1 or r.speedup_hi < 1 else " (within noise)"
+            cells.append([r.line, r.runs, r.pairs, f"{r.base_ttft_median_s:.3f}", f"{r.line_ttft_median_s:.3f}",
+                          with_ci(r.speedup, r.speedup_lo, r.speedup_hi, "{:.2f}x") + null,
+                          "-" if pd.isna(r.ideal_ratio) else f"{r.ideal_ratio:.2f}x"])  # fmt: skip
+        head = ["line", "runs", "pairs", "base TTFT (s, median)", "line TTFT (s, median)", "base TTFT / line's",
+                "FLOP ideal"]  # fmt: skip
+        title = (f"model {s['model']}, {s['backend']}, {s['dtype']}, {s['prompt_source']} prompts, batch "
+                 f"{int(s['batch'])} x {int(s['length'])} tokens")  # fmt: skip
+        parts.append(
+            f"### {title}: each line against `{g['base'].iloc[0]}`, side by side\n\n"
+            + md_table(pd.DataFrame(cells, columns=head))
+        )
+    note = ("Base TTFT / line's: the base's TTFT over the line's, paired by iteration in the runs (jobs) that timed "
+            "both, the median over the pairs with its 95 % bootstrap interval over pairs (the median run's where "
+            "several timed both), `(within noise)` where it holds 1; above 1 the line is faster. FLOP ideal: the "
+            "line's ideal speedup over the base's. Lines timed only in other jobs are not listed.")  # fmt: skip
+    return "\n".join(parts) + "\n" + note + "\n"
+
+
+def speed_main(ap: argparse.ArgumentParser, folder: Path, base: str, name: str) -> str:
+    """``--speed``: the folder's latency lines against ``base``; returns the markdown written."""
+    rows = analyze(folder).of_kind("latency")
+    ok = rows[(rows["status"] == "ok")] if not rows.empty else rows
+    if ok.empty:
+        ap.error(f"{folder}: no latency rows that ran (--speed reads a latency job's folder, e.g. <study>/latency)")
+    try:
+        line = pick(base, sorted(set(latency_lines(normalize(ok)))))
+    except ValueError as e:
+        ap.error(str(e))
+    df = between_lines(rows, line)
+    df.to_csv(folder / f"{name}.csv", index=False)
+    text = speed_markdown(df)
+    (folder / f"{name}.md").write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folder", type=Path, help="a results folder (make eval's out=)")
     ap.add_argument("--base", required=True, help="the line every other is set against: a label, or part of one")
     ap.add_argument("--measures", nargs="+", default=list(MEASURES), help=f"of {list(MEASURES)}")
-    ap.add_argument("--name", default="pairs", help="the files written: <folder>/<name>.md and .csv (a file name)")
+    ap.add_argument("--name", help="the files written: <folder>/<name>.md and .csv (a file name; default pairs, "
+                    "speed_pairs with --speed)")  # fmt: skip
     ap.add_argument("--samples", help="only the samples with these ids: FIRST-LAST or FIRST- (e.g. 15-44)")
+    ap.add_argument("--speed", action="store_true", help="pair the folder's latency lines' TTFTs, side by side")
     a = ap.parse_args(argv)
     require_values(ap, "--measures", a.measures, lambda m: m in MEASURES, str(list(MEASURES)))
-    require_file_name(ap, "--name", a.name)
+    name = a.name if a.name is not None else ("speed_pairs" if a.speed else "pairs")
+    require_file_name(ap, "--name", name)
     samples = require_samples(ap, a.samples)
     require_runs(ap, a.folder, flag="folder", allowed="a results folder holding a run's rows (make eval's out=)")
+    if a.speed:
+        if a.samples is not None:
+            ap.error(
+                f"--samples {a.samples!r} with --speed: latency rows have no sample ids; allowed: one or the other"
+            )
+        print(speed_main(ap, a.folder, a.base, name))
+        return
     rows = analyze(a.folder).ok("eval")
     if rows.empty:
         ap.error(f"{a.folder}: no eval rows that ran")
@@ -174,9 +242,9 @@ def main(argv: list[str] | None = None) -> None:
         df = pairs(rows, a.base, tuple(a.measures), samples)
     except ValueError as e:
         ap.error(str(e))
-    df.to_csv(a.folder / f"{a.name}.csv", index=False)
+    df.to_csv(a.folder / f"{name}.csv", index=False)
     text = markdown(df, a.samples)
-    (a.folder / f"{a.name}.md").write_text(text)
+    (a.folder / f"{name}.md").write_text(text)
     print(text)
 
 
