@@ -271,6 +271,18 @@ def _compose(config_name: str, overrides: list[Override], extra: Override | None
         raise ConfigError(describe(e, _text(bad) if bad is not None else "", keys, config_name, left_out)) from e
 
 
+def _check_bool(o: Override, text: str, config_name: str) -> None:
+    """A yes/no key (a bool in its schema) given a number other than 1 or 0: OmegaConf reads any
+    int as a bool (``dry_run=2`` would run as true, ``dry_run=-1`` too), so it is refused here."""
+    a = declared(_key(o), config_name)
+    if a is None or a.kind is not bool:
+        return
+    values = list(o.sweep_iterator()) if o.is_sweep_override() and isinstance(o.value(), ChoiceSweep) else [o.value()]
+    for v in values:
+        if isinstance(v, int | float) and not isinstance(v, bool) and v not in (0, 1):
+            raise ConfigError(f"{text} is not true or false; allowed: true or false (or 1 / 0)")
+
+
 def checked_overrides(config_name: str, texts: Sequence[str], compose_check: bool = True) -> list[str]:
     """The command line's overrides as they will run (list-valued keys' comma forms as
     lists), each one parsed and composed first: a :class:`ConfigError` (one line) for the
@@ -288,6 +300,7 @@ def checked_overrides(config_name: str, texts: Sequence[str], compose_check: boo
         new = list_form(o)
         if new is not None:
             text, o = new, parser.parse_overrides([new])[0]
+        _check_bool(o, text, config_name)
         out.append(text)
         parsed.append(o)
     if not compose_check:

@@ -4,6 +4,7 @@ exits non-zero unless ``allow_failures=true``."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -737,3 +738,53 @@ def test_an_unknown_lm_eval_task_is_refused_before_any_model_and_leaves_no_folde
     assert r.returncode == 1, r.stderr
     assert r.stderr.startswith("tasks: unknown lm-eval task(s) ['nonexistent']; allowed:"), r.stderr
     assert "Traceback" not in r.stderr and not out.exists()  # no run folder, no Hydra log folder, no out
+
+
+@pytest.mark.parametrize(
+    "config,typed", [("config", "dry_run=2"), ("config", "dry_run=-1"), ("config", "allow_failures=2"),
+                     ("latency", "dry_run=2"), ("config", "dry_run=0.5"), ("config", "dry_run=true,2")],
+)  # fmt: skip
+def test_a_yes_no_key_given_another_number_is_refused(config, typed):
+    """OmegaConf reads any int as a bool (``dry_run=2`` ran as true); 1 and 0 stay allowed."""
+    from harness.command_line import checked_overrides
+
+    with pytest.raises(ValueError, match=rf"^{re.escape(typed)} is not true or false; allowed: true or false"):
+        checked_overrides(config, [typed], compose_check=False)
+    for ok in ("dry_run=1", "dry_run=0", "dry_run=true", "dry_run=yes"):
+        assert checked_overrides(config, [ok], compose_check=False) == [ok]
+
+
+MORE_BAD_EVAL = [
+    (["model=tiny-random", "model.shape.hidden_size=-64"], r"shape\.hidden_size=-64; allowed: int >= 1"),
+    (["model=tiny-random", "model.shape.num_hidden_layers=abc"], r"shape\.num_hidden_layers='abc'; allowed: int >= 1"),
+]
+
+
+@pytest.mark.parametrize("overrides,match", MORE_BAD_EVAL, ids=[" ".join(o) for o, _ in MORE_BAD_EVAL])
+def test_bad_model_shapes_are_refused(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        _validate(run, "config", *overrides)
+
+
+def test_a_data_dir_without_the_tasks_files_is_refused_before_any_work(tmp_path):
+    """An empty folder passed the folder check and planned as runnable; now the missing files
+    are named before anything loads (a dry run too), and a folder holding them passes."""
+    from harness.benchmarks.sources import MissingDataError
+
+    with pytest.raises(
+        MissingDataError,
+        match=r"^no narrativeqa\.jsonl / \.parquet, qasper\.jsonl / \.parquet in data_dir=.* and 1 more",
+    ):
+        _validate(run, "config", "model=tiny-random", "benchmark=longbench", "tasks=[narrativeqa,qasper]",
+                  f"data_dir={tmp_path}", "dry_run=true", f"out={tmp_path / 'o'}")  # fmt: skip
+    (tmp_path / "narrativeqa.jsonl").write_text("{}\n")
+    (tmp_path / "qasper.parquet").write_text("")
+    assert _validate(run, "config", "model=tiny-random", "benchmark=longbench", "tasks=[narrativeqa,qasper]",
+                     f"data_dir={tmp_path}", "dry_run=true", f"out={tmp_path / 'o'}")  # fmt: skip
+
+
+def test_a_hub_speculator_that_is_neither_a_folder_nor_an_id_is_not_runnable():
+    from harness.models.loading import NotRunnable, _hub_available
+
+    with pytest.raises(NotRunnable, match=r"'/no/such/folder' is neither a local folder nor a hub id"):
+        _hub_available("/no/such/folder", None)

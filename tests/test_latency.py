@@ -557,6 +557,9 @@ def test_prompt_settings_that_random_ids_would_ignore_are_refused(tmp_path):
     ):
         _lat(tmp_path, "prompt_benchmark=longbench", "prompt_task=hotpotqa")
     assert _lat(tmp_path, "prompt_task=qa_1").prompt_source == "random"  # the default, typed: nothing ignored
+    # prompts=random said outright: the same (an unknown task was accepted and never read)
+    with pytest.raises(ValueError, match=r"^prompt_task=nosuch: with prompts=random the methods time on random token"):
+        _lat(tmp_path, "prompts=random", "prompt_task=nosuch")
 
 
 def test_a_seed_that_benchmark_prompts_would_ignore_is_refused(tmp_path):

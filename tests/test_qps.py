@@ -588,3 +588,27 @@ def test_a_served_engine_without_the_position_hook_is_refused(tmp_path, monkeypa
     monkeypatch.setattr(processes, "served_canary", moves)
     runner, checked = processes.check_served_positions("http://x", model_config("tiny-random"), 4096, log)
     assert runner == "vllm serve (V1; VLLM_USE_V2_MODEL_RUNNER=0 pinned)" and checked.startswith("canary passed")
+
+
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("qps.server_timeout_s=abc", r"server_timeout_s='abc'; allowed: a number"),
+        ("qps.growth=abc", r"growth='abc'; allowed: a number"),
+        ("qps.seed=abc", r"seed='abc'; allowed: int >= 0"),
+        ("qps.seed=-1", r"seed=-1; allowed: int >= 0"),
+        ("rates=[]", r"rates=\[\]; allowed: a request rate or a non-empty list"),
+        ("rates=[0.1,0.1]", r"rates=\[0.1, 0.1\] names a rate twice"),
+    ],
+)
+def test_settings_found_unchecked_are_refused(override, match):
+    """Each was a traceback (a string compared with a number) or ran silently (a seed numpy
+    would refuse at run time, an empty list read as "search", a rate twice)."""
+    with pytest.raises(ValueError, match=match):
+        _cfg(override)
+
+
+def test_a_rates_time_limit_shorter_than_one_requests_is_refused():
+    with pytest.raises(ValueError, match=r"point_timeout_s=10.0 is shorter than timeout_s=100.0"):
+        _cfg("qps.timeout_s=100", "qps.point_timeout_s=10")
+    _cfg("qps.timeout_s=100", "qps.point_timeout_s=100")  # equal: allowed

@@ -101,6 +101,17 @@ class Benchmark(ABC):
                 f"length={n} is beyond the model's context window ({max_context} tokens); allowed: length <= {max_context}"
             )
 
+    def check_data(self) -> None:
+        """Reject, before any work, a ``data_dir`` that lacks a selected task's file (a benchmark
+        of official files: one with ``source(task)``); a benchmark that builds its samples has
+        nothing to check."""
+        source = getattr(self, "source", None)
+        if source is None or not getattr(self, "data_dir", None):
+            return
+        from harness.benchmarks.sources import check_local
+
+        check_local([source(t) for t in self.tasks])
+
     def max_new_tokens(self) -> int | None:
         """The most tokens a selected task generates (its official answer length, before
         ``max_new_tokens_cap``), known before any sample is built; None where unknown."""

@@ -71,18 +71,35 @@ def read_local(path: Path, limit: int) -> list[dict[str, Any]]:
     return rows
 
 
+def local_file(src: Source) -> Path | None:
+    """The task's file in ``data_dir`` (``<local_name>.jsonl``, else ``.parquet``), or None."""
+    assert src.data_dir
+    return next(
+        (p for ext in ("jsonl", "parquet") if (p := Path(src.data_dir) / f"{src.local_name}.{ext}").exists()), None
+    )
+
+
+def check_local(sources: list[Source]) -> None:
+    """Every source with a ``data_dir`` has its file there, else one :class:`MissingDataError`
+    naming the files missing and the folder: checked before any work (a dry run too)."""
+    missing = [s for s in sources if s.data_dir and local_file(s) is None]
+    if missing:
+        names = ", ".join(f"{s.local_name}.jsonl / .parquet" for s in missing)
+        raise MissingDataError(
+            f"no {names} in data_dir={missing[0].data_dir} (for {missing[0].describe()}"
+            f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}); put the official files there, or drop "
+            f"data_dir= (benchmark.options.data_dir) to load from the hub"
+        )
+
+
 def load_rows(src: Source, limit: int) -> list[dict[str, Any]]:
     """The first ``limit`` rows, from the local folder if one is set, else from the hub;
     either failure names the dataset, its revision and how to point at a local copy."""
     if src.data_dir:
-        for ext in ("jsonl", "parquet"):
-            path = Path(src.data_dir) / f"{src.local_name}.{ext}"
-            if path.exists():
-                return read_local(path, limit)
-        raise MissingDataError(
-            f"no {src.local_name}.jsonl / .parquet in data_dir={src.data_dir} (for {src.describe()}); "
-            f"put the official files there, or drop data_dir= (benchmark.options.data_dir) to load from the hub"
-        )
+        check_local([src])
+        path = local_file(src)
+        assert path is not None
+        return read_local(path, limit)
 
     local = (
         f"point data_dir=<folder> (benchmark.options.data_dir) at a local copy holding {src.local_name}.jsonl "

@@ -218,6 +218,7 @@ def prepare(cfg: EvalConfig) -> EvalJob:
         )
     benchmark = build_benchmark(cfg.benchmark)
     benchmark.check_model(cfg.model.max_context)
+    benchmark.check_data()
     also = tuple(build_method(n, o) for n, o in cfg.also)
     methods = [method, *also]
     if also and not benchmark.multiturn:

@@ -338,7 +338,7 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
             f"answer length, which random token ids do not have; allowed: prompts=benchmark (or auto)"
         )
     source = "random"
-    if cfg.prompts == "auto" and not needs_text:
+    if cfg.prompts == "random" or (cfg.prompts == "auto" and not needs_text):
         # the prompt settings set to other than LatencyConfig's defaults (a dataclass keeps them on the class)
         given = {
             k: getattr(cfg, k)
@@ -348,10 +348,11 @@ def prepare(cfg: LatencyConfig) -> LatencyJob:
         if cfg.prompt_options:
             given["prompt_options"] = cfg.prompt_options
         if given:  # set, but random ids would be timed: the run would not be what the command says
+            why = "with prompts=random the methods" if cfg.prompts == "random" else "with prompts=auto these methods"
             raise ValueError(
-                f"{', '.join(f'{k}={v}' for k, v in given.items())}: with prompts=auto these methods time on random "
-                f"token ids (none needs text), so no benchmark prompt is used; allowed: prompts=benchmark to time on "
-                f"them, or drop {', '.join(given)}"
+                f"{', '.join(f'{k}={v}' for k, v in given.items())}: {why} time on random token ids"
+                f"{'' if cfg.prompts == 'random' else ' (none needs text)'}, so no benchmark prompt is used; allowed: "
+                f"prompts=benchmark to time on them, or drop {', '.join(given)}"
             )
     if (needs_text and cfg.prompts == "auto") or cfg.prompts == "benchmark":
         source = f"{cfg.prompt_benchmark}/{cfg.prompt_task}"

@@ -129,6 +129,14 @@ class QPSSettings:
         for r in self.rates:
             if isinstance(r, bool) or not isinstance(r, int | float) or not r > 0 or math.isinf(r):
                 raise ValueError(f"rates contains {r!r}; allowed: finite request rates > 0 (req/s)")
+        if len(set(self.rates)) < len(self.rates):
+            raise ValueError(f"rates={list(self.rates)!r} names a rate twice; allowed: each rate once")
+        for name in ("start_rate", "growth", "timeout_s", "ttft_p90_slo_s", "server_timeout_s", "point_timeout_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v):
+                raise ValueError(f"{name}={v!r}; allowed: a number")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed={self.seed!r}; allowed: int >= 0 (the arrival times' and request order's seed)")
         if not self.start_rate > 0:
             raise ValueError(f"start_rate={self.start_rate!r}; allowed: > 0 (req/s)")
         if not self.growth > 1:
@@ -140,6 +148,11 @@ class QPSSettings:
         for name in ("timeout_s", "ttft_p90_slo_s", "server_timeout_s", "point_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}; allowed: > 0 seconds")
+        if self.point_timeout_s < self.timeout_s:
+            raise ValueError(
+                f"point_timeout_s={self.point_timeout_s!r} is shorter than timeout_s={self.timeout_s!r}, one request's "
+                "own limit; allowed: point_timeout_s >= timeout_s (a rate's whole run holds at least one request's)"
+            )
 
 
 @dataclass(frozen=True)
@@ -165,6 +178,8 @@ class QPSConfig:
             if isinstance(q.get(k), int) and not isinstance(q[k], bool):
                 q[k] = float(q[k])
         rates = q.pop("rates", None)
+        if isinstance(rates, list) and not rates:
+            raise ValueError("rates=[]; allowed: a request rate or a non-empty list of them (req/s), or null to search")
         rates = [rates] if isinstance(rates, int | float) and not isinstance(rates, bool) else (rates or [])
         if not isinstance(rates, list):
             raise ValueError(f"rates={rates!r}; allowed: a request rate or a list of them (req/s)")

@@ -135,6 +135,10 @@ class ModelConfig:
                 f"{where}nodes={self.nodes} must divide pipeline_parallel={self.pipeline_parallel} "
                 f"(tensor parallel stays inside a node; pipeline stages are spread over nodes)"
             )
+        for field in ("shape", "speculator_shape"):
+            for k, v in getattr(self, field).items():
+                if k in SHAPE_SIZES and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                    raise ValueError(f"{where}{field}.{k}={v!r}; allowed: int >= 1")
         spec = parse_speculator(self.speculator)
         if spec is not None and spec[0] == "random" and not self.speculator_shape:
             raise ValueError(f"model {self.name!r}: speculator=random needs speculator_shape (LlamaConfig fields)")
@@ -167,6 +171,13 @@ def model_config(name: str, **overrides: Any) -> ModelConfig:
         known = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise ValueError(f"unknown model {name!r}; allowed: {known}")
     return ModelConfig(**{**yaml.safe_load(path.read_text()), **overrides})
+
+
+#: The sizes of a model's ``shape`` (LlamaConfig-style fields): each a whole number >= 1.
+SHAPE_SIZES = frozenset({
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "vocab_size", "max_position_embeddings", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+})  # fmt: skip
 
 
 def parse_speculator(spec: str | None) -> tuple[str, str | int] | None:

@@ -48,6 +48,16 @@ def _hub_available(repo: str, revision: str | None) -> bool:
     if Path(repo).is_dir():
         return True
     from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as e:
+        raise NotRunnable(
+            f"{repo!r} is neither a local folder nor a hub id ({e}); allowed: an existing folder or a hub id "
+            "'owner/name'"
+        ) from e
 
     cached = try_to_load_from_cache(repo, "config.json", revision=revision)
     if isinstance(cached, str):
