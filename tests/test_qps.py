@@ -608,6 +608,12 @@ def test_settings_found_unchecked_are_refused(override, match):
         _cfg(override)
 
 
+def test_a_search_setting_beside_explicit_rates_is_refused():
+    with pytest.raises(ValueError, match=r"^start_rate=0.2 with rates=\[0.1\]: explicit rates run no search"):
+        _cfg("rates=[0.1]", "qps.start_rate=0.2")
+    _cfg("rates=[0.1]")  # the search settings at their defaults: nothing set and unused
+
+
 def test_a_rates_time_limit_shorter_than_one_requests_is_refused():
     with pytest.raises(ValueError, match=r"point_timeout_s=10.0 is shorter than timeout_s=100.0"):
         _cfg("qps.timeout_s=100", "qps.point_timeout_s=10")

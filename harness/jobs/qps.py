@@ -96,6 +96,10 @@ from specprefill.plan import check_choice
 REQUEST_ORDERS = ("shuffled", "benchmark")
 
 
+#: The rate search's settings: read only where no explicit ``rates`` are given.
+SEARCH_SETTINGS = ("start_rate", "growth", "max_points", "bisect_steps")
+
+
 @dataclass(frozen=True)
 class QPSSettings:
     """``qps:`` in ``conf/qps.yaml``: the load, the SLOs and the search."""
@@ -129,6 +133,13 @@ class QPSSettings:
         for r in self.rates:
             if isinstance(r, bool) or not isinstance(r, int | float) or not r > 0 or math.isinf(r):
                 raise ValueError(f"rates contains {r!r}; allowed: finite request rates > 0 (req/s)")
+        search = {k: getattr(self, k) for k in SEARCH_SETTINGS if getattr(self, k) != getattr(QPSSettings, k)}
+        if self.rates and search:
+            raise ValueError(
+                f"{', '.join(f'{k}={v!r}' for k, v in search.items())} with rates={list(self.rates)!r}: explicit rates "
+                f"run no search, so the search setting would be unused; allowed: drop {', '.join(search)}, or rates=null "
+                "to search"
+            )
         if len(set(self.rates)) < len(self.rates):
             raise ValueError(f"rates={list(self.rates)!r} names a rate twice; allowed: each rate once")
         for name in ("start_rate", "growth", "timeout_s", "ttft_p90_slo_s", "server_timeout_s", "point_timeout_s"):
