@@ -128,6 +128,7 @@ def test_a_committed_study_table_is_what_its_rows_render(study, folder, table, t
         ("kv_compare_smollm2_cpu", "specprefill (keep 0.1)", "pairs_specprefill_0.1", ["--measures", "score"]),
         ("kv_compare_smollm2_cpu", "specprefill (keep 0.25)", "pairs_specprefill_0.25", ["--measures", "score"]),
         ("draft_family_qwen_cpu/latency", "specprefill (512", "speed_pairs", ["--speed"]),
+        ("draft_family_qwen_cpu", "specprefill (512", "pairs", ["--measures", "score", "needle_kept"]),
         ("draft_family_256_qwen_cpu/latency", "specprefill (256", "speed_pairs", ["--speed"]),
     ],
 )  # fmt: skip
