@@ -124,6 +124,31 @@ def tiny_rows(tmp_path_factory):
     return read_results(out)
 
 
+def test_one_eval_job_runs_several_methods_sample_by_sample_side_by_side(tmp_path):
+    """``also=[...]`` on a single-turn benchmark: every sample run by each method in an order
+    turned over from sample to sample (each method in each place equally often), one run id,
+    so the summary's speedups are side by side; a rerun resumes without a duplicate row."""
+    from hydra import compose, initialize_config_dir
+
+    from harness.jobs.eval import EvalConfig, execute, prepare
+
+    over = ["model=tiny-random", "length=1024", "tasks=[niah_single_1,vt]", "limit=3", "method=full",
+            "also=[specprefill,truncate]", "keep=0.3", f"out={tmp_path}"]  # fmt: skip
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        job = prepare(EvalConfig.from_hydra(compose(config_name="config", overrides=over)))
+    execute(job)
+    rows = read_results(tmp_path)
+    assert len(rows) == 18 and rows["run_id"].nunique() == 1 and (rows["status"] == "ok").all()
+    places = rows.groupby("method")["order"].value_counts().unstack()
+    assert (places == 2).all().all()  # 6 samples, 3 methods: each method twice in each place
+    assert all(sorted(g) == [0, 1, 2] for _, g in rows.groupby(["task", "sample_id"])["order"])
+    s = summarize(rows)
+    timing = s[s["method"] != "full"].set_index("method")["speedup_timing"]
+    assert set(timing) == {"side by side"}
+    execute(job)  # every sample done: nothing reruns, nothing is duplicated
+    assert len(read_results(tmp_path)) == 18
+
+
 def _same_number_everywhere(rows: pd.DataFrame) -> int:
     """For every eval point of ``rows``: the summary's ALL score, retention and speedup are
     the gate's (the folder against itself) and the paper tables' (:class:`data.Ours`); the

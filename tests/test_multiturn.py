@@ -393,8 +393,5 @@ def test_policies_run_turn_by_turn_in_one_job_side_by_side(tmp_path, monkeypatch
                                   + [df[df["method"] == "full"]]))  # fmt: skip
     timing = between.loc[between["method"] == "specprefill_revival", "speedup_timing"]
     assert {t.split(",")[0] for t in timing} == {"between runs"}
-    with pytest.raises(ValueError, match="one eval job runs several methods only on a multi-turn benchmark"):
-        prepare(EvalConfig.from_hydra(_cfg("method=full", "also=[specprefill]", "benchmark=ruler", "limit=1",
-                                          "model=tiny-random", f"out={tmp_path}")))  # fmt: skip
     with pytest.raises(ValueError, match="names a method twice"):
         prepare(EvalConfig.from_hydra(_cfg("method=full", "also=[full]", *common, f"out={tmp_path}")))

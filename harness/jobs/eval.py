@@ -83,9 +83,9 @@ class EvalConfig:
     backend: str
     out: Path
     reference: str  # the method ratios are taken against (config `reference`)
-    #: More methods run in the same job (config ``also``, multi-turn benchmarks only): each
-    #: conversation's turns are run by every method turn by turn, in an order turned over
-    #: from turn to turn (:func:`harness.timing.iteration_order`), so their TTFTs are side by side.
+    #: More methods run in the same job (config ``also``): every sample (a conversation: every
+    #: turn) is run by each method in turn, in an order turned over from one sample (turn) to
+    #: the next (:func:`harness.timing.iteration_order`), so their TTFTs are side by side.
     also: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     @classmethod
@@ -115,7 +115,7 @@ class EvalJob(ModelJob):
     retry_failed: ClassVar[bool] = True
     cfg: EvalConfig
     benchmark: Benchmark
-    #: More methods run turn by turn beside the method (config ``also``).
+    #: More methods run sample by sample (turn by turn) beside the method (config ``also``).
     also: tuple[Method, ...] = ()
 
     @property
@@ -205,8 +205,35 @@ class EvalSession:
         key = f"{sample.task}/{sample.sample_id}"
         if self.job.benchmark.multiturn:
             return run_conversation(self.job, self.backend, self.tok, sample, self.common["hardware"])
+        if self.job.also:
+            return self.side_by_side(sample, key)
         row = {**row_head(sample, key), "references": list(sample.references)}
         return [measured(row, lambda: run_sample(self.job, self.backend, self.tok, sample), self.common["hardware"])]
+
+    def side_by_side(self, sample: Sample, key: str) -> list[dict[str, Any]]:
+        """One sample run by every method of the job (config ``also``) in turn, in the order
+        :func:`harness.timing.iteration_order` gives the sample's place among the job's samples
+        (turned over from one sample to the next, each method first as often as the others;
+        recorded, ``order``): one row per method, the first method's keyed by the sample, the
+        others' by the sample and the method, one unit (a resumed job reruns a sample whole)."""
+        methods = self.job.methods
+        place = next(i for i, s in enumerate(self.samples) if s is sample)
+        rows = []
+        for slot, j in enumerate(iteration_order(place, len(methods), len(self.samples))):
+            m = methods[j]
+            suffix = "" if j == 0 else f"/{m.name}-{config_hash(m.options())}"
+            row = {
+                **row_head(sample, f"{key}{suffix}", unit=key),
+                "references": list(sample.references),
+                **method_columns(m, self.job.cfg.reference),
+                "order": slot,
+            }
+            rows.append(
+                measured(
+                    row, lambda m=m: run_sample(self.job, self.backend, self.tok, sample, m), self.common["hardware"]
+                )
+            )
+        return rows
 
 
 def prepare(cfg: EvalConfig) -> EvalJob:
@@ -221,12 +248,6 @@ def prepare(cfg: EvalConfig) -> EvalJob:
     benchmark.check_data()
     also = tuple(build_method(n, o) for n, o in cfg.also)
     methods = [method, *also]
-    if also and not benchmark.multiturn:
-        raise ValueError(
-            f"also={[m.name for m in also]} on benchmark {benchmark.name!r}: one eval job runs several methods only on "
-            f"a multi-turn benchmark (turn by turn); allowed here: also=[] (make latency times methods side by side, "
-            f"also=[...] there)"
-        )
     names = [(m.name, json.dumps(m.options(), sort_keys=True)) for m in methods]
     if len(set(names)) < len(names):
         raise ValueError(
@@ -297,8 +318,12 @@ def sample_hash(sample: Sample) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def run_sample(job: EvalJob, backend: Backend, tokenizer: Any, sample: Sample) -> dict[str, Any]:
-    """Plan, prefill, decode and score one sample; returns the measured fields of its row."""
+def run_sample(
+    job: EvalJob, backend: Backend, tokenizer: Any, sample: Sample, method: Method | None = None
+) -> dict[str, Any]:
+    """Plan, prefill, decode and score one sample by ``method`` (the job's, unless one of its
+    ``also``); returns the measured fields of its row."""
+    method = method or job.method
     prompt, offsets = sample_prompt(sample, tokenizer)
     max_new = decode_budget(
         sample, prompt.n, job.cfg.model, job.cfg.benchmark.max_new_tokens_cap, job.placement.max_model_len
@@ -306,15 +331,15 @@ def run_sample(job: EvalJob, backend: Backend, tokenizer: Any, sample: Sample) -
     prompt = dataclasses.replace(prompt, answer_tokens=max_new)
     # A method acting inside the model (MInference) patches it for this sample only, untimed.
     # The machine's load over the sample's work: a between-runs speedup is flagged where it was shared.
-    with machine_load() as load, job.method.applied(backend):
+    with machine_load() as load, method.applied(backend):
         backend.method_flops = 0
-        plan = job.method.plan(prompt, backend)
+        plan = method.plan(prompt, backend)
         overhead = backend.method_flops
         gen = backend.generate(plan, max_new, stop=sample.stop)
     f_full, f_method = flops(Shape.of(backend.base_config), [prompt], [plan], overhead)
     # a KV press prefills every token and each head keeps its own entries: no token-level answer
     # (each diagnostic below reads None for None)
-    kept = None if job.method.compresses_cache else plan.kept_indices
+    kept = None if method.compresses_cache else plan.kept_indices
     return {
         "prompt_tokens": prompt.n,
         "kept_tokens": plan.kept,
