@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Iterator, Mapping
@@ -228,12 +229,12 @@ class EvalSession:
                 **method_columns(m, self.job.cfg.reference),
                 "order": slot,
             }
-            rows.append(
-                measured(
-                    row, lambda m=m: run_sample(self.job, self.backend, self.tok, sample, m), self.common["hardware"]
-                )
-            )
+            rows.append(measured(row, functools.partial(self.run_one, sample, m), self.common["hardware"]))
         return rows
+
+    def run_one(self, sample: Sample, method: Method) -> dict[str, Any]:
+        """One sample by one of the job's methods: :func:`run_sample`."""
+        return run_sample(self.job, self.backend, self.tok, sample, method)
 
 
 def prepare(cfg: EvalConfig) -> EvalJob:
