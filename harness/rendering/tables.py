@@ -14,8 +14,8 @@ from harness.analysis.quality import timed_loaded
 BETWEEN_RUNS = (
     "TTFT ratio, speedup and e2e speedup here are between runs unless marked (side by side): each method's eval run "
     "timed its samples on its own, minutes apart; their interval is over samples only and does not cover the drift "
-    "between runs (20 % or more on a shared machine). Side-by-side speedups: make latency (and, for conversations, "
-    "one multi-turn job running the policies turn by turn: also=[...])."
+    "between runs (20 % or more on a shared machine). Side-by-side speedups: one eval job running the methods sample "
+    "by sample (also=[...], the reference among them; for conversations, turn by turn), or make latency."
 )
 #: The columns of the quality table, in order; (value, lo, hi) cells show ``v [lo, hi]``.
 SHOWN = [
