@@ -136,6 +136,7 @@ def test_one_eval_job_runs_several_methods_sample_by_sample_side_by_side(tmp_pat
             "also=[specprefill,truncate]", "keep=0.3", f"out={tmp_path}"]  # fmt: skip
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         job = prepare(EvalConfig.from_hydra(compose(config_name="config", overrides=over)))
+    assert "speculator self_layers:1 in this process" in job.describe()  # full needs none, specprefill does
     execute(job)
     rows = read_results(tmp_path)
     assert len(rows) == 18 and rows["run_id"].nunique() == 1 and (rows["status"] == "ok").all()

@@ -151,7 +151,7 @@ class EvalJob(ModelJob):
             f"[dry run] {c.model.name} {self.method.name} {json.dumps(self.method.options())}{also} "
             f"{self.benchmark.name}-{c.benchmark.length} tasks={list(self.benchmark.tasks)} "
             f"limit={c.benchmark.limit} backend={c.backend} -> {self.folder}\n"
-            f"          {backend_plan(c.model, c.backend, self.method.needs_speculator, self.placement.max_model_len)}\n"
+            f"          {backend_plan(c.model, c.backend, any(m.needs_speculator for m in self.methods), self.placement.max_model_len)}\n"
             + requirements_text(c.model, self.placement, work, indent=" " * 10)
         )
 
