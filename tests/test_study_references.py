@@ -234,6 +234,13 @@ def test_a_committed_gap_profile_is_what_its_csv_renders(folder, name, tmp_path)
             "b9ec020b8c58429b81944ebd857ef1d85051b7d7",
             "bfloat16_two_machines",
         ),
+        (
+            "side_by_side_default_cpu",
+            [".", "../dtype_clean_smollm2_cpu"],
+            "git_sha",
+            "d56c34ade3869da74c8c08575c7f20847ca38594",
+            "separate_runs",
+        ),
     ],
 )
 def test_a_committed_reproduce_table_is_what_its_rows_render(folder, sides, across, base, name, tmp_path):
