@@ -269,6 +269,13 @@ def latency_lines(rows: pd.DataFrame) -> pd.Series:
     return out
 
 
+def line_names(rows: pd.DataFrame) -> list[str]:
+    """The lines of latency ``rows`` that ran (:func:`latency_lines`' names), sorted."""
+    df = normalize(rows)
+    ok = df[(df["status"] == "ok") & ~df["warmup"].astype(bool)] if not df.empty else df
+    return sorted(set(latency_lines(ok))) if not ok.empty else []
+
+
 def between_lines(rows: pd.DataFrame, base: str) -> pd.DataFrame:
     """Every line of latency ``rows`` against the line ``base`` (:func:`latency_lines`' name) at
     each grid point that timed it: the base's TTFT over the line's, paired by iteration in the

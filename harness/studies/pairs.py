@@ -39,8 +39,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.analysis.folder import analyze
-from harness.analysis.rows import normalize
-from harness.analysis.speed import LINE_SETUP, between_lines, latency_lines
+from harness.analysis.speed import LINE_SETUP, between_lines, line_names
 from harness.rendering.tables import difference, md_table, natural_key, with_ci
 from harness.studies import (
     ALL,
@@ -199,11 +198,11 @@ def speed_markdown(df: pd.DataFrame) -> str:
 def speed_main(ap: argparse.ArgumentParser, folder: Path, base: str, name: str) -> str:
     """``--speed``: the folder's latency lines against ``base``; returns the markdown written."""
     rows = analyze(folder).of_kind("latency")
-    ok = rows[(rows["status"] == "ok")] if not rows.empty else rows
-    if ok.empty:
+    names = line_names(rows) if not rows.empty else []
+    if not names:
         ap.error(f"{folder}: no latency rows that ran (--speed reads a latency job's folder, e.g. <study>/latency)")
     try:
-        line = pick(base, sorted(set(latency_lines(normalize(ok)))))
+        line = pick(base, names)
     except ValueError as e:
         ap.error(str(e))
     df = between_lines(rows, line)
