@@ -191,6 +191,24 @@ def machine(rows: pd.DataFrame) -> pd.Series:
     )
 
 
+def keep_lines(rows: pd.DataFrame, setup: list[str]) -> pd.Series:
+    """Each normalized row's line: its label (the method and the options that tell its runs
+    apart), and its keep rate where the label ran at more than one in a ``setup`` (the columns
+    within which lines are set against each other). A label leaves the keep out (the summary's
+    tables have a column for it), so ``make eval keep=0.1,0.3,0.5`` gives three runs one label;
+    taken as one line, their rows would be paired as if they were one run's."""
+    out = rows["label"].astype(str)
+    if "keep_rate" not in rows:
+        return out
+    for _, g in rows.groupby([*setup, "label"], sort=False, dropna=False):
+        keeps = g["keep_rate"].dropna()
+        if keeps.nunique() > 1:
+            out.loc[keeps.index] = [
+                f"{lab} (keep {k:g})" for lab, k in zip(g.loc[keeps.index, "label"], keeps, strict=True)
+            ]
+    return out
+
+
 def normalize(rows: pd.DataFrame) -> pd.DataFrame:
     """``rows`` (any kinds) as every reader reads them (see the module's doc). Idempotent."""
     if NORMALIZED in rows:

@@ -82,7 +82,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.analysis.rows import AA_METHOD, LATENCY_POINT, normalize
+from harness.analysis.rows import AA_METHOD, LATENCY_POINT, keep_lines, normalize
 from harness.analysis.stats import MIN_PAIRS, Estimate, paired_ratio_ci
 
 COLUMNS = [
@@ -256,38 +256,29 @@ BETWEEN_COLUMNS = [*LINE_SETUP, "line", "base", "runs", "pairs", "speedup", "spe
                    "base_ttft_median_s", "line_ttft_median_s"]  # fmt: skip
 
 
-def latency_lines(rows: pd.DataFrame) -> pd.Series:
-    """Each latency row's line: its label (:func:`harness.analysis.rows.normalize`), and its keep
-    rate where the label was timed at more than one at its grid point (``keep=0.1,0.25`` in one
-    job is one label)."""
-    out = rows["label"].astype(str)
-    for _, g in rows.groupby(LINE_SETUP, dropna=False, sort=False):
-        for _, gl in g.groupby("label", sort=False):
-            keeps = gl["keep_rate"].astype(float)
-            if keeps.nunique() > 1:
-                out.loc[gl.index] = [f"{lab} (keep {k:g})" for lab, k in zip(gl["label"], keeps, strict=True)]
-    return out
+def _timed_ok(rows: pd.DataFrame) -> pd.DataFrame:
+    """Latency ``rows`` normalized, the ok timed ones (warm-ups left out), each with its
+    ``line`` (:func:`harness.analysis.rows.keep_lines` within a grid point, :data:`LINE_SETUP`)."""
+    df = normalize(rows)
+    ok = df[(df["status"] == "ok") & ~df["warmup"].astype(bool)] if not df.empty else df
+    return ok.assign(line=keep_lines(ok, LINE_SETUP)) if not ok.empty else ok.assign(line=pd.Series(dtype=object))
 
 
 def line_names(rows: pd.DataFrame) -> list[str]:
-    """The lines of latency ``rows`` that ran (:func:`latency_lines`' names), sorted."""
-    df = normalize(rows)
-    ok = df[(df["status"] == "ok") & ~df["warmup"].astype(bool)] if not df.empty else df
-    return sorted(set(latency_lines(ok))) if not ok.empty else []
+    """The lines of latency ``rows`` that ran (:func:`between_lines`' names), sorted."""
+    return sorted(set(_timed_ok(rows)["line"]))
 
 
 def between_lines(rows: pd.DataFrame, base: str) -> pd.DataFrame:
-    """Every line of latency ``rows`` against the line ``base`` (:func:`latency_lines`' name) at
+    """Every line of latency ``rows`` against the line ``base`` (a label, with its keep where the label was timed at several) at
     each grid point that timed it: the base's TTFT over the line's, paired by iteration in the
     runs that timed both (:func:`paired_ttft_ratio`; above 1 the line is faster), the FLOP
     model's ratio for it (``ideal_ratio``: the line's ideal speedup over the base's, medians
     over those rows) and the two lines' median TTFTs over those runs; :data:`BETWEEN_COLUMNS`. A line never timed in a job
     with the base gets no row."""
-    df = normalize(rows)
-    ok = df[(df["status"] == "ok") & ~df["warmup"].astype(bool)] if not df.empty else df
+    ok = _timed_ok(rows)
     if ok.empty:
         return pd.DataFrame(columns=BETWEEN_COLUMNS)
-    ok = ok.assign(line=latency_lines(ok))
     out = []
     for setup, g in ok.groupby(LINE_SETUP, dropna=False, sort=True):
         b = g[g["line"] == base]

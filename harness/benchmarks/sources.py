@@ -96,8 +96,9 @@ def load_rows(src: Source, limit: int) -> list[dict[str, Any]]:
     """The first ``limit`` rows, from the local folder if one is set, else from the hub;
     either failure names the dataset, its revision and how to point at a local copy."""
     if src.data_dir:
-        check_local([src])
         path = local_file(src)
+        if path is None:
+            check_local([src])  # raises, naming the file and the folder
         assert path is not None
         return read_local(path, limit)
 

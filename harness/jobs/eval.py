@@ -124,6 +124,11 @@ class EvalJob(ModelJob):
         """The method, then those of ``also``."""
         return [self.method, *self.also]
 
+    @property
+    def needs_speculator(self) -> bool:
+        """Whether any of the job's methods runs the speculator (the backend then loads it)."""
+        return any(m.needs_speculator for m in self.methods)
+
     def config(self) -> dict[str, Any]:
         """What ``config.yaml`` records of an eval job."""
         return {
@@ -151,7 +156,7 @@ class EvalJob(ModelJob):
             f"[dry run] {c.model.name} {self.method.name} {json.dumps(self.method.options())}{also} "
             f"{self.benchmark.name}-{c.benchmark.length} tasks={list(self.benchmark.tasks)} "
             f"limit={c.benchmark.limit} backend={c.backend} -> {self.folder}\n"
-            f"          {backend_plan(c.model, c.backend, any(m.needs_speculator for m in self.methods), self.placement.max_model_len)}\n"
+            f"          {backend_plan(c.model, c.backend, self.needs_speculator, self.placement.max_model_len)}\n"
             + requirements_text(c.model, self.placement, work, indent=" " * 10)
         )
 
@@ -162,7 +167,7 @@ class EvalJob(ModelJob):
         cfg = self.cfg
         check_runnable(cfg.model)
         tok, samples = benchmark_samples(cfg.model, self.benchmark)
-        backend = make_backend(cfg.model, cfg.backend, any(m.needs_speculator for m in self.methods), self.placement)
+        backend = make_backend(cfg.model, cfg.backend, self.needs_speculator, self.placement)
         common = {
             "run_id": self.folder.name,
             "config_hash": self.config_hash,

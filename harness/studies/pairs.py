@@ -16,7 +16,7 @@ writes ``pairs.md`` and ``pairs.csv`` into the folder (``--name`` for another fi
 base given as part of a label is taken in each setup where exactly one label holds it (setups
 where none does are left out); where two do, or none anywhere, the error lists the labels.
 A method run at several keep rates (``make eval keep=0.1,0.3``) is one line per keep, named
-``<label> (keep 0.1)`` (:func:`lines`). ``--samples 15-44`` (or ``15-``: from 15 on) pairs only
+``<label> (keep 0.1)`` (:func:`harness.analysis.rows.keep_lines`). ``--samples 15-44`` (or ``15-``: from 15 on) pairs only
 the samples with those ids, both ends included: a check on samples a choice was not made on
 (held out), named in each table's heading.
 
@@ -39,6 +39,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.analysis.folder import analyze
+from harness.analysis.rows import keep_lines
 from harness.analysis.speed import LINE_SETUP, between_lines, line_names
 from harness.rendering.tables import difference, md_table, natural_key, with_ci
 from harness.studies import (
@@ -74,24 +75,6 @@ def pick(wanted: str, labels: list[str]) -> str:
     raise ValueError(f"--base {wanted!r}: {what}; allowed: one of its lines, or part of exactly one: {labels}")
 
 
-def lines(rows: pd.DataFrame) -> pd.Series:
-    """Each row's line: its label (the method and the options that tell its runs apart), and its
-    keep rate where the label ran at more than one in a setup. A label leaves the keep out (the
-    summary's tables have a column for it), so ``make eval keep=0.1,0.3,0.5`` gives three runs one
-    label; taken as one line, their rows were paired as if they were one run's, the first of each
-    sample kept and the others dropped unsaid."""
-    out = rows["label"].astype(str)
-    if "keep_rate" not in rows:
-        return out
-    for _, g in rows.groupby([*PAIRED_SETUP, "label"], sort=False, dropna=False):
-        keeps = g["keep_rate"].dropna()
-        if keeps.nunique() > 1:
-            out.loc[keeps.index] = [
-                f"{lab} (keep {k:g})" for lab, k in zip(g.loc[keeps.index, "label"], keeps, strict=True)
-            ]
-    return out
-
-
 def pairs(
     rows: pd.DataFrame, base: str, measures: tuple[str, ...] = MEASURES, samples: tuple[int, int | None] | None = None
 ) -> pd.DataFrame:
@@ -101,7 +84,7 @@ def pairs(
     tasks and per task, for each of ``measures`` the rows have, on the samples whose ids lie in
     ``samples`` (both ends included; None: all); :data:`COLUMNS`."""
     rows = labelled(rows)
-    rows = rows.assign(label=lines(rows))
+    rows = rows.assign(label=keep_lines(rows, PAIRED_SETUP))
     setups = dict(list(rows.groupby(PAIRED_SETUP, sort=True)))
     labels = {k: sorted(g["label"].unique()) for k, g in setups.items()}
     bases = {k: pick(base, labs) for k, labs in labels.items() if any(base in lab for lab in labs)}
